@@ -1,0 +1,36 @@
+# Quarry — see README.md. Every target works on a fresh machine with Go installed.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+export CGO_ENABLED ?= 0
+
+.PHONY: all build run test unit bench lint clean
+
+all: build
+
+build: ## build the gateway, the exec agent (static) and the CLI into bin/
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/execagent ./cmd/execagent
+	$(GO) build -o $(BIN)/gateway ./cmd/gateway
+	$(GO) build -o $(BIN)/quarry ./cmd/quarry
+
+run: build ## start the gateway on embedded defaults (process provider, embedded store in ./.quarry)
+	./scripts/run.sh
+
+test: ## everything CI runs: vet, unit and integration suites with their real dependencies
+	./scripts/test.sh
+
+unit: ## go vet + unit tests only (needs nothing but Go)
+	$(GO) vet ./...
+	$(GO) test ./...
+
+bench: build ## benchmarks with p50/p99 and ratios (see docs/BENCHMARKS.md)
+	./scripts/bench.sh
+
+lint: ## formatting and vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean: ## stop sandboxes left by `make run` and remove build output
+	-./scripts/stop-sandboxes.sh
+	rm -rf $(BIN)

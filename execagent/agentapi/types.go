@@ -1,0 +1,253 @@
+package agentapi
+
+import "time"
+
+// Version is the wire-protocol version of the exec agent. It is reported by
+// /healthz; the gateway refuses agents with a different major version.
+const Version = "1.0.0"
+
+// HTTP headers of the agent protocol.
+const (
+	// HeaderGeneration carries the lease generation of the caller. The agent
+	// refuses (409, code "stale_generation") any request whose generation is
+	// lower than the one set by the latest /v1/init. A request without the
+	// header counts as generation 0.
+	HeaderGeneration = "X-Quarry-Generation"
+)
+
+// Routes served by the agent. Every route requires "Authorization: Bearer <token>".
+const (
+	RouteHealth        = "/healthz"
+	RouteInit          = "/v1/init"
+	RouteExec          = "/v1/exec"
+	RouteSessions      = "/v1/sessions"              // POST create, GET list
+	RouteSession       = "/v1/sessions/{id}"         // DELETE close
+	RouteSessionRun    = "/v1/sessions/{id}/run"     // POST run
+	RouteProcesses     = "/v1/processes"             // POST start, GET list
+	RouteProcess       = "/v1/processes/{id}"        // GET status, DELETE kill+forget
+	RouteProcessOutput = "/v1/processes/{id}/output" // GET (JSON page or SSE)
+	RouteProcessSignal = "/v1/processes/{id}/signal" // POST
+	RouteProcessStdin  = "/v1/processes/{id}/stdin"  // POST raw bytes (?close=true)
+	RouteFiles         = "/v1/files"                 // GET read, PUT write (?path=)
+	RouteFileStat      = "/v1/files/stat"            // GET (?path=)
+	RouteFileList      = "/v1/files/list"            // GET (?path=)
+	RouteFileArchive   = "/v1/files/archive"         // GET tar of a dir, PUT tar(.gz) to extract (?path=)
+)
+
+// Error codes used in ErrorBody by the agent and the gateway.
+const (
+	CodeBadRequest       = "bad_request"
+	CodeUnauthorized     = "unauthorized"
+	CodeForbidden        = "forbidden"
+	CodeNotFound         = "not_found"
+	CodeConflict         = "conflict"
+	CodeBusy             = "busy" // e.g. a session already running a command
+	CodeGone             = "gone"
+	CodeTooLarge         = "payload_too_large"
+	CodeStaleGeneration  = "stale_generation"
+	CodeTimeout          = "timeout"
+	CodeAgentUnreachable = "agent_unreachable"
+	CodeUnavailable      = "unavailable"
+	CodeNoCapacity       = "no_capacity"
+	CodeInternal         = "internal"
+)
+
+// ErrorBody is the one JSON shape of every error response, from the agent and
+// from the gateway: {"error": {"code": "...", "message": "..."}}.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the inner object of ErrorBody.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Health is the answer of GET /healthz and POST /v1/init.
+type Health struct {
+	Status     string `json:"status"` // "ok"
+	Version    string `json:"version"`
+	LeaseID    string `json:"lease_id,omitempty"`
+	Generation int64  `json:"generation"`
+	UptimeMS   int64  `json:"uptime_ms"`
+}
+
+// InitRequest applies per-lease settings after a claim. Generation must be
+// greater than or equal to the agent's current one (equal with the same lease
+// id is an idempotent retry); Env is added to the environment of every later
+// command, session and process.
+type InitRequest struct {
+	LeaseID    string            `json:"lease_id"`
+	Generation int64             `json:"generation"`
+	Env        map[string]string `json:"env,omitempty"`
+}
+
+// ExecRequest runs one command to completion. Exactly one of Command (run by
+// bash -c, or /bin/sh -c when the image has no bash) and Argv must be set.
+type ExecRequest struct {
+	Command string            `json:"command,omitempty"`
+	Argv    []string          `json:"argv,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	Stdin   string            `json:"stdin,omitempty"`
+	// TimeoutMS bounds the run; on expiry the whole process group is killed.
+	// 0 means the agent's default; values above the agent's maximum are refused.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// MaxOutputBytes caps each of stdout and stderr; 0 means the default.
+	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+}
+
+// ExecResult is the answer of a non-streaming exec.
+type ExecResult struct {
+	// ExitCode is the process's exit status, or -1 when it was killed by a
+	// signal (then Signal names it, e.g. "SIGKILL").
+	ExitCode   int    `json:"exit_code"`
+	Signal     string `json:"signal,omitempty"`
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	DurationMS int64  `json:"duration_ms"`
+	TimedOut   bool   `json:"timed_out"`
+	// Truncated is true when stdout or stderr exceeded MaxOutputBytes; the
+	// excess was discarded (the command was not stopped).
+	Truncated bool `json:"truncated"`
+}
+
+// Server-sent events of a streaming exec (Accept: text/event-stream) and of a
+// followed process output. Data of "stdout"/"stderr"/"output" events is a
+// StreamChunk, of "exit" an ExecResult without Stdout/Stderr (or a
+// ProcessInfo for processes), of "error" an ErrorDetail. Comment lines
+// (": keep-alive") are sent while nothing else is.
+const (
+	EventStdout = "stdout"
+	EventStderr = "stderr"
+	EventOutput = "output"
+	EventExit   = "exit"
+	EventError  = "error"
+)
+
+// StreamChunk is the data of an output event.
+type StreamChunk struct {
+	Data   string `json:"data"`
+	Offset int64  `json:"offset,omitempty"` // processes: byte offset of Data in the output
+}
+
+// SessionCreateRequest starts a persistent shell session.
+type SessionCreateRequest struct {
+	Env map[string]string `json:"env,omitempty"`
+	Cwd string            `json:"cwd,omitempty"`
+}
+
+// SessionInfo describes a session.
+type SessionInfo struct {
+	ID        string    `json:"id"`
+	Shell     string    `json:"shell"` // "bash" or "sh"
+	Busy      bool      `json:"busy"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// SessionList is the answer of GET /v1/sessions.
+type SessionList struct {
+	Sessions []SessionInfo `json:"sessions"`
+}
+
+// SessionRunRequest runs one command in a session. Shell state (cwd,
+// variables, functions) persists between runs. A run on a session that is
+// already running a command is refused with 409 (code "busy").
+type SessionRunRequest struct {
+	Command        string `json:"command"`
+	TimeoutMS      int64  `json:"timeout_ms,omitempty"`
+	MaxOutputBytes int64  `json:"max_output_bytes,omitempty"`
+}
+
+// SessionRunResult is the answer of a session run. Output holds stdout and
+// stderr interleaved as the shell wrote them.
+type SessionRunResult struct {
+	ExitCode   int    `json:"exit_code"`
+	Output     string `json:"output"`
+	DurationMS int64  `json:"duration_ms"`
+	TimedOut   bool   `json:"timed_out"`
+	Truncated  bool   `json:"truncated"`
+	// Closed is true when the command ended the shell (e.g. "exit 3"); the
+	// session is gone and later runs return 404.
+	Closed bool `json:"closed,omitempty"`
+}
+
+// ProcessStartRequest starts a background process. Exactly one of Command
+// and Argv must be set. With Stdin true the process keeps a stdin pipe that
+// POST .../stdin writes to; otherwise its stdin is /dev/null.
+type ProcessStartRequest struct {
+	Command string            `json:"command,omitempty"`
+	Argv    []string          `json:"argv,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	Stdin   bool              `json:"stdin,omitempty"`
+}
+
+// Process states.
+const (
+	ProcessRunning = "running"
+	ProcessExited  = "exited"
+)
+
+// ProcessInfo describes a background process.
+type ProcessInfo struct {
+	ID          string     `json:"id"`
+	PID         int        `json:"pid"`
+	Command     string     `json:"command,omitempty"`
+	Argv        []string   `json:"argv,omitempty"`
+	State       string     `json:"state"`
+	ExitCode    *int       `json:"exit_code,omitempty"` // set once exited; -1 when killed by a signal
+	Signal      string     `json:"signal,omitempty"`
+	StartedAt   time.Time  `json:"started_at"`
+	EndedAt     *time.Time `json:"ended_at,omitempty"`
+	OutputBytes int64      `json:"output_bytes"` // total bytes written so far (stdout+stderr)
+}
+
+// ProcessList is the answer of GET /v1/processes.
+type ProcessList struct {
+	Processes []ProcessInfo `json:"processes"`
+}
+
+// ProcessOutput is one page of a process's combined output, read from Offset.
+// The agent retains a bounded tail of the output; when Offset is older than
+// what is retained, reading starts at the oldest retained byte and Dropped
+// says how many bytes were skipped.
+type ProcessOutput struct {
+	Offset     int64  `json:"offset"`
+	NextOffset int64  `json:"next_offset"`
+	Data       string `json:"data"`
+	Dropped    int64  `json:"dropped,omitempty"`
+	State      string `json:"state"`
+	ExitCode   *int   `json:"exit_code,omitempty"`
+}
+
+// SignalRequest sends a signal to a process's group. Signal is a name
+// ("TERM", "SIGKILL") or a number ("9").
+type SignalRequest struct {
+	Signal string `json:"signal"`
+}
+
+// FileInfo describes one file system entry.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"` // e.g. "0644"
+	IsDir   bool      `json:"is_dir"`
+	Symlink string    `json:"symlink,omitempty"` // link target when the entry is a symlink
+	ModTime time.Time `json:"mod_time"`
+}
+
+// FileList is the answer of GET /v1/files/list.
+type FileList struct {
+	Path    string     `json:"path"`
+	Entries []FileInfo `json:"entries"`
+}
+
+// WriteResult is the answer of PUT /v1/files and PUT /v1/files/archive.
+type WriteResult struct {
+	Path    string `json:"path"`
+	Bytes   int64  `json:"bytes"`
+	Entries int    `json:"entries,omitempty"` // archive: entries extracted
+}

@@ -1,0 +1,129 @@
+package providers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Label keys that every provider attaches to the resources it creates, so that
+// a reconciler can find them again (and remove the ones nothing accounts for).
+const (
+	LabelManaged = "quarry.managed" // always "true"
+	LabelPool    = "quarry.pool"    // pool name
+	LabelTask    = "quarry.task"    // task id
+	LabelGateway = "quarry.gateway" // deployment id of the gateway fleet that launched it
+)
+
+// Sentinel errors. Providers translate backend errors to these at the edge.
+var (
+	// ErrNotFound: the task does not exist (or no longer exists) in the backend.
+	ErrNotFound = errors.New("task not found")
+	// ErrNoCapacity: the backend cannot launch more tasks right now (limits, quota).
+	ErrNoCapacity = errors.New("provider has no capacity")
+	// ErrThrottled: the backend asked us to slow down; the call may be retried later.
+	ErrThrottled = errors.New("provider throttled the request")
+	// ErrInvalidSpec: the pool spec cannot be served by this provider (bad image, bad size).
+	ErrInvalidSpec = errors.New("invalid pool spec")
+)
+
+// TaskState is the provider-level lifecycle of one sandbox task.
+type TaskState string
+
+const (
+	// TaskPending: accepted by the backend, not yet running (image pull, placement).
+	TaskPending TaskState = "pending"
+	// TaskRunning: the task's process/container runs. Its agent may not answer yet:
+	// readiness is decided by the warm pool with an agent health check.
+	TaskRunning TaskState = "running"
+	// TaskStopped: the task has ended, for any reason (see Task.Reason).
+	TaskStopped TaskState = "stopped"
+)
+
+// Spec is what a provider needs to launch tasks for one pool. It is derived
+// from the pool configuration and is the same for every task of the pool.
+type Spec struct {
+	// Pool is the pool name; providers attach it as LabelPool.
+	Pool string
+	// Image names the sandbox image. Its meaning is provider specific: a Docker
+	// or ECR image for docker/ecs; the process provider accepts "" or "host".
+	Image string
+	// CPU in vCPUs (0.25 .. 16) and memory in MiB; providers enforce them where
+	// the backend can (cgroups for docker, task size for ECS).
+	CPU      float64
+	MemoryMB int
+	// Env is set in the environment of the agent (and so of every command)
+	// for every task of the pool. Per-lease variables are applied later
+	// through the agent's /v1/init, never here.
+	Env map[string]string
+	// Labels are extra labels/tags attached to every task of the pool.
+	Labels map[string]string
+	// Options holds provider-specific settings from the pool file
+	// (e.g. "network": "host" for docker, "capacity_provider" for ecs).
+	Options map[string]string
+}
+
+// Task is one sandbox as the provider sees it.
+type Task struct {
+	ID     string    // provider-unique id (container id, ECS task ARN, "proc-…")
+	Name   string    // the caller's name for the task (LabelTask), chosen before launch
+	Pool   string    // LabelPool of the task
+	State  TaskState // provider-level state
+	Reason string    // why the task stopped, when State == TaskStopped
+	// AgentURL is the base URL of the task's exec agent, e.g. "http://127.0.0.1:41234".
+	// Empty until the backend has assigned an address (ECS: after RUNNING).
+	AgentURL string
+	// AgentToken is the bearer token the agent accepts. Providers generate it per
+	// task; it is a secret and must not be logged.
+	AgentToken string
+	Labels     map[string]string
+	CreatedAt  time.Time
+}
+
+// LaunchError reports a launch that failed for a reason the caller can show
+// to a person (a missing image, an image without a shell). It wraps the
+// sentinel that classifies it.
+type LaunchError struct {
+	Pool   string
+	Image  string
+	Reason string
+	Err    error // ErrInvalidSpec, ErrNoCapacity, ErrThrottled or a backend error
+}
+
+func (e *LaunchError) Error() string {
+	return fmt.Sprintf("launch pool %q image %q: %s", e.Pool, e.Image, e.Reason)
+}
+
+func (e *LaunchError) Unwrap() error { return e.Err }
+
+// Provider is the contract every sandbox backend implements. Implementations
+// must be safe for concurrent use. A provider keeps no state that matters in
+// memory: after a restart of the gateway, List and Describe find the tasks
+// launched before it.
+type Provider interface {
+	// Launch starts one task per name for spec and returns those it started,
+	// in the pending or running state, each with Name set to its name (and the
+	// name attached as LabelTask). It may return fewer tasks than names
+	// together with an error (a partial launch); the returned tasks are real
+	// and must be accounted for by the caller.
+	Launch(ctx context.Context, spec Spec, names []string) ([]Task, error)
+	// Describe returns the current state of the given tasks. Unknown ids are
+	// returned as tasks in the stopped state with Reason "not found", never as
+	// an error, so a batch is never failed by one missing task.
+	Describe(ctx context.Context, ids []string) ([]Task, error)
+	// Stop stops a task and releases its resources. It is idempotent: stopping
+	// a stopped or unknown task returns nil.
+	Stop(ctx context.Context, id string, reason string) error
+	// List returns the tasks this provider launched for the pool ("" for every
+	// pool), including stopped tasks the backend still reports. It is what a
+	// reconciler uses to find tasks that no lease or pool accounts for.
+	List(ctx context.Context, pool string) ([]Task, error)
+}
+
+// Closer is implemented by providers that hold resources (clients,
+// background goroutines) to release when the gateway shuts down. Closing a
+// provider never stops its tasks: leases outlive a gateway process.
+type Closer interface {
+	Close(ctx context.Context) error
+}

@@ -1,0 +1,198 @@
+package warmpool
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors of the lease store contract. Store implementations return
+// them (possibly wrapped) and translate backend errors to them at the edge.
+var (
+	// ErrNotFound: no such lease or task.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: a conditional write lost a race (the version, state or
+	// owner did not match). The caller re-reads and decides again.
+	ErrConflict = errors.New("conflict: the record changed concurrently")
+	// ErrNoCapacity: no ready task to claim, or the pool is at max_total.
+	ErrNoCapacity = errors.New("no capacity")
+	// ErrLeaseEnded: the lease was released, expired or lost.
+	ErrLeaseEnded = errors.New("lease has ended")
+	// ErrLeaseNotHeld: the lease belongs to another owner.
+	ErrLeaseNotHeld = errors.New("lease not held by this owner")
+	// ErrUnavailable: the store cannot be reached or throttled the call; the
+	// operation did not happen and may be retried later.
+	ErrUnavailable = errors.New("lease store unavailable")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("store closed")
+)
+
+// TaskState is the warm pool's view of one task.
+type TaskState string
+
+const (
+	// TaskLaunching: a slot is reserved and the provider was (or is about to
+	// be) asked to launch. LaunchDeadline bounds how long it may stay so.
+	TaskLaunching TaskState = "launching"
+	// TaskReady: running and its agent answered /healthz; claimable.
+	TaskReady TaskState = "ready"
+	// TaskLeased: held by exactly one lease (LeaseID).
+	TaskLeased TaskState = "leased"
+	// TaskStopping: no longer usable; the reconciler stops it in the
+	// provider and then deletes the record.
+	TaskStopping TaskState = "stopping"
+)
+
+// TaskRecord is the store's record of one sandbox task. ID is Quarry's own
+// task id (chosen before launch, so that launches in flight are counted);
+// ProviderID is the provider's id once launched.
+type TaskRecord struct {
+	ID             string    `json:"id"`
+	Pool           string    `json:"pool"`
+	Provider       string    `json:"provider"`
+	ProviderID     string    `json:"provider_id,omitempty"`
+	State          TaskState `json:"state"`
+	AgentURL       string    `json:"agent_url,omitempty"`
+	AgentToken     string    `json:"agent_token,omitempty"`
+	LeaseID        string    `json:"lease_id,omitempty"`
+	Generation     int64     `json:"generation"`
+	Reason         string    `json:"reason,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	LaunchDeadline time.Time `json:"launch_deadline,omitempty"`
+	// Version increases by one on every write; conditional writes compare it.
+	Version int64 `json:"version"`
+}
+
+// LeaseState is the lifecycle of a lease.
+type LeaseState string
+
+const (
+	LeaseActive   LeaseState = "active"
+	LeaseReleased LeaseState = "released" // ended by its owner
+	LeaseExpired  LeaseState = "expired"  // not renewed before ExpiresAt
+	LeaseLost     LeaseState = "lost"     // its task died or became unreachable
+)
+
+// Lease is one sandbox as a client sees it: a task held by one owner until
+// ExpiresAt. It carries a copy of what is needed to reach the task's agent,
+// so serving a request needs one lease read.
+type Lease struct {
+	ID             string            `json:"id"`
+	Pool           string            `json:"pool"`
+	TaskID         string            `json:"task_id"`
+	Owner          string            `json:"owner"` // a hash of the API key, never the key
+	State          LeaseState        `json:"state"`
+	Reason         string            `json:"reason,omitempty"`
+	Generation     int64             `json:"generation"`
+	AgentURL       string            `json:"agent_url,omitempty"`
+	AgentToken     string            `json:"agent_token,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	// Duration is how far each heartbeat moves ExpiresAt.
+	Duration  time.Duration `json:"duration"`
+	CreatedAt time.Time     `json:"created_at"`
+	ExpiresAt time.Time     `json:"expires_at"`
+	EndedAt   time.Time     `json:"ended_at,omitempty"`
+	Version   int64         `json:"version"`
+}
+
+// ClaimRequest asks the store to hand one task to a new lease.
+type ClaimRequest struct {
+	// Pool to claim a ready task from.
+	Pool string
+	// TaskID, when set, claims that task only (a cold start claims the task
+	// it launched); it must be ready or launching, and in Pool.
+	TaskID string
+	// Lease is the lease to create. ID, Owner, Duration, ExpiresAt, Labels,
+	// Env and IdempotencyKey are taken from it; the store fills TaskID,
+	// Generation, AgentURL, AgentToken, State and Version.
+	Lease Lease
+	Now   time.Time
+}
+
+// ClaimResult is the outcome of a successful Claim.
+type ClaimResult struct {
+	Lease Lease
+	Task  TaskRecord
+	// Replayed is true when Lease.IdempotencyKey had already been used by the
+	// same owner: Lease is that earlier lease and nothing was claimed.
+	Replayed bool
+}
+
+// LeaseEnd describes how a lease ends.
+type LeaseEnd struct {
+	State  LeaseState // LeaseReleased, LeaseExpired or LeaseLost
+	Reason string
+	Now    time.Time
+	// Owner, when set, must match the lease's owner (ErrLeaseNotHeld).
+	Owner string
+	// OnlyIfExpired makes the end conditional on ExpiresAt <= Now (the
+	// reaper's guard against a heartbeat that just arrived).
+	OnlyIfExpired bool
+}
+
+// LeaseFilter selects leases in ListLeases. Zero fields match everything.
+type LeaseFilter struct {
+	Pool   string
+	Owner  string
+	State  LeaseState
+	Labels map[string]string // every pair must match
+	// ExpiresBefore selects active leases whose ExpiresAt is before it.
+	ExpiresBefore time.Time
+	Limit         int
+}
+
+// TaskStore records the tasks of every pool. Implementations must be safe
+// for concurrent use by many goroutines and many gateway replicas.
+type TaskStore interface {
+	// ReserveTasks creates the records (state launching) only if the pool's
+	// task count plus len(recs) stays within maxTotal: all or none. It
+	// returns ErrNoCapacity when the pool is full and ErrConflict when an id
+	// exists already.
+	ReserveTasks(ctx context.Context, pool string, maxTotal int, recs []TaskRecord) error
+	// UpdateTask writes rec if the stored version equals rec.Version and
+	// returns the record as stored (Version incremented). ErrConflict on a
+	// version mismatch, ErrNotFound when it does not exist.
+	UpdateTask(ctx context.Context, rec TaskRecord) (TaskRecord, error)
+	// DeleteTask removes a task record and frees its slot in the pool. It is
+	// idempotent: deleting an unknown id returns nil.
+	DeleteTask(ctx context.Context, id string) error
+	// ListTasks returns every task record of the pool ("" for all pools).
+	ListTasks(ctx context.Context, pool string) ([]TaskRecord, error)
+}
+
+// LeaseStore records leases. Every ownership decision is a conditional write.
+type LeaseStore interface {
+	// Claim atomically moves one ready task of the pool (or req.TaskID) to
+	// leased, increments its generation and creates the lease. ErrNoCapacity
+	// when there is no ready task. With an idempotency key that the owner has
+	// used before, it returns that lease with Replayed set and claims nothing.
+	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
+	// GetLease returns a lease in any state. ErrNotFound when unknown (or
+	// purged after its retention).
+	GetLease(ctx context.Context, id string) (Lease, error)
+	// RenewLease moves an active, unexpired lease's ExpiresAt to expiresAt.
+	// ErrLeaseEnded when it ended or expired (ExpiresAt <= now), ErrLeaseNotHeld
+	// when owner differs, ErrNotFound when unknown.
+	RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (Lease, error)
+	// EndLease ends an active lease and moves its task to stopping, in one
+	// atomic write. Ending an already-ended lease returns it with ErrLeaseEnded.
+	EndLease(ctx context.Context, id string, end LeaseEnd) (Lease, error)
+	// ListLeases returns leases matching f, newest first.
+	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
+	// PurgeLeases deletes leases that ended before endedBefore and returns
+	// how many it deleted.
+	PurgeLeases(ctx context.Context, endedBefore time.Time) (int, error)
+}
+
+// Store is the lease store: tasks and leases. The embedded store
+// (warmpool/boltstore) is the single-node default; warmpool/storetest is the
+// conformance suite every implementation passes.
+type Store interface {
+	TaskStore
+	LeaseStore
+	// Close releases the store's resources. It is safe to call once.
+	Close() error
+}

@@ -1,0 +1,77 @@
+package warmpool
+
+import (
+	"fmt"
+	"time"
+)
+
+// PoolConfig is one pool as written in the pools file (YAML or JSON, path in
+// QUARRY_POOLS_FILE): {"pools": [PoolConfig, ...]}.
+type PoolConfig struct {
+	Name string `json:"name"`
+	// Provider names the backend ("process", "docker", "ecs"); empty means
+	// the gateway's default provider (QUARRY_PROVIDER).
+	Provider string `json:"provider,omitempty"`
+	Image    string `json:"image,omitempty"`
+	// CPU in vCPUs; Memory in MiB (a number, or a string such as "512Mi", "2Gi").
+	CPU      float64 `json:"cpu,omitempty"`
+	Memory   MiB     `json:"memory,omitempty"`
+	MinWarm  int     `json:"min_warm"`
+	MaxTotal int     `json:"max_total"`
+	// DefaultLeaseSeconds applies when a create request names none;
+	// MaxLeaseSeconds bounds what a request may ask for.
+	DefaultLeaseSeconds int `json:"default_lease_seconds,omitempty"`
+	MaxLeaseSeconds     int `json:"max_lease_seconds,omitempty"`
+	// StartupTimeoutSeconds bounds a launch until the agent answers /healthz.
+	StartupTimeoutSeconds int               `json:"startup_timeout_seconds,omitempty"`
+	Env                   map[string]string `json:"env,omitempty"`
+	Labels                map[string]string `json:"labels,omitempty"`
+	Options               map[string]string `json:"options,omitempty"`
+}
+
+// MiB is a memory size in mebibytes. In the pools file it is a number (MiB)
+// or a string with a unit: "512Mi", "2Gi", "512m", "1g", "1024" (see
+// UnmarshalJSON in config.go).
+type MiB int
+
+// PoolStatus is a pool's configuration and its current counts.
+type PoolStatus struct {
+	PoolConfig
+	Ready     int `json:"ready"`
+	Launching int `json:"launching"`
+	Leased    int `json:"leased"`
+	Stopping  int `json:"stopping"`
+}
+
+// AcquireRequest asks for a new lease on a task of Pool.
+type AcquireRequest struct {
+	Pool  string
+	Owner string
+	// LeaseSeconds: 0 means the pool's default; above the pool's maximum is
+	// a ValidationError.
+	LeaseSeconds   int
+	Env            map[string]string
+	Labels         map[string]string
+	IdempotencyKey string
+}
+
+// ValidationError is bad input that a person can fix: Field names the
+// request field (JSON name), Message says what is wrong with it.
+type ValidationError struct {
+	Field   string
+	Message string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("%s: %s", e.Field, e.Message)
+}
+
+// Invalid returns a *ValidationError for field.
+func Invalid(field, format string, args ...any) error {
+	return &ValidationError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Clock is the manager's source of time; tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+}
