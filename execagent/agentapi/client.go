@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -67,29 +69,60 @@ func (c *Client) Init(ctx context.Context, req InitRequest) (Health, error) {
 // Do sends a JSON request (in may be nil) to path and decodes a JSON answer
 // into out (may be nil). A non-2xx answer is returned as *Error.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return fmt.Errorf("encode request: %w", err)
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := c.NewRequest(ctx, method, path, body)
+	body, err := jsonBody(in)
 	if err != nil {
 		return err
 	}
+	ct := ""
 	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+		ct = "application/json"
+	}
+	resp, err := c.send(ctx, method, path, body, ct, "")
+	if err != nil {
+		return err
+	}
+	return decodeAnswer(resp, method, path, out)
+}
+
+// jsonBody encodes in as a request body (nil for nil).
+func jsonBody(in any) (io.Reader, error) {
+	if in == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	return bytes.NewReader(b), nil
+}
+
+// send sends an authenticated request and returns the response of a 2xx
+// answer (the caller closes its body), or *Error.
+func (c *Client) send(ctx context.Context, method, path string, body io.Reader, contentType, accept string) (*http.Response, error) {
+	req, err := c.NewRequest(ctx, method, path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return fmt.Errorf("call agent %s %s: %w", method, path, err)
+		return nil, fmt.Errorf("call agent %s %s: %w", method, path, err)
 	}
-	defer resp.Body.Close()
 	if err := CheckResponse(resp); err != nil {
-		return err
+		resp.Body.Close()
+		return nil, err
 	}
+	return resp, nil
+}
+
+// decodeAnswer decodes a JSON answer into out (nil: discard) and closes it.
+func decodeAnswer(resp *http.Response, method, path string, out any) error {
+	defer resp.Body.Close()
 	if out == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
@@ -97,6 +130,9 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("decode agent answer to %s %s: %w", method, path, err)
 	}
+	// Read to EOF (the trailing newline), or the transport will not reuse
+	// the connection.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
 	return nil
 }
 
@@ -124,4 +160,230 @@ func CheckResponse(resp *http.Response) error {
 		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
 	}
 	return &Error{Status: resp.StatusCode, Code: http.StatusText(resp.StatusCode), Message: strings.TrimSpace(string(b))}
+}
+
+// Exec calls POST /v1/exec and waits for the command to finish. The
+// http.Client's Timeout, if any, must exceed the command's timeout.
+func (c *Client) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
+	var res ExecResult
+	err := c.Do(ctx, http.MethodPost, RouteExec, req, &res)
+	return res, err
+}
+
+// ExecStream calls POST /v1/exec with Accept: text/event-stream. The stream
+// has "stdout" and "stderr" events (StreamChunk) as the command writes, then
+// one "exit" event (ExecResult without output). Closing the stream before
+// the exit event kills the command.
+func (c *Client) ExecStream(ctx context.Context, req ExecRequest) (*EventStream, error) {
+	return c.stream(ctx, http.MethodPost, RouteExec, req)
+}
+
+// CreateSession calls POST /v1/sessions.
+func (c *Client) CreateSession(ctx context.Context, req SessionCreateRequest) (SessionInfo, error) {
+	var info SessionInfo
+	err := c.Do(ctx, http.MethodPost, RouteSessions, req, &info)
+	return info, err
+}
+
+// RunSession calls POST /v1/sessions/{id}/run. A session that is running a
+// command answers *Error with Code CodeBusy (409).
+func (c *Client) RunSession(ctx context.Context, id string, req SessionRunRequest) (SessionRunResult, error) {
+	var res SessionRunResult
+	err := c.Do(ctx, http.MethodPost, sessionPath(id)+"/run", req, &res)
+	return res, err
+}
+
+// CloseSession calls DELETE /v1/sessions/{id}.
+func (c *Client) CloseSession(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, sessionPath(id), nil, nil)
+}
+
+// ListSessions calls GET /v1/sessions.
+func (c *Client) ListSessions(ctx context.Context) ([]SessionInfo, error) {
+	var l SessionList
+	err := c.Do(ctx, http.MethodGet, RouteSessions, nil, &l)
+	return l.Sessions, err
+}
+
+// StartProcess calls POST /v1/processes.
+func (c *Client) StartProcess(ctx context.Context, req ProcessStartRequest) (ProcessInfo, error) {
+	var info ProcessInfo
+	err := c.Do(ctx, http.MethodPost, RouteProcesses, req, &info)
+	return info, err
+}
+
+// ListProcesses calls GET /v1/processes.
+func (c *Client) ListProcesses(ctx context.Context) ([]ProcessInfo, error) {
+	var l ProcessList
+	err := c.Do(ctx, http.MethodGet, RouteProcesses, nil, &l)
+	return l.Processes, err
+}
+
+// GetProcess calls GET /v1/processes/{id}.
+func (c *Client) GetProcess(ctx context.Context, id string) (ProcessInfo, error) {
+	var info ProcessInfo
+	err := c.Do(ctx, http.MethodGet, processPath(id), nil, &info)
+	return info, err
+}
+
+// ProcessOutput calls GET /v1/processes/{id}/output for one page from
+// offset; limit <= 0 means the agent's default page size.
+func (c *Client) ProcessOutput(ctx context.Context, id string, offset int64, limit int) (ProcessOutput, error) {
+	q := url.Values{"offset": {strconv.FormatInt(offset, 10)}}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out ProcessOutput
+	err := c.Do(ctx, http.MethodGet, processPath(id)+"/output?"+q.Encode(), nil, &out)
+	return out, err
+}
+
+// FollowProcessOutput streams a process's output from offset: "output"
+// events (StreamChunk with Offset) until the process exits, then one "exit"
+// event (ProcessInfo).
+func (c *Client) FollowProcessOutput(ctx context.Context, id string, offset int64) (*EventStream, error) {
+	q := url.Values{"offset": {strconv.FormatInt(offset, 10)}}
+	return c.stream(ctx, http.MethodGet, processPath(id)+"/output?"+q.Encode(), nil)
+}
+
+// SignalProcess calls POST /v1/processes/{id}/signal; signal is a name
+// ("TERM", "SIGKILL") or a number ("9"). It goes to the process's group.
+func (c *Client) SignalProcess(ctx context.Context, id, signal string) (ProcessInfo, error) {
+	var info ProcessInfo
+	err := c.Do(ctx, http.MethodPost, processPath(id)+"/signal", SignalRequest{Signal: signal}, &info)
+	return info, err
+}
+
+// WriteProcessStdin calls POST /v1/processes/{id}/stdin with body's bytes
+// (body may be nil) and closes the process's stdin afterwards when
+// closeStdin. It returns the number of bytes written.
+func (c *Client) WriteProcessStdin(ctx context.Context, id string, body io.Reader, closeStdin bool) (int64, error) {
+	p := processPath(id) + "/stdin"
+	if closeStdin {
+		p += "?close=true"
+	}
+	var res WriteResult
+	err := c.DoRaw(ctx, http.MethodPost, p, body, &res)
+	return res.Bytes, err
+}
+
+// KillProcess calls DELETE /v1/processes/{id}: kills the process group (if
+// running) and forgets the process. It returns the final ProcessInfo.
+func (c *Client) KillProcess(ctx context.Context, id string) (ProcessInfo, error) {
+	var info ProcessInfo
+	err := c.Do(ctx, http.MethodDelete, processPath(id), nil, &info)
+	return info, err
+}
+
+// ReadFile calls GET /v1/files and returns the body; the caller closes it.
+// length <= 0 reads to the end of the file. A read over the agent's limit
+// answers *Error with Code CodeTooLarge (413).
+func (c *Client) ReadFile(ctx context.Context, path string, offset, length int64) (io.ReadCloser, error) {
+	q := url.Values{"path": {path}}
+	if offset > 0 {
+		q.Set("offset", strconv.FormatInt(offset, 10))
+	}
+	if length > 0 {
+		q.Set("length", strconv.FormatInt(length, 10))
+	}
+	return c.get(ctx, RouteFiles+"?"+q.Encode())
+}
+
+// WriteFile calls PUT /v1/files: body replaces the file at path (parents
+// are created). mode 0 means the agent's default (0644).
+func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, body io.Reader) (WriteResult, error) {
+	q := url.Values{"path": {path}}
+	if mode != 0 {
+		q.Set("mode", FormatMode(mode))
+	}
+	var res WriteResult
+	err := c.DoRaw(ctx, http.MethodPut, RouteFiles+"?"+q.Encode(), body, &res)
+	return res, err
+}
+
+// Stat calls GET /v1/files/stat (a final symlink is not followed).
+func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+	var fi FileInfo
+	err := c.Do(ctx, http.MethodGet, RouteFileStat+"?"+url.Values{"path": {path}}.Encode(), nil, &fi)
+	return fi, err
+}
+
+// ListDir calls GET /v1/files/list.
+func (c *Client) ListDir(ctx context.Context, path string) (FileList, error) {
+	var l FileList
+	err := c.Do(ctx, http.MethodGet, RouteFileList+"?"+url.Values{"path": {path}}.Encode(), nil, &l)
+	return l, err
+}
+
+// UploadArchive calls PUT /v1/files/archive: body is a tar or tar.gz
+// extracted into dir (created).
+func (c *Client) UploadArchive(ctx context.Context, dir string, body io.Reader) (WriteResult, error) {
+	var res WriteResult
+	err := c.DoRaw(ctx, http.MethodPut, RouteFileArchive+"?"+url.Values{"path": {dir}}.Encode(), body, &res)
+	return res, err
+}
+
+// DownloadArchive calls GET /v1/files/archive and returns the tar (tar.gz
+// when gzip) of dir; the caller closes it.
+func (c *Client) DownloadArchive(ctx context.Context, dir string, gzip bool) (io.ReadCloser, error) {
+	q := url.Values{"path": {dir}}
+	if gzip {
+		q.Set("gzip", "true")
+	}
+	return c.get(ctx, RouteFileArchive+"?"+q.Encode())
+}
+
+// DoRaw sends body as application/octet-stream (body may be nil) and
+// decodes a JSON answer into out (may be nil). A non-2xx answer is *Error.
+func (c *Client) DoRaw(ctx context.Context, method, path string, body io.Reader, out any) error {
+	resp, err := c.send(ctx, method, path, body, "application/octet-stream", "")
+	if err != nil {
+		return err
+	}
+	return decodeAnswer(resp, method, path, out)
+}
+
+// get sends a GET and returns the body of a 2xx answer.
+func (c *Client) get(ctx context.Context, path string) (io.ReadCloser, error) {
+	resp, err := c.send(ctx, http.MethodGet, path, nil, "", "")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// stream sends a request (in may be nil) asking for server-sent events.
+func (c *Client) stream(ctx context.Context, method, path string, in any) (*EventStream, error) {
+	body, err := jsonBody(in)
+	if err != nil {
+		return nil, err
+	}
+	ct := ""
+	if in != nil {
+		ct = "application/json"
+	}
+	resp, err := c.send(ctx, method, path, body, ct, "text/event-stream")
+	if err != nil {
+		return nil, err
+	}
+	return NewEventStream(resp.Body), nil
+}
+
+func sessionPath(id string) string { return RouteSessions + "/" + url.PathEscape(id) }
+func processPath(id string) string { return RouteProcesses + "/" + url.PathEscape(id) }
+
+// FormatMode formats permission bits (with setuid, setgid, sticky) as four
+// octal digits, the format of FileInfo.Mode and of the files API's mode query.
+func FormatMode(m fs.FileMode) string {
+	v := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		v |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		v |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		v |= 0o1000
+	}
+	return fmt.Sprintf("%04o", v)
 }

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+
+	"github.com/quarryhq/quarry/execagent"
+	"github.com/quarryhq/quarry/execagent/agentapi"
+)
+
+// shutdownTimeout bounds the graceful part of a shutdown.
+const shutdownTimeout = 10 * time.Second
+
+// cmdConfig is what the binary reads besides execagent.Config.
+type cmdConfig struct {
+	Addr      string `default:"127.0.0.1:8000"`
+	AddrFile  string `split_words:"true"`
+	Token     string
+	TokenFile string `split_words:"true"`
+	LogLevel  string `split_words:"true" default:"info"`
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err := run(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "execagent:", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the agent and serves until ctx is done.
+func run(ctx context.Context) error {
+	fs := flag.NewFlagSet("execagent", flag.ContinueOnError)
+	version := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	if *version {
+		fmt.Println("execagent", agentapi.Version)
+		return nil
+	}
+	var cc cmdConfig
+	if err := envconfig.Process("QUARRY_AGENT", &cc); err != nil {
+		return fmt.Errorf("read QUARRY_AGENT_* configuration: %w", err)
+	}
+	cfg := execagent.DefaultConfig()
+	if err := envconfig.Process("QUARRY_AGENT", &cfg); err != nil {
+		return fmt.Errorf("read QUARRY_AGENT_* configuration: %w", err)
+	}
+	token, err := loadToken(cc)
+	if err != nil {
+		return err
+	}
+	cfg.Token = token
+	if cfg.Workdir == "" {
+		if cfg.Workdir, err = os.Getwd(); err != nil {
+			return fmt.Errorf("QUARRY_AGENT_WORKDIR: not set and the current directory is unknown: %w", err)
+		}
+	}
+	cfg.Env = scrubEnv()
+	log, err := newLogger(cc.LogLevel, os.Stderr)
+	if err != nil {
+		return err
+	}
+	srv, err := execagent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cc.Addr)
+	if err != nil {
+		_ = srv.Close(context.Background())
+		return fmt.Errorf("QUARRY_AGENT_ADDR: listen on %s: %w", cc.Addr, err)
+	}
+	bound := reachableAddr(ln.Addr())
+	if cc.AddrFile != "" {
+		if err := writeFileAtomic(cc.AddrFile, []byte(bound)); err != nil {
+			_ = ln.Close()
+			_ = srv.Close(context.Background())
+			return fmt.Errorf("QUARRY_AGENT_ADDR_FILE: %w", err)
+		}
+	}
+	log.Info("exec agent listening", "addr", bound, "version", agentapi.Version, "pid", os.Getpid())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("exec agent stopping", "reason", context.Cause(ctx))
+	case serveErr = <-served:
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	closeErr := srv.Close(sctx)
+	if serveErr == nil {
+		serveErr = <-served
+	}
+	return errors.Join(serveErr, closeErr)
+}
+
+// loadToken returns the token from QUARRY_AGENT_TOKEN or QUARRY_AGENT_TOKEN_FILE.
+func loadToken(cc cmdConfig) (string, error) {
+	switch {
+	case cc.Token != "" && cc.TokenFile != "":
+		return "", errors.New("QUARRY_AGENT_TOKEN and QUARRY_AGENT_TOKEN_FILE are both set; set one")
+	case cc.Token != "":
+		return cc.Token, nil
+	case cc.TokenFile != "":
+		b, err := os.ReadFile(cc.TokenFile)
+		if err != nil {
+			return "", fmt.Errorf("QUARRY_AGENT_TOKEN_FILE: %w", err)
+		}
+		t := strings.TrimSpace(string(b))
+		if t == "" {
+			return "", fmt.Errorf("QUARRY_AGENT_TOKEN_FILE: %s is empty", cc.TokenFile)
+		}
+		return t, nil
+	}
+	return "", errors.New("no token: set QUARRY_AGENT_TOKEN or QUARRY_AGENT_TOKEN_FILE; the agent refuses to start without one")
+}
+
+// scrubEnv removes every QUARRY_AGENT_* variable from the process environment
+// and returns what is left, the base environment of the children.
+func scrubEnv() []string {
+	var keep []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, execagent.EnvPrefix) {
+			_ = os.Unsetenv(k)
+			continue
+		}
+		keep = append(keep, kv)
+	}
+	return keep
+}
+
+func newLogger(level string, w io.Writer) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("QUARRY_AGENT_LOG_LEVEL: %q is not debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// reachableAddr formats a bound address; an unspecified IP (0.0.0.0, ::)
+// becomes 127.0.0.1, which reaches it from the same host.
+func reachableAddr(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	ip := tcp.IP
+	if ip == nil || ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+	}
+	return net.JoinHostPort(ip.String(), fmt.Sprint(tcp.Port))
+}
+
+// writeFileAtomic writes data to path through a temporary file and a rename,
+// so a reader never sees a partial file.
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		_ = tmp.Close()
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

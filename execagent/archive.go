@@ -1,0 +1,392 @@
+package execagent
+
+import (
+	"archive/tar"
+	"bufio"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+)
+
+func sortFileInfos(fis []agentapi.FileInfo) {
+	slices.SortFunc(fis, func(a, b agentapi.FileInfo) int { return strings.Compare(a.Name, b.Name) })
+}
+
+// handleArchiveDownload answers GET /v1/files/archive?path=&gzip= with a tar
+// (or tar.gz) of the directory (or of the single file). Names are relative
+// to path; symlinks are stored as symlinks, never followed. A tree whose
+// regular files add up to more than MaxReadBytes is refused with 413.
+func (s *Server) handleArchiveDownload(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.queryPath(r)
+	if err != nil {
+		return err
+	}
+	gz, err := queryBool(r, "gzip")
+	if err != nil {
+		return err
+	}
+	root, err := os.Lstat(p)
+	if err != nil {
+		return fsError("path", p, err)
+	}
+	base := p
+	if !root.IsDir() {
+		base = filepath.Dir(p)
+	}
+	// First pass: size the tree, so an over-limit download is refused
+	// before anything is sent.
+	var total int64
+	err = walkTree(p, root, func(_ string, fi fs.FileInfo) error {
+		if fi.Mode().IsRegular() {
+			total += fi.Size()
+			if total > s.cfg.MaxReadBytes {
+				return fmt.Errorf("%q holds more than %d bytes, the agent's download limit: %w", p, s.cfg.MaxReadBytes, errTooLarge)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if gz {
+		w.Header().Set("Content-Type", "application/gzip")
+	} else {
+		w.Header().Set("Content-Type", "application/x-tar")
+	}
+	w.WriteHeader(http.StatusOK)
+	var out io.Writer = w
+	var zw *gzip.Writer
+	if gz {
+		zw = gzip.NewWriter(w)
+		out = zw
+	}
+	tw := tar.NewWriter(out)
+	budget := s.cfg.MaxReadBytes
+	err = walkTree(p, root, func(full string, fi fs.FileInfo) error {
+		return addTarEntry(tw, base, full, fi, &budget)
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err == nil && zw != nil {
+		err = zw.Close()
+	}
+	if err != nil {
+		// The status is sent: abort the connection so the client sees a
+		// broken transfer rather than a short but valid archive.
+		s.log.Warn("archive download aborted", "path", p, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	return nil
+}
+
+// walkTree visits p (described by fi) and, when it is a directory, its
+// descendants in lexical order without following symlinks, until visit
+// returns an error.
+func walkTree(p string, fi fs.FileInfo, visit func(string, fs.FileInfo) error) error {
+	if err := visit(p, fi); err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return nil
+	}
+	ents, err := os.ReadDir(p)
+	if err != nil {
+		return fsError("path", p, err)
+	}
+	for _, e := range ents {
+		full := filepath.Join(p, e.Name())
+		cfi, err := os.Lstat(full)
+		if err != nil {
+			continue // removed meanwhile
+		}
+		if err := walkTree(full, cfi, visit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addTarEntry writes one entry named relative to base.
+func addTarEntry(tw *tar.Writer, base, full string, fi fs.FileInfo, budget *int64) error {
+	rel, err := filepath.Rel(base, full)
+	if err != nil {
+		return fmt.Errorf("archive %q: %w", full, err)
+	}
+	if rel == "." {
+		return nil // the directory itself
+	}
+	link := ""
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		if link, err = os.Readlink(full); err != nil {
+			return fmt.Errorf("archive %q: %w", full, err)
+		}
+	}
+	if !fi.Mode().IsRegular() && !fi.IsDir() && fi.Mode()&fs.ModeSymlink == 0 {
+		return nil // devices, fifos, sockets are left out
+	}
+	hdr, err := tar.FileInfoHeader(fi, link)
+	if err != nil {
+		return fmt.Errorf("archive %q: %w", full, err)
+	}
+	hdr.Name = filepath.ToSlash(rel)
+	if fi.IsDir() {
+		hdr.Name += "/"
+	}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return fmt.Errorf("archive %q: %w", full, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil
+	}
+	*budget -= hdr.Size
+	if *budget < 0 {
+		return fmt.Errorf("archive %q: over the download limit: %w", full, errTooLarge)
+	}
+	f, err := os.Open(full)
+	if err != nil {
+		return fmt.Errorf("archive %q: %w", full, err)
+	}
+	defer f.Close()
+	if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
+		return fmt.Errorf("archive %q: %w", full, err)
+	}
+	return nil
+}
+
+// handleArchiveUpload answers PUT /v1/files/archive?path=: the body is a tar
+// or a tar.gz (detected by its magic bytes), extracted into path (created).
+// Entries that would land outside path — absolute names, ".." components,
+// writes through a symlink — are refused with 400, as are device and fifo
+// entries. Entries extracted before a refused one stay.
+func (s *Server) handleArchiveUpload(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.queryPath(r)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		return fsError("path", p, err)
+	}
+	root, err := os.OpenRoot(p)
+	if err != nil {
+		return fsError("path", p, err)
+	}
+	defer root.Close()
+	body := bufio.NewReader(http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes))
+	var in io.Reader = body
+	if magic, _ := body.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(body)
+		if err != nil {
+			return invalid("body", "invalid gzip stream: %s", err.Error())
+		}
+		defer zr.Close()
+		in = zr
+	}
+	x := extractor{root: root, budget: s.cfg.MaxUploadBytes}
+	tr := tar.NewReader(in)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return uploadError(err, s.cfg.MaxUploadBytes)
+		}
+		if err := x.entry(hdr, tr); err != nil {
+			return uploadError(err, s.cfg.MaxUploadBytes)
+		}
+	}
+	writeJSON(w, http.StatusOK, agentapi.WriteResult{Path: p, Bytes: x.bytes, Entries: x.entries})
+	return nil
+}
+
+// uploadError classifies an error of an archive upload.
+func uploadError(err error, limit int64) error {
+	var mbe *http.MaxBytesError
+	var br *badRequestError
+	switch {
+	case errors.As(err, &mbe):
+		return fmt.Errorf("archive is over the upload limit of %d bytes: %w", limit, errTooLarge)
+	case errors.As(err, &br), errors.Is(err, errTooLarge):
+		return err
+	case errors.Is(err, tar.ErrHeader), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, gzip.ErrHeader), errors.Is(err, gzip.ErrChecksum):
+		return invalid("body", "not a valid tar or tar.gz archive: %s", err.Error())
+	}
+	return err
+}
+
+// extractor extracts tar entries below root.
+type extractor struct {
+	root    *os.Root
+	budget  int64 // extracted bytes left
+	bytes   int64
+	entries int
+}
+
+// entryName validates a tar entry name and returns it cleaned and relative.
+func entryName(name string) (string, error) {
+	if name == "" || strings.ContainsRune(name, 0) {
+		return "", invalid("body", "archive entry %q: invalid name", name)
+	}
+	if strings.HasPrefix(name, "/") || filepath.IsAbs(name) {
+		return "", invalid("body", "archive entry %q: absolute paths are refused", name)
+	}
+	for _, part := range strings.Split(name, "/") {
+		if part == ".." {
+			return "", invalid("body", "archive entry %q: \"..\" escapes the target directory", name)
+		}
+	}
+	return path.Clean(name), nil
+}
+
+// checkParents refuses a name whose existing parents include a symlink (a
+// write through it could land anywhere) or a non-directory.
+func (x *extractor) checkParents(orig, name string) error {
+	dir := path.Dir(name)
+	if dir == "." {
+		return nil
+	}
+	parts := strings.Split(dir, "/")
+	for i := range parts {
+		prefix := strings.Join(parts[:i+1], "/")
+		fi, err := x.root.Lstat(prefix)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // created below, as a real directory
+		}
+		if err != nil {
+			return invalid("body", "archive entry %q: %s", orig, err.Error())
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return invalid("body", "archive entry %q: writes through the symlink %q", orig, prefix)
+		}
+		if !fi.IsDir() {
+			return invalid("body", "archive entry %q: %q is not a directory", orig, prefix)
+		}
+	}
+	return nil
+}
+
+// replace removes an existing non-directory at name, so a new entry never
+// writes through an old symlink.
+func (x *extractor) replace(orig, name string) error {
+	fi, err := x.root.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return invalid("body", "archive entry %q: %s", orig, err.Error())
+	}
+	if fi.IsDir() {
+		return invalid("body", "archive entry %q: a directory is in the way", orig)
+	}
+	if err := x.root.Remove(name); err != nil {
+		return invalid("body", "archive entry %q: %s", orig, err.Error())
+	}
+	return nil
+}
+
+func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
+	name, err := entryName(hdr.Name)
+	if err != nil {
+		return err
+	}
+	if name == "." {
+		return nil
+	}
+	if err := x.checkParents(hdr.Name, name); err != nil {
+		return err
+	}
+	if dir := path.Dir(name); dir != "." {
+		if err := x.root.MkdirAll(dir, 0o755); err != nil {
+			return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+		}
+	}
+	mode := unixMode(uint32(hdr.Mode) & 0o7777)
+	fail := func(err error) error {
+		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		fi, err := x.root.Lstat(name)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if err := x.root.Mkdir(name, 0o755); err != nil {
+				return fail(err)
+			}
+		case err != nil:
+			return fail(err)
+		case !fi.IsDir():
+			return invalid("body", "archive entry %q: a file is in the way", hdr.Name)
+		}
+		if err := x.root.Chmod(name, mode|0o700); err != nil { // stay writable for later entries
+			return fail(err)
+		}
+	case tar.TypeReg:
+		if hdr.Size > x.budget {
+			return fmt.Errorf("archive extracts to more than the upload limit: %w", errTooLarge)
+		}
+		if err := x.replace(hdr.Name, name); err != nil {
+			return err
+		}
+		f, err := x.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fail(err)
+		}
+		n, err := io.CopyN(f, body, hdr.Size)
+		cerr := f.Close()
+		x.budget -= n
+		x.bytes += n
+		if err != nil {
+			return uploadError(err, 0)
+		}
+		if cerr != nil {
+			return fail(cerr)
+		}
+		if err := x.root.Chmod(name, mode); err != nil {
+			return fail(err)
+		}
+	case tar.TypeSymlink:
+		if err := x.replace(hdr.Name, name); err != nil {
+			return err
+		}
+		if err := x.root.Symlink(hdr.Linkname, name); err != nil {
+			return fail(err)
+		}
+	case tar.TypeLink:
+		target, err := entryName(hdr.Linkname)
+		if err != nil {
+			return err
+		}
+		if err := x.checkParents(hdr.Linkname, target); err != nil {
+			return err
+		}
+		if fi, err := x.root.Lstat(target); err != nil || !fi.Mode().IsRegular() {
+			return invalid("body", "archive entry %q: hard link target %q is not a regular file in the archive", hdr.Name, hdr.Linkname)
+		}
+		if err := x.replace(hdr.Name, name); err != nil {
+			return err
+		}
+		if err := x.root.Link(target, name); err != nil {
+			return fail(err)
+		}
+	case tar.TypeXGlobalHeader, tar.TypeXHeader, tar.TypeGNULongName, tar.TypeGNULongLink:
+		return nil
+	default:
+		return invalid("body", "archive entry %q: type %q (device, fifo, ...) is not supported", hdr.Name, string(hdr.Typeflag))
+	}
+	if hdr.Typeflag != tar.TypeSymlink && !hdr.ModTime.IsZero() {
+		_ = x.root.Chtimes(name, hdr.ModTime, hdr.ModTime)
+	}
+	x.entries++
+	return nil
+}

@@ -1,0 +1,22 @@
+// Package execagent is the exec agent's HTTP server: it runs inside every
+// sandbox and serves the wire protocol of package agentapi — one-shot exec
+// (JSON or server-sent events), persistent shell sessions, background
+// processes, file operations and per-lease init with generation fencing.
+//
+// Lifecycle: New validates a Config and returns a Server; Serve(ctx, ln)
+// serves HTTP on a listener until Close. Close kills every process group the
+// server started (exec runs, sessions, background processes), stops the
+// zombie reaper and waits for every goroutine the server owns.
+//
+// Process bookkeeping: every child is started in its own process group while
+// holding the process table's lock and registered before the lock is released.
+// The reaper (the agent is a child subreaper, or PID 1 in a container) reaps
+// only zombies the table does not track, so it never steals the exit status
+// that exec.Cmd.Wait reports for tracked children.
+//
+// Nothing in this package reads environment variables: cmd/execagent fills a
+// Config. Children never see QUARRY_AGENT_* variables (see Config.Env).
+//
+// This package must not import gateway, warmpool or providers; it depends on
+// execagent/agentapi only.
+package execagent

@@ -1,0 +1,481 @@
+package execagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+)
+
+// readChunk is the size of one read from a command's output pipe.
+const readChunk = 32 << 10
+
+// shellInfo is the shell that runs command strings and sessions.
+type shellInfo struct {
+	Path string
+	Kind string // "bash" or "sh"
+}
+
+// detectShell returns the configured shell, or bash when present, else /bin/sh.
+func detectShell(path string) (shellInfo, error) {
+	if path == "" {
+		for _, p := range []string{"/bin/bash", "/usr/bin/bash", "/bin/sh"} {
+			if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+				path = p
+				break
+			}
+		}
+		if path == "" {
+			return shellInfo{}, errors.New("detect shell: neither bash nor /bin/sh found; set QUARRY_AGENT_SHELL")
+		}
+	}
+	kind := "sh"
+	if strings.HasPrefix(filepath.Base(path), "bash") {
+		kind = "bash"
+	}
+	return shellInfo{Path: path, Kind: kind}, nil
+}
+
+// cmdSpec is a validated command: what to run, where and with what.
+type cmdSpec struct {
+	argv  []string // argv[0] already resolved to a path
+	env   []string
+	dir   string
+	stdin []byte // nil: /dev/null
+}
+
+// commandSpec validates the command fields shared by exec and processes.
+func (s *Server) commandSpec(command string, argv []string, env map[string]string, cwd string) (cmdSpec, error) {
+	var spec cmdSpec
+	switch {
+	case command != "" && len(argv) > 0:
+		return spec, invalid("command", "set either command or argv, not both")
+	case command == "" && len(argv) == 0:
+		return spec, invalid("command", "required (or argv)")
+	case strings.ContainsRune(command, 0):
+		return spec, invalid("command", "contains a NUL byte")
+	}
+	for i, a := range argv {
+		if strings.ContainsRune(a, 0) {
+			return spec, invalid(fmt.Sprintf("argv[%d]", i), "contains a NUL byte")
+		}
+	}
+	extra, err := envList("env", env)
+	if err != nil {
+		return spec, err
+	}
+	dir, err := s.resolveCwd(cwd)
+	if err != nil {
+		return spec, err
+	}
+	spec.env = s.commandEnv(extra)
+	spec.dir = dir
+	if command != "" {
+		spec.argv = []string{s.shell.Path, "-c", command}
+		return spec, nil
+	}
+	if argv[0] == "" {
+		return spec, invalid("argv[0]", "must not be empty")
+	}
+	path, err := lookPath(argv[0], dir, spec.env)
+	if err != nil {
+		return spec, invalid("argv[0]", "%s", err.Error())
+	}
+	spec.argv = append([]string{path}, argv[1:]...)
+	return spec, nil
+}
+
+// lookPath finds name like a shell would, with the child's PATH and cwd.
+func lookPath(name, dir string, env []string) (string, error) {
+	check := func(p string) error {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return fmt.Errorf("%q is not an executable file", p)
+		}
+		return nil
+	}
+	if strings.Contains(name, "/") {
+		p := name
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		if err := check(p); err != nil {
+			return "", fmt.Errorf("%q: not an executable file", name)
+		}
+		return p, nil
+	}
+	path := "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, d := range filepath.SplitList(path) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, name)
+		if check(p) == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q: executable file not found in PATH", name)
+}
+
+// newCmd builds an exec.Cmd for spec (process group and env are set by
+// procTable.start; Env is always explicit).
+func newCmd(spec cmdSpec) *exec.Cmd {
+	return &exec.Cmd{Path: spec.argv[0], Args: spec.argv, Env: spec.env, Dir: spec.dir}
+}
+
+// Output streams of a command.
+const (
+	streamStdout = 1
+	streamStderr = 2
+)
+
+// runningCmd is a started one-shot command with its pipes.
+type runningCmd struct {
+	s       *Server
+	cmd     *exec.Cmd
+	start   time.Time
+	pipes   []*os.File // read ends, one per stream
+	inW     *os.File   // stdin write end, or nil
+	readers sync.WaitGroup
+	stdinWG sync.WaitGroup
+}
+
+// startCommand starts spec and its output readers, which call sink(stream,
+// data) for each chunk; data is only valid during the call, and calls for
+// one stream are sequential. sink returns false to discard the rest.
+func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) (*runningCmd, error) {
+	rc := &runningCmd{s: s, cmd: newCmd(spec)}
+	var parentClose []*os.File
+	fail := func(err error) (*runningCmd, error) {
+		for _, f := range append(parentClose, rc.pipes...) {
+			_ = f.Close()
+		}
+		if rc.inW != nil {
+			_ = rc.inW.Close()
+		}
+		return nil, err
+	}
+	for range 2 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fail(fmt.Errorf("create output pipe: %w", err))
+		}
+		rc.pipes = append(rc.pipes, r)
+		parentClose = append(parentClose, w)
+	}
+	rc.cmd.Stdout, rc.cmd.Stderr = parentClose[0], parentClose[1]
+	if spec.stdin != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fail(fmt.Errorf("create stdin pipe: %w", err))
+		}
+		rc.cmd.Stdin, rc.inW = r, w
+		parentClose = append(parentClose, r)
+	}
+	rc.start = time.Now()
+	if err := s.procs.start(rc.cmd); err != nil {
+		if errors.Is(err, errClosed) {
+			return fail(err)
+		}
+		return fail(fmt.Errorf("start command: %w", err))
+	}
+	for _, f := range parentClose {
+		_ = f.Close()
+	}
+	for i, r := range rc.pipes {
+		stream := streamStdout + i
+		rc.readers.Add(1)
+		go func() {
+			defer rc.readers.Done()
+			readStream(r, func(b []byte) { sink(stream, b) })
+		}()
+	}
+	if rc.inW != nil {
+		rc.stdinWG.Add(1)
+		go func() {
+			defer rc.stdinWG.Done()
+			_, _ = rc.inW.Write(spec.stdin) // EPIPE when the command does not read it all
+			_ = rc.inW.Close()
+		}()
+	}
+	return rc, nil
+}
+
+// readStream reads r until EOF or error, passing chunks that end at UTF-8
+// character boundaries to emit (a split character is carried over).
+func readStream(r *os.File, emit func([]byte)) {
+	buf := make([]byte, readChunk+utf8Carry)
+	carry := 0
+	for {
+		n, err := r.Read(buf[carry : carry+readChunk])
+		if n > 0 {
+			total := carry + n
+			cut := utf8Split(buf[:total])
+			if cut > 0 {
+				emit(buf[:cut])
+			}
+			carry = copy(buf, buf[cut:total])
+		}
+		if err != nil {
+			if carry > 0 {
+				emit(buf[:carry])
+			}
+			return
+		}
+	}
+}
+
+// utf8Carry is the room for an incomplete UTF-8 sequence carried between reads.
+const utf8Carry = 4
+
+// execOutcome is how a one-shot command ended.
+type execOutcome struct {
+	exitCode int
+	signal   string
+	duration time.Duration
+	timedOut bool
+}
+
+// wait waits for the command until it exits, timeout passes or ctx is done
+// (then the whole process group is killed), then for its output (at most
+// DrainTimeout after the exit), and releases the pipes.
+func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutcome {
+	s := rc.s
+	pgid := rc.cmd.Process.Pid
+	type waited struct{ ps *os.ProcessState }
+	done := make(chan waited, 1)
+	go func() {
+		ps, _ := s.procs.wait(rc.cmd)
+		done <- waited{ps}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var out execOutcome
+	var w waited
+	select {
+	case w = <-done:
+	case <-timer.C:
+		out.timedOut = true
+		s.procs.killGroup(pgid, syscall.SIGKILL)
+		w = <-done
+	case <-ctx.Done():
+		s.procs.killGroup(pgid, syscall.SIGKILL)
+		w = <-done
+	case <-s.ctx.Done():
+		s.procs.killGroup(pgid, syscall.SIGKILL)
+		w = <-done
+	}
+	out.duration = time.Since(rc.start)
+	rc.drain(ctx)
+	out.exitCode, out.signal = exitStatus(w.ps)
+	return out
+}
+
+// drain waits for the output readers, at most DrainTimeout (or until ctx is
+// done), then closes the pipes and the stdin writer.
+func (rc *runningCmd) drain(ctx context.Context) {
+	readersDone := make(chan struct{})
+	go func() {
+		rc.readers.Wait()
+		close(readersDone)
+	}()
+	t := time.NewTimer(rc.s.cfg.DrainTimeout)
+	select {
+	case <-readersDone:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	for _, p := range rc.pipes {
+		_ = p.Close() // unblocks readers still waiting on a leftover child
+	}
+	<-readersDone
+	if rc.inW != nil {
+		_ = rc.inW.Close()
+	}
+	rc.stdinWG.Wait()
+}
+
+// exitStatus returns the exit code (-1 when killed by a signal) and the
+// signal name.
+func exitStatus(ps *os.ProcessState) (int, string) {
+	if ps == nil {
+		return -1, ""
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return -1, signalName(ws.Signal())
+	}
+	return ps.ExitCode(), ""
+}
+
+// capBuffer collects up to max bytes and remembers whether more came.
+type capBuffer struct {
+	buf       []byte
+	max       int64
+	truncated bool
+}
+
+func (c *capBuffer) write(b []byte) {
+	room := c.max - int64(len(c.buf))
+	if int64(len(b)) > room {
+		b = b[:max(room, 0)]
+		c.truncated = true
+	}
+	c.buf = append(c.buf, b...)
+}
+
+// handleExec answers POST /v1/exec: JSON, or server-sent events when the
+// request accepts text/event-stream.
+func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
+	var req agentapi.ExecRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	spec, err := s.commandSpec(req.Command, req.Argv, req.Env, req.Cwd)
+	if err != nil {
+		return err
+	}
+	if req.Stdin != "" {
+		spec.stdin = []byte(req.Stdin)
+	}
+	timeout, limit, err := s.runLimits(req.TimeoutMS, req.MaxOutputBytes)
+	if err != nil {
+		return err
+	}
+	if wantsEventStream(r) {
+		return s.execStream(w, r, spec, timeout, limit)
+	}
+	var mu sync.Mutex
+	bufs := [3]capBuffer{{}, {max: limit}, {max: limit}}
+	rc, err := s.startCommand(spec, func(stream int, data []byte) {
+		mu.Lock()
+		bufs[stream].write(data)
+		mu.Unlock()
+	})
+	if err != nil {
+		return err
+	}
+	out := rc.wait(r.Context(), timeout)
+	mu.Lock()
+	defer mu.Unlock()
+	writeJSON(w, http.StatusOK, agentapi.ExecResult{
+		ExitCode:   out.exitCode,
+		Signal:     out.signal,
+		Stdout:     string(bufs[streamStdout].buf),
+		Stderr:     string(bufs[streamStderr].buf),
+		DurationMS: out.duration.Milliseconds(),
+		TimedOut:   out.timedOut,
+		Truncated:  bufs[streamStdout].truncated || bufs[streamStderr].truncated,
+	})
+	return nil
+}
+
+// wantsEventStream reports whether the request asks for server-sent events.
+func wantsEventStream(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "text/event-stream")
+}
+
+// streamChunk is one output chunk on its way to an event stream.
+type streamChunk struct {
+	stream int
+	data   []byte
+}
+
+// execStream runs spec and streams its output as server-sent events: stdout
+// and stderr chunks as produced, keep-alive comments while quiet, then one
+// exit event. A client that goes away kills the command.
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, spec cmdSpec, timeout time.Duration, limit int64) error {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	chunks := make(chan streamChunk, 16)
+	var mu sync.Mutex
+	sent := [3]int64{}
+	truncated := false
+	rc, err := s.startCommand(spec, func(stream int, data []byte) {
+		mu.Lock()
+		room := limit - sent[stream]
+		if int64(len(data)) > room {
+			data = data[:max(room, 0)]
+			truncated = true
+		}
+		sent[stream] += int64(len(data))
+		mu.Unlock()
+		if len(data) == 0 {
+			return
+		}
+		select {
+		case chunks <- streamChunk{stream: stream, data: append([]byte(nil), data...)}:
+		case <-ctx.Done():
+		}
+	})
+	if err != nil {
+		return err
+	}
+	done := make(chan execOutcome, 1)
+	go func() { done <- rc.wait(ctx, timeout) }()
+
+	ev := newEventWriter(w)
+	ev.start()
+	keep := time.NewTicker(s.cfg.KeepAlive)
+	defer keep.Stop()
+	send := func(c streamChunk) {
+		name := agentapi.EventStdout
+		if c.stream == streamStderr {
+			name = agentapi.EventStderr
+		}
+		if ev.event(name, agentapi.StreamChunk{Data: string(c.data)}) != nil {
+			cancel() // the client is gone: kill the command
+		}
+	}
+	for {
+		select {
+		case c := <-chunks:
+			send(c)
+			keep.Reset(s.cfg.KeepAlive)
+		case <-keep.C:
+			if ev.comment("keep-alive") != nil {
+				cancel()
+			}
+		case out := <-done:
+			for pending := true; pending; {
+				select {
+				case c := <-chunks:
+					send(c)
+				default:
+					pending = false
+				}
+			}
+			mu.Lock()
+			res := agentapi.ExecResult{
+				ExitCode:   out.exitCode,
+				Signal:     out.signal,
+				DurationMS: out.duration.Milliseconds(),
+				TimedOut:   out.timedOut,
+				Truncated:  truncated,
+			}
+			mu.Unlock()
+			_ = ev.event(agentapi.EventExit, res)
+			return nil
+		}
+	}
+}

@@ -1,0 +1,370 @@
+package execagent
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+)
+
+// Server is the exec agent. Create it with New, serve with Serve, stop with
+// Close. Its methods are safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	procs   *procTable
+	shell   shellInfo
+	started time.Time
+	handler http.Handler
+	authHdr []byte // "Bearer <token>"
+	ownsDir bool   // StateDir was created by New and is removed by Close
+
+	sessions  *sessionTable
+	processes *processTable
+
+	leaseMu    sync.Mutex
+	generation int64
+	leaseID    string
+	initDone   bool
+	leaseEnv   []string // "K=V" from the latest init
+
+	ctx    context.Context // canceled by Close; parent of every long-lived goroutine
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // goroutines owned by the server (reaper, session owners, process waiters)
+
+	srvMu     sync.Mutex
+	servers   []*http.Server
+	closeOnce sync.Once
+}
+
+// New validates cfg and returns a server that is not serving yet. It starts
+// the zombie reaper (and makes the process a child subreaper unless
+// cfg.NoSubreaper); Close stops it. The reaper reaps every zombie child of
+// the process that the server does not track, so a process must run one
+// Server at a time and start no children of its own meanwhile. log may be
+// nil (slog.Default()).
+func New(cfg Config, log *slog.Logger) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("validate agent config: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	sh, err := detectShell(cfg.Shell)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Env = childEnv(cfg.Env)
+	ownsDir := false
+	if cfg.StateDir == "" {
+		d, err := os.MkdirTemp("/dev/shm", "quarry-agent-") // tmpfs: cheap command-file rewrites
+		if err != nil {
+			d, err = os.MkdirTemp("", "quarry-agent-")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("create agent state dir: %w", err)
+		}
+		cfg.StateDir, ownsDir = d, true
+	} else if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create agent state dir: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg:     cfg,
+		log:     log,
+		procs:   newProcTable(log),
+		shell:   sh,
+		started: time.Now(),
+		authHdr: []byte("Bearer " + cfg.Token),
+		ownsDir: ownsDir,
+		ctx:     ctx,
+		cancel:  cancel,
+	}
+	s.sessions = newSessionTable(s)
+	s.processes = newProcessTable(s)
+	s.handler = s.routes()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.procs.runReaper(ctx, cfg.ReapInterval, cfg.NoSubreaper)
+	}()
+	return s, nil
+}
+
+// Handler returns the agent's HTTP handler (authentication and generation
+// fencing included).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Serve serves HTTP on ln until Close (it then returns nil) or until the
+// listener fails. ctx only scopes the call; cancel it and call Close to stop.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	s.srvMu.Lock()
+	if s.ctx.Err() != nil {
+		s.srvMu.Unlock()
+		return errClosed
+	}
+	s.servers = append(s.servers, hs)
+	s.srvMu.Unlock()
+	err := hs.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("serve agent: %w", err)
+}
+
+// Close kills every process group the agent started, closes sessions and
+// processes, stops the HTTP servers started by Serve (waiting for handlers
+// until ctx is done) and the reaper, reaps the killed processes (until ctx
+// is done), and removes a StateDir it created. It is idempotent; later calls
+// return nil.
+func (s *Server) Close(ctx context.Context) error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.srvMu.Lock()
+		s.cancel()
+		servers := s.servers
+		s.srvMu.Unlock()
+		// Kill first: streams and runs end when their commands die.
+		s.procs.killAll()
+		s.sessions.closeAll()
+		s.processes.closeAll()
+		for _, hs := range servers {
+			if e := hs.Shutdown(ctx); e != nil {
+				_ = hs.Close()
+				err = errors.Join(err, fmt.Errorf("shut down agent http server: %w", e))
+			}
+		}
+		s.wg.Wait()
+		s.procs.settle(ctx)
+		if s.ownsDir {
+			if e := os.RemoveAll(s.cfg.StateDir); e != nil {
+				err = errors.Join(err, fmt.Errorf("remove agent state dir: %w", e))
+			}
+		}
+	})
+	return err
+}
+
+// handlerFunc is a handler that returns its error; wrap answers it.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	fenced := func(pattern string, h handlerFunc) {
+		mux.Handle(pattern, s.wrap(h, true))
+	}
+	mux.Handle("GET "+agentapi.RouteHealth, s.wrap(s.handleHealth, false))
+	mux.Handle("POST "+agentapi.RouteInit, s.wrap(s.handleInit, false))
+	fenced("POST "+agentapi.RouteExec, s.handleExec)
+	fenced("POST "+agentapi.RouteSessions, s.handleSessionCreate)
+	fenced("GET "+agentapi.RouteSessions, s.handleSessionList)
+	fenced("DELETE "+agentapi.RouteSession, s.handleSessionClose)
+	fenced("POST "+agentapi.RouteSessionRun, s.handleSessionRun)
+	fenced("POST "+agentapi.RouteProcesses, s.handleProcessStart)
+	fenced("GET "+agentapi.RouteProcesses, s.handleProcessList)
+	fenced("GET "+agentapi.RouteProcess, s.handleProcessGet)
+	fenced("DELETE "+agentapi.RouteProcess, s.handleProcessKill)
+	fenced("GET "+agentapi.RouteProcessOutput, s.handleProcessOutput)
+	fenced("POST "+agentapi.RouteProcessSignal, s.handleProcessSignal)
+	fenced("POST "+agentapi.RouteProcessStdin, s.handleProcessStdin)
+	fenced("GET "+agentapi.RouteFiles, s.handleFileRead)
+	fenced("PUT "+agentapi.RouteFiles, s.handleFileWrite)
+	fenced("GET "+agentapi.RouteFileStat, s.handleFileStat)
+	fenced("GET "+agentapi.RouteFileList, s.handleFileList)
+	fenced("GET "+agentapi.RouteFileArchive, s.handleArchiveDownload)
+	fenced("PUT "+agentapi.RouteFileArchive, s.handleArchiveUpload)
+	// Unknown routes and wrong methods: authenticate first, then answer in
+	// the ErrorBody shape (the mux's own 404/405 are plain text).
+	mux.Handle("/", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+		return statusError(errNotFound, http.StatusNotFound, agentapi.CodeNotFound, "no route %s %s", r.Method, r.URL.Path)
+	}, false))
+	return mux
+}
+
+// wrap authenticates, fences stale generations (when fenced) and answers a
+// handler's error in the ErrorBody shape.
+func (s *Server) wrap(h handlerFunc, fenced bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := s.authenticate(r); err != nil {
+			writeError(w, err)
+			return
+		}
+		if fenced {
+			if err := s.checkGeneration(r); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+		if err := h(w, r); err != nil {
+			writeError(w, err)
+		}
+	})
+}
+
+// authenticate compares the Authorization header with the token in
+// constant time.
+func (s *Server) authenticate(r *http.Request) error {
+	got := r.Header.Get("Authorization")
+	if got == "" {
+		return statusError(nil, http.StatusUnauthorized, agentapi.CodeUnauthorized, "missing bearer token (Authorization: Bearer <token>)")
+	}
+	if subtle.ConstantTimeCompare([]byte(got), s.authHdr) != 1 {
+		return statusError(nil, http.StatusUnauthorized, agentapi.CodeUnauthorized, "wrong bearer token")
+	}
+	return nil
+}
+
+// requestGeneration parses HeaderGeneration (absent means 0).
+func requestGeneration(r *http.Request) (int64, error) {
+	v := r.Header.Get(agentapi.HeaderGeneration)
+	if v == "" {
+		return 0, nil
+	}
+	g, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || g < 0 {
+		return 0, invalid(agentapi.HeaderGeneration, "must be a non-negative integer, got %q", v)
+	}
+	return g, nil
+}
+
+// checkGeneration refuses requests of a generation older than the current one.
+func (s *Server) checkGeneration(r *http.Request) error {
+	g, err := requestGeneration(r)
+	if err != nil {
+		return err
+	}
+	s.leaseMu.Lock()
+	cur := s.generation
+	s.leaseMu.Unlock()
+	if g < cur {
+		return fmt.Errorf("request generation %d is older than the agent's generation %d: %w", g, cur, errStaleGeneration)
+	}
+	return nil
+}
+
+func (s *Server) health() agentapi.Health {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	return agentapi.Health{
+		Status:     "ok",
+		Version:    agentapi.Version,
+		LeaseID:    s.leaseID,
+		Generation: s.generation,
+		UptimeMS:   time.Since(s.started).Milliseconds(),
+	}
+}
+
+// handleHealth answers GET /healthz. It is authenticated but never fenced:
+// it reports liveness and the current lease and generation to anyone holding
+// the token.
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, s.health())
+	return nil
+}
+
+// handleInit answers POST /v1/init. A generation lower than the current one
+// is refused with stale_generation; the same generation is accepted only as
+// a retry of the same lease id (or as the first init); a higher generation
+// replaces the lease id and the lease env.
+func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) error {
+	var req agentapi.InitRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if req.Generation < 0 {
+		return invalid("generation", "must be non-negative, got %d", req.Generation)
+	}
+	env, err := envList("env", req.Env)
+	if err != nil {
+		return err
+	}
+	s.leaseMu.Lock()
+	switch {
+	case req.Generation < s.generation:
+		cur := s.generation
+		s.leaseMu.Unlock()
+		return fmt.Errorf("init generation %d is older than the agent's generation %d: %w", req.Generation, cur, errStaleGeneration)
+	case req.Generation == s.generation && s.initDone && req.LeaseID != s.leaseID:
+		cur := s.leaseID
+		s.leaseMu.Unlock()
+		return fmt.Errorf("generation %d is already initialized for lease %q, not %q: %w", req.Generation, cur, req.LeaseID, errConflict)
+	}
+	s.generation, s.leaseID, s.leaseEnv, s.initDone = req.Generation, req.LeaseID, env, true
+	s.leaseMu.Unlock()
+	s.log.Info("init", "lease", req.LeaseID, "generation", req.Generation)
+	writeJSON(w, http.StatusOK, s.health())
+	return nil
+}
+
+// decodeJSON decodes a bounded JSON body into v. An empty body is an error.
+func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxJSONBody)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return invalid("body", "a JSON object is required")
+		}
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		var se *json.SyntaxError
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &se) || errors.As(err, &ute) {
+			return err
+		}
+		return invalid("body", "invalid JSON: %s", err.Error())
+	}
+	return nil
+}
+
+// envList validates env (field names the request field) and returns it as
+// "K=V" entries, sorted by key.
+func envList(field string, env map[string]string) ([]string, error) {
+	if len(env) == 0 {
+		return nil, nil
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, invalid(field, "invalid variable name %q", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			return nil, invalid(field, "value of %s contains a NUL byte", k)
+		}
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// commandEnv composes the environment of a child: the base environment, then
+// the lease env from init, then the request's env (later entries win).
+func (s *Server) commandEnv(extra []string) []string {
+	s.leaseMu.Lock()
+	lease := s.leaseEnv
+	s.leaseMu.Unlock()
+	return mergeEnv(s.cfg.Env, lease, extra)
+}
