@@ -131,6 +131,12 @@ type LeaseEnd struct {
 	// OnlyIfExpired makes the end conditional on ExpiresAt <= Now (the
 	// reaper's guard against a heartbeat that just arrived).
 	OnlyIfExpired bool
+	// ForgetIdempotencyKey frees the lease's idempotency key, so that a
+	// retry of the same acquire claims a new task instead of replaying this
+	// lease. The manager sets it when a lease ends before its client could
+	// use it (the agent's init failed). The lease keeps its IdempotencyKey
+	// field; only the key's index entry goes.
+	ForgetIdempotencyKey bool
 }
 
 // LeaseFilter selects leases in ListLeases. Zero fields match everything.

@@ -1,0 +1,837 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// schemaVersion is written to the meta bucket; Open refuses other versions.
+const schemaVersion = "1"
+
+// purgeBatch bounds how many leases one PurgeLeases transaction deletes, so
+// that a large purge does not hold the write lock for long.
+const purgeBatch = 1000
+
+// Bucket names.
+var (
+	bucketMeta       = []byte("meta")
+	bucketTasks      = []byte("tasks")         // task id → TaskRecord JSON
+	bucketTasksPool  = []byte("tasks_by_pool") // lp(pool) id → ""
+	bucketTasksReady = []byte("tasks_ready")   // lp(pool) created id → id
+	bucketLeases     = []byte("leases")        // lease id → Lease JSON
+	bucketOwner      = []byte("leases_owner")  // lp(owner) created id → ""
+	bucketExpiry     = []byte("leases_expiry") // expires id → "" (active leases only)
+	bucketEnded      = []byte("leases_ended")  // ended id → "" (ended leases only)
+	bucketIdem       = []byte("leases_idem")   // lp(owner) key → lease id
+	allBuckets       = [][]byte{bucketMeta, bucketTasks, bucketTasksPool, bucketTasksReady,
+		bucketLeases, bucketOwner, bucketExpiry, bucketEnded, bucketIdem}
+	keySchema = []byte("schema")
+)
+
+// Options tune Open. The zero value is the durable default.
+type Options struct {
+	// Timeout bounds waiting for the file lock when another process holds
+	// the file open (default 5 s).
+	Timeout time.Duration
+	// NoSync skips fsync on commit. Faster, but a machine crash may lose the
+	// latest writes: never for a gateway, only for throwaway stores.
+	NoSync bool
+}
+
+// Store is the embedded lease store. It is safe for concurrent use; all
+// writes are serialized by bbolt's single writer.
+type Store struct {
+	db     *bolt.DB
+	closed atomic.Bool
+}
+
+var _ warmpool.Store = (*Store)(nil)
+
+// Open opens (creating it and its directory when missing) the store file at
+// path. It fails when another process holds the file for longer than
+// opts.Timeout, or when the file was written by an incompatible version.
+func Open(path string, opts Options) (*Store, error) {
+	if path == "" {
+		return nil, errors.New("open lease store: path is empty")
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create lease store directory: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout: opts.Timeout,
+		NoSync:  opts.NoSync,
+		// The free list is rebuilt on open instead of written on every
+		// commit (one page less per write; durability is unchanged), and kept
+		// in a hash map, which stays fast as the file grows.
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+		// Map 64 MiB up front (address space only) so that growing the file
+		// rarely remaps it, which would block every reader.
+		InitialMmapSize: 64 << 20,
+	})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("open lease store %s: another process holds it (waited %s): %w", path, opts.Timeout, err)
+		}
+		return nil, fmt.Errorf("open lease store %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return fmt.Errorf("create bucket %s: %w", name, err)
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		switch v := meta.Get(keySchema); {
+		case v == nil:
+			return meta.Put(keySchema, []byte(schemaVersion))
+		case string(v) != schemaVersion:
+			return fmt.Errorf("schema version %q, this build reads %q", v, schemaVersion)
+		}
+		return nil
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("initialize lease store %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the file. Later calls return warmpool.ErrClosed; closing
+// twice returns nil.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("close lease store: %w", err)
+	}
+	return nil
+}
+
+// ReserveTasks implements warmpool.TaskStore: all or none, within maxTotal.
+func (s *Store) ReserveTasks(ctx context.Context, pool string, maxTotal int, recs []warmpool.TaskRecord) error {
+	if pool == "" {
+		return errors.New("reserve tasks: pool is empty")
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	ids := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		if r.ID == "" {
+			return errors.New("reserve tasks: a record has an empty id")
+		}
+		if r.Pool != "" && r.Pool != pool {
+			return fmt.Errorf("reserve tasks: record %s is for pool %q, not %q", r.ID, r.Pool, pool)
+		}
+		if ids[r.ID] {
+			return fmt.Errorf("reserve tasks: id %s given twice: %w", r.ID, warmpool.ErrConflict)
+		}
+		ids[r.ID] = true
+	}
+	return s.update(ctx, "reserve tasks", func(t *tx) error {
+		n := countPrefix(t.tasksPool, lp(pool))
+		if n+len(recs) > maxTotal {
+			return fmt.Errorf("pool %q has %d of max_total %d tasks, %d more do not fit: %w", pool, n, maxTotal, len(recs), warmpool.ErrNoCapacity)
+		}
+		for _, r := range recs {
+			if t.tasks.Get([]byte(r.ID)) != nil {
+				return fmt.Errorf("task %s exists already: %w", r.ID, warmpool.ErrConflict)
+			}
+			r.Pool = pool
+			r.State = warmpool.TaskLaunching
+			r.Version = 1
+			if err := t.putTask(nil, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// UpdateTask implements warmpool.TaskStore: a write conditional on Version.
+func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord) (warmpool.TaskRecord, error) {
+	if rec.ID == "" {
+		return warmpool.TaskRecord{}, errors.New("update task: id is empty")
+	}
+	if !validTaskState(rec.State) {
+		return warmpool.TaskRecord{}, fmt.Errorf("update task %s: unknown state %q", rec.ID, rec.State)
+	}
+	err := s.update(ctx, "update task", func(t *tx) error {
+		old, ok, err := t.getTask(rec.ID)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("task %s: %w", rec.ID, warmpool.ErrNotFound)
+		}
+		if old.Version != rec.Version {
+			return fmt.Errorf("task %s is at version %d, not %d: %w", rec.ID, old.Version, rec.Version, warmpool.ErrConflict)
+		}
+		if rec.Pool != old.Pool {
+			return fmt.Errorf("task %s: pool cannot change from %q to %q", rec.ID, old.Pool, rec.Pool)
+		}
+		rec.Version++
+		return t.putTask(&old, rec)
+	})
+	if err != nil {
+		return warmpool.TaskRecord{}, err
+	}
+	return rec, nil
+}
+
+// DeleteTask implements warmpool.TaskStore; deleting an unknown id is a no-op.
+func (s *Store) DeleteTask(ctx context.Context, id string) error {
+	return s.update(ctx, "delete task", func(t *tx) error {
+		rec, ok, err := t.getTask(id)
+		if err != nil || !ok {
+			return err
+		}
+		return t.deleteTask(rec)
+	})
+}
+
+// ListTasks implements warmpool.TaskStore, oldest first.
+func (s *Store) ListTasks(ctx context.Context, pool string) ([]warmpool.TaskRecord, error) {
+	var out []warmpool.TaskRecord
+	err := s.view(ctx, "list tasks", func(t *tx) error {
+		add := func(v []byte) error {
+			var rec warmpool.TaskRecord
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return fmt.Errorf("decode task: %w", err)
+			}
+			out = append(out, rec)
+			return nil
+		}
+		if pool == "" {
+			return t.tasks.ForEach(func(_, v []byte) error { return add(v) })
+		}
+		prefix := lp(pool)
+		c := t.tasksPool.Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			v := t.tasks.Get(k[len(prefix):])
+			if v == nil {
+				return fmt.Errorf("pool index names missing task %s", k[len(prefix):])
+			}
+			if err := add(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(a, b warmpool.TaskRecord) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out, err
+}
+
+// Claim implements warmpool.LeaseStore: the oldest ready task of the pool
+// (or req.TaskID) becomes leased and the lease is created, in one
+// transaction.
+func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.ClaimResult, error) {
+	switch {
+	case req.Pool == "":
+		return warmpool.ClaimResult{}, errors.New("claim: pool is empty")
+	case req.Lease.ID == "":
+		return warmpool.ClaimResult{}, errors.New("claim: lease id is empty")
+	case req.Lease.Owner == "":
+		return warmpool.ClaimResult{}, errors.New("claim: lease owner is empty")
+	case req.Now.IsZero():
+		return warmpool.ClaimResult{}, errors.New("claim: now is zero")
+	}
+	var res warmpool.ClaimResult
+	err := s.update(ctx, "claim", func(t *tx) error {
+		if key := req.Lease.IdempotencyKey; key != "" {
+			if id := t.idem.Get(idemKey(req.Lease.Owner, key)); id != nil {
+				l, ok, err := t.getLease(string(id))
+				if err != nil {
+					return err
+				}
+				if ok {
+					res = warmpool.ClaimResult{Lease: l, Replayed: true}
+					if task, ok, err := t.getTask(l.TaskID); err == nil && ok {
+						res.Task = task
+					}
+					return nil
+				}
+			}
+		}
+		if t.leases.Get([]byte(req.Lease.ID)) != nil {
+			return fmt.Errorf("lease %s exists already: %w", req.Lease.ID, warmpool.ErrConflict)
+		}
+		task, err := t.claimable(req.Pool, req.TaskID)
+		if err != nil {
+			return err
+		}
+		old := task
+		task.State = warmpool.TaskLeased
+		task.LeaseID = req.Lease.ID
+		task.Generation++
+		task.Version++
+		task.Reason = ""
+		task.UpdatedAt = req.Now
+		l := req.Lease
+		l.Pool = req.Pool
+		l.TaskID = task.ID
+		l.Generation = task.Generation
+		l.AgentURL = task.AgentURL
+		l.AgentToken = task.AgentToken
+		l.State = warmpool.LeaseActive
+		l.Reason = ""
+		l.EndedAt = time.Time{}
+		l.Version = 1
+		if l.CreatedAt.IsZero() {
+			l.CreatedAt = req.Now
+		}
+		if err := t.putTask(&old, task); err != nil {
+			return err
+		}
+		if err := t.putLease(nil, l); err != nil {
+			return err
+		}
+		res = warmpool.ClaimResult{Lease: l, Task: task}
+		return nil
+	})
+	if err != nil {
+		return warmpool.ClaimResult{}, err
+	}
+	return res, nil
+}
+
+// GetLease implements warmpool.LeaseStore.
+func (s *Store) GetLease(ctx context.Context, id string) (warmpool.Lease, error) {
+	var l warmpool.Lease
+	err := s.view(ctx, "get lease", func(t *tx) error {
+		var ok bool
+		var err error
+		l, ok, err = t.getLease(id)
+		if err == nil && !ok {
+			err = fmt.Errorf("lease %s: %w", id, warmpool.ErrNotFound)
+		}
+		return err
+	})
+	return l, err
+}
+
+// RenewLease implements warmpool.LeaseStore. On ErrLeaseEnded it also
+// returns the lease as stored.
+func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (warmpool.Lease, error) {
+	if now.IsZero() {
+		return warmpool.Lease{}, errors.New("renew lease: now is zero")
+	}
+	return s.changeLease(ctx, "renew lease", id, owner, func(_ *tx, l warmpool.Lease) (warmpool.Lease, error) {
+		if !l.ExpiresAt.After(now) {
+			return l, fmt.Errorf("lease %s expired at %s: %w", id, l.ExpiresAt.Format(time.RFC3339), warmpool.ErrLeaseEnded)
+		}
+		l.ExpiresAt = expiresAt
+		return l, nil
+	})
+}
+
+// EndLease implements warmpool.LeaseStore: the lease ends and its task
+// becomes stopping in one transaction. On ErrLeaseEnded it returns the
+// lease as stored.
+func (s *Store) EndLease(ctx context.Context, id string, end warmpool.LeaseEnd) (warmpool.Lease, error) {
+	switch end.State {
+	case warmpool.LeaseReleased, warmpool.LeaseExpired, warmpool.LeaseLost:
+	default:
+		return warmpool.Lease{}, fmt.Errorf("end lease %s: state %q is not released, expired or lost", id, end.State)
+	}
+	if end.Now.IsZero() {
+		return warmpool.Lease{}, errors.New("end lease: now is zero")
+	}
+	return s.changeLease(ctx, "end lease", id, end.Owner, func(t *tx, l warmpool.Lease) (warmpool.Lease, error) {
+		if end.OnlyIfExpired && l.ExpiresAt.After(end.Now) {
+			return l, fmt.Errorf("lease %s was renewed until %s: %w", id, l.ExpiresAt.Format(time.RFC3339Nano), warmpool.ErrConflict)
+		}
+		l.State = end.State
+		l.Reason = end.Reason
+		l.EndedAt = end.Now
+		if end.ForgetIdempotencyKey {
+			t.forgetIdem(l)
+		}
+		task, ok, err := t.getTask(l.TaskID)
+		if err != nil || !ok || task.State != warmpool.TaskLeased || task.LeaseID != l.ID {
+			return l, err
+		}
+		oldTask := task
+		task.State = warmpool.TaskStopping
+		task.Reason = "lease " + string(end.State)
+		if end.Reason != "" {
+			task.Reason += ": " + end.Reason
+		}
+		task.UpdatedAt = end.Now
+		task.Version++
+		return l, t.putTask(&oldTask, task)
+	})
+}
+
+// changeLease applies change to the active lease id (of owner, when set)
+// and writes the result with its version incremented, in one transaction.
+// A lease that is not active, or a change failing with ErrLeaseEnded,
+// returns the lease as stored with ErrLeaseEnded.
+func (s *Store) changeLease(ctx context.Context, action, id, owner string, change func(*tx, warmpool.Lease) (warmpool.Lease, error)) (warmpool.Lease, error) {
+	var out warmpool.Lease
+	err := s.update(ctx, action, func(t *tx) error {
+		l, err := t.mustLease(id, owner)
+		if err != nil {
+			return err
+		}
+		if l.State != warmpool.LeaseActive {
+			out = l
+			return fmt.Errorf("lease %s is %s: %w", id, l.State, warmpool.ErrLeaseEnded)
+		}
+		changed, err := change(t, l)
+		if err != nil {
+			out = l
+			return err
+		}
+		changed.Version = l.Version + 1
+		if err := t.putLease(&l, changed); err != nil {
+			return err
+		}
+		out = changed
+		return nil
+	})
+	if err != nil && !errors.Is(err, warmpool.ErrLeaseEnded) {
+		return warmpool.Lease{}, err
+	}
+	return out, err
+}
+
+// ListLeases implements warmpool.LeaseStore, newest first. With Owner it
+// reads the owner index (the gateway's lists), with ExpiresBefore the
+// expiry index (the reaper), otherwise every lease: no creation index is
+// kept, to spare each claim a page write.
+func (s *Store) ListLeases(ctx context.Context, f warmpool.LeaseFilter) ([]warmpool.Lease, error) {
+	var out []warmpool.Lease
+	err := s.view(ctx, "list leases", func(t *tx) error {
+		visit := func(id []byte) (bool, error) {
+			l, ok, err := t.getLease(string(id))
+			if err != nil || !ok {
+				return err == nil, err
+			}
+			if matches(l, f) {
+				out = append(out, l)
+			}
+			return f.Limit <= 0 || len(out) < f.Limit, nil
+		}
+		if f.Owner != "" {
+			prefix := lp(f.Owner)
+			return reverseScan(t.owner.Cursor(), prefix, func(k []byte) (bool, error) {
+				return visit(k[len(prefix)+8:])
+			})
+		}
+		// Without an owner: the active leases expiring before a time (the
+		// reaper) from the expiry index, or every lease (rare: operators);
+		// then newest first.
+		limit := f.Limit
+		f.Limit = 0
+		if !f.ExpiresBefore.IsZero() {
+			bound := tsKey(f.ExpiresBefore)
+			c := t.expiry.Cursor()
+			for k, _ := c.First(); k != nil && bytes.Compare(k[:8], bound) < 0; k, _ = c.Next() {
+				if _, err := visit(k[8:]); err != nil {
+					return err
+				}
+			}
+		} else if err := t.leases.ForEach(func(id, _ []byte) error { _, err := visit(id); return err }); err != nil {
+			return err
+		}
+		sortNewestFirst(out)
+		if limit > 0 && len(out) > limit {
+			out = out[:limit]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PurgeLeases implements warmpool.LeaseStore, in transactions of at most
+// purgeBatch leases.
+func (s *Store) PurgeLeases(ctx context.Context, endedBefore time.Time) (int, error) {
+	bound := tsKey(endedBefore)
+	total := 0
+	for more := true; more; {
+		n := 0
+		err := s.update(ctx, "purge leases", func(t *tx) error {
+			n = 0
+			var keys [][]byte
+			c := t.ended.Cursor()
+			for k, _ := c.First(); k != nil && bytes.Compare(k[:8], bound) < 0 && len(keys) < purgeBatch; k, _ = c.Next() {
+				keys = append(keys, bytes.Clone(k))
+			}
+			more = len(keys) == purgeBatch
+			for _, k := range keys {
+				l, ok, err := t.getLease(string(k[8:]))
+				if err != nil {
+					return err
+				}
+				if !ok { // an index entry without its lease: drop it
+					if err := t.ended.Delete(k); err != nil {
+						return err
+					}
+					continue
+				}
+				if err := t.deleteLease(l); err != nil {
+					return err
+				}
+				n++
+			}
+			return nil
+		})
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// update runs fn in one read-write transaction. Errors returned by fn are
+// wrapped with action; errors of bbolt itself (I/O, commit) also wrap
+// warmpool.ErrUnavailable: the transaction did not happen.
+func (s *Store) update(ctx context.Context, action string, fn func(*tx) error) error {
+	return s.run(ctx, action, true, fn)
+}
+
+// view runs fn in one read-only transaction, like update.
+func (s *Store) view(ctx context.Context, action string, fn func(*tx) error) error {
+	return s.run(ctx, action, false, fn)
+}
+
+func (s *Store) run(ctx context.Context, action string, writable bool, fn func(*tx) error) error {
+	if s.closed.Load() {
+		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", action, err)
+	}
+	var fnErr error
+	body := func(btx *bolt.Tx) error {
+		fnErr = fn(openTx(btx))
+		return fnErr
+	}
+	var err error
+	if writable {
+		err = s.db.Update(body)
+	} else {
+		err = s.db.View(body)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case fnErr != nil && err == fnErr:
+		return fmt.Errorf("%s: %w", action, err)
+	case errors.Is(err, bolt.ErrDatabaseNotOpen) || s.closed.Load():
+		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
+	default:
+		return fmt.Errorf("%s: %w: %w", action, warmpool.ErrUnavailable, err)
+	}
+}
+
+// tx is one transaction with its buckets at hand.
+type tx struct {
+	tasks, tasksPool, ready            *bolt.Bucket
+	leases, owner, expiry, ended, idem *bolt.Bucket
+}
+
+func openTx(btx *bolt.Tx) *tx {
+	return &tx{
+		tasks: btx.Bucket(bucketTasks), tasksPool: btx.Bucket(bucketTasksPool), ready: btx.Bucket(bucketTasksReady),
+		leases: btx.Bucket(bucketLeases), owner: btx.Bucket(bucketOwner),
+		expiry: btx.Bucket(bucketExpiry), ended: btx.Bucket(bucketEnded), idem: btx.Bucket(bucketIdem),
+	}
+}
+
+func (t *tx) getTask(id string) (warmpool.TaskRecord, bool, error) {
+	return getJSON[warmpool.TaskRecord](t.tasks, id, "task")
+}
+
+// claimable returns the task a claim takes: taskID (ready or launching, in
+// pool), or the oldest ready task of pool.
+func (t *tx) claimable(pool, taskID string) (warmpool.TaskRecord, error) {
+	if taskID != "" {
+		task, ok, err := t.getTask(taskID)
+		switch {
+		case err != nil:
+			return task, err
+		case !ok || task.Pool != pool:
+			return task, fmt.Errorf("task %s in pool %q: %w", taskID, pool, warmpool.ErrNotFound)
+		case task.State != warmpool.TaskReady && task.State != warmpool.TaskLaunching:
+			return task, fmt.Errorf("task %s is %s, not ready or launching: %w", taskID, task.State, warmpool.ErrConflict)
+		}
+		return task, nil
+	}
+	prefix := lp(pool)
+	k, v := t.ready.Cursor().Seek(prefix)
+	if k == nil || !bytes.HasPrefix(k, prefix) {
+		return warmpool.TaskRecord{}, fmt.Errorf("pool %q has no ready task: %w", pool, warmpool.ErrNoCapacity)
+	}
+	task, ok, err := t.getTask(string(v))
+	if err != nil {
+		return task, err
+	}
+	if !ok || task.State != warmpool.TaskReady {
+		return task, fmt.Errorf("ready index names task %s which is not ready", v)
+	}
+	return task, nil
+}
+
+// putTask writes rec and keeps the indexes in step with old (nil for a new
+// record).
+func (t *tx) putTask(old *warmpool.TaskRecord, rec warmpool.TaskRecord) error {
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode task %s: %w", rec.ID, err)
+	}
+	if old != nil && old.State == warmpool.TaskReady {
+		if err := t.ready.Delete(readyKey(*old)); err != nil {
+			return err
+		}
+	}
+	if rec.State == warmpool.TaskReady {
+		if err := t.ready.Put(readyKey(rec), []byte(rec.ID)); err != nil {
+			return err
+		}
+	}
+	if old == nil {
+		if err := t.tasksPool.Put(concat(lp(rec.Pool), []byte(rec.ID)), nil); err != nil {
+			return err
+		}
+	}
+	return t.tasks.Put([]byte(rec.ID), v)
+}
+
+func (t *tx) deleteTask(rec warmpool.TaskRecord) error {
+	if rec.State == warmpool.TaskReady {
+		if err := t.ready.Delete(readyKey(rec)); err != nil {
+			return err
+		}
+	}
+	if err := t.tasksPool.Delete(concat(lp(rec.Pool), []byte(rec.ID))); err != nil {
+		return err
+	}
+	return t.tasks.Delete([]byte(rec.ID))
+}
+
+func (t *tx) getLease(id string) (warmpool.Lease, bool, error) {
+	return getJSON[warmpool.Lease](t.leases, id, "lease")
+}
+
+// getJSON decodes the record stored under id in b; false when there is none.
+func getJSON[T any](b *bolt.Bucket, id, kind string) (T, bool, error) {
+	var rec T
+	v := b.Get([]byte(id))
+	if v == nil {
+		return rec, false, nil
+	}
+	if err := json.Unmarshal(v, &rec); err != nil {
+		return rec, false, fmt.Errorf("decode %s %s: %w", kind, id, err)
+	}
+	return rec, true, nil
+}
+
+// mustLease returns lease id: ErrNotFound when unknown, ErrLeaseNotHeld
+// when owner is set and differs.
+func (t *tx) mustLease(id, owner string) (warmpool.Lease, error) {
+	l, ok, err := t.getLease(id)
+	switch {
+	case err != nil:
+		return l, err
+	case !ok:
+		return l, fmt.Errorf("lease %s: %w", id, warmpool.ErrNotFound)
+	case owner != "" && l.Owner != owner:
+		return l, fmt.Errorf("lease %s: %w", id, warmpool.ErrLeaseNotHeld)
+	}
+	return l, nil
+}
+
+// putLease writes l and keeps the indexes in step with old (nil for a new
+// lease).
+func (t *tx) putLease(old *warmpool.Lease, l warmpool.Lease) error {
+	v, err := json.Marshal(l)
+	if err != nil {
+		return fmt.Errorf("encode lease %s: %w", l.ID, err)
+	}
+	id := []byte(l.ID)
+	if old == nil {
+		if err := t.owner.Put(concat(lp(l.Owner), tsKey(l.CreatedAt), id), nil); err != nil {
+			return err
+		}
+		if l.IdempotencyKey != "" {
+			if err := t.idem.Put(idemKey(l.Owner, l.IdempotencyKey), id); err != nil {
+				return err
+			}
+		}
+	}
+	if old != nil && old.State == warmpool.LeaseActive {
+		if err := t.expiry.Delete(concat(tsKey(old.ExpiresAt), id)); err != nil {
+			return err
+		}
+	}
+	if l.State == warmpool.LeaseActive {
+		if err := t.expiry.Put(concat(tsKey(l.ExpiresAt), id), nil); err != nil {
+			return err
+		}
+	} else if old == nil || old.State == warmpool.LeaseActive {
+		if err := t.ended.Put(concat(tsKey(l.EndedAt), id), nil); err != nil {
+			return err
+		}
+	}
+	return t.leases.Put(id, v)
+}
+
+// forgetIdem removes l's idempotency index entry if it still points at l.
+func (t *tx) forgetIdem(l warmpool.Lease) {
+	if l.IdempotencyKey == "" {
+		return
+	}
+	k := idemKey(l.Owner, l.IdempotencyKey)
+	if v := t.idem.Get(k); v != nil && string(v) == l.ID {
+		_ = t.idem.Delete(k) // Delete fails only on a read-only transaction
+	}
+}
+
+func (t *tx) deleteLease(l warmpool.Lease) error {
+	id := []byte(l.ID)
+	t.forgetIdem(l)
+	for _, del := range []struct {
+		b *bolt.Bucket
+		k []byte
+	}{
+		{t.owner, concat(lp(l.Owner), tsKey(l.CreatedAt), id)},
+		{t.expiry, concat(tsKey(l.ExpiresAt), id)},
+		{t.ended, concat(tsKey(l.EndedAt), id)},
+		{t.leases, id},
+	} {
+		if err := del.b.Delete(del.k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// matches reports whether l passes every set field of f (Limit aside).
+func matches(l warmpool.Lease, f warmpool.LeaseFilter) bool {
+	if f.Pool != "" && l.Pool != f.Pool || f.Owner != "" && l.Owner != f.Owner || f.State != "" && l.State != f.State {
+		return false
+	}
+	if !f.ExpiresBefore.IsZero() && (l.State != warmpool.LeaseActive || !l.ExpiresAt.Before(f.ExpiresBefore)) {
+		return false
+	}
+	for k, v := range f.Labels {
+		if got, ok := l.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func sortNewestFirst(ls []warmpool.Lease) {
+	slices.SortFunc(ls, func(a, b warmpool.Lease) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(b.ID, a.ID)
+	})
+}
+
+// reverseScan visits the keys with prefix (every key for nil) from the
+// last to the first, until visit returns false or an error.
+func reverseScan(c *bolt.Cursor, prefix []byte, visit func(k []byte) (bool, error)) error {
+	var k []byte
+	if upper := prefixEnd(prefix); upper == nil {
+		k, _ = c.Last()
+	} else if k, _ = c.Seek(upper); k == nil {
+		k, _ = c.Last()
+	} else {
+		k, _ = c.Prev()
+	}
+	for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Prev() {
+		more, err := visit(k)
+		if err != nil || !more {
+			return err
+		}
+	}
+	return nil
+}
+
+// prefixEnd returns the smallest key greater than every key with prefix,
+// or nil when there is none (empty prefix, or all 0xff).
+func prefixEnd(prefix []byte) []byte {
+	end := bytes.Clone(prefix)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
+}
+
+func countPrefix(b *bolt.Bucket, prefix []byte) int {
+	n := 0
+	c := b.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
+// lp length-prefixes s, so that a prefix scan on lp(s) never matches a
+// longer string that starts with s.
+func lp(s string) []byte {
+	b := binary.AppendUvarint(make([]byte, 0, len(s)+2), uint64(len(s)))
+	return append(b, s...)
+}
+
+// tsKey encodes t as 8 big-endian bytes of Unix nanoseconds (times before
+// 1970, and the zero time, encode as 0), so keys sort by time.
+func tsKey(t time.Time) []byte {
+	var n int64
+	if !t.IsZero() && t.Unix() > 0 {
+		n = t.UnixNano()
+	}
+	return binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(n))
+}
+
+func readyKey(rec warmpool.TaskRecord) []byte {
+	return concat(lp(rec.Pool), tsKey(rec.CreatedAt), []byte(rec.ID))
+}
+
+func idemKey(owner, key string) []byte { return concat(lp(owner), []byte(key)) }
+
+func concat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+
+func validTaskState(s warmpool.TaskState) bool {
+	switch s {
+	case warmpool.TaskLaunching, warmpool.TaskReady, warmpool.TaskLeased, warmpool.TaskStopping:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,318 @@
+package warmpool
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Defaults applied by ParsePools (and WithDefaults) to fields left empty.
+const (
+	DefaultCPU                       = 1.0
+	DefaultMemory                MiB = 1024
+	DefaultLeaseSeconds              = 1800
+	DefaultMaxLeaseSeconds           = 86400
+	DefaultStartupTimeoutSeconds     = 60
+)
+
+// Bounds checked by PoolConfig.Validate.
+const (
+	maxPoolsFileBytes       = 1 << 20
+	maxPools                = 256
+	maxPoolTotal            = 10000
+	maxLeaseSecondsLimit    = 7 * 24 * 3600
+	maxStartupSeconds       = 3600
+	minCPU, maxCPU          = 0.25, 16.0
+	minMemory, maxMemory    = 32, 1 << 20
+	maxMapEntries           = 64
+	maxMapKeyLen            = 128
+	maxMapValueLen          = 4096
+	reservedLabelPrefix     = "quarry."
+	poolNameDescription     = "must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit"
+	envKeyDescription       = "must be letters, digits and '_', not starting with a digit"
+	labelKeyDescription     = "must be letters, digits, '.', '_', '-' or '/', starting with a letter or digit"
+	providerNameDescription = "must be lowercase letters, digits or '-'"
+)
+
+var (
+	poolNamePattern     = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	providerNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	envKeyPattern       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelKeyPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`)
+	memoryPattern       = regexp.MustCompile(`^([0-9]+)\s*([A-Za-z]*)$`)
+)
+
+// PoolsFile is the document of the pools file: {"pools": [...]}.
+type PoolsFile struct {
+	Pools []PoolConfig `json:"pools"`
+}
+
+// LoadPools reads the pools file at path (YAML or JSON, at most 1 MiB) and
+// returns its pools as ParsePools does. Errors name the file.
+func LoadPools(path string) ([]PoolConfig, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open pools file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxPoolsFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read pools file %s: %w", path, err)
+	}
+	if len(data) > maxPoolsFileBytes {
+		return nil, fmt.Errorf("read pools file %s: larger than %d bytes", path, maxPoolsFileBytes)
+	}
+	pools, err := ParsePools(data)
+	if err != nil {
+		return nil, fmt.Errorf("pools file %s: %w", path, err)
+	}
+	return pools, nil
+}
+
+// ParsePools parses a pools document (YAML or JSON) strictly: an unknown or
+// duplicate field is an error that names it. It applies the defaults
+// (WithDefaults) and validates every pool (ValidatePools). Provider is left
+// empty when the file leaves it empty: cmd/ fills in its default provider.
+func ParsePools(data []byte) ([]PoolConfig, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, Invalid("pools", "the pools file is empty; it needs {\"pools\": [...]} with at least one pool")
+	}
+	var doc PoolsFile
+	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
+		// The library wraps the decoder's error twice ("error unmarshaling
+		// JSON: while decoding JSON: ..."); the innermost one says it all.
+		for inner := errors.Unwrap(err); inner != nil; inner = errors.Unwrap(err) {
+			err = inner
+		}
+		return nil, fmt.Errorf("parse pools: %w", err)
+	}
+	pools := make([]PoolConfig, len(doc.Pools))
+	for i, p := range doc.Pools {
+		pools[i] = p.WithDefaults()
+	}
+	if err := ValidatePools(pools); err != nil {
+		return nil, err
+	}
+	return pools, nil
+}
+
+// WithDefaults returns a copy of p with empty fields set to their defaults:
+// cpu 1, memory 1024 MiB, default lease 1800 s (at most the maximum),
+// maximum lease 86400 s, startup timeout 60 s. MinWarm, MaxTotal, Name and
+// Provider have no defaults.
+func (p PoolConfig) WithDefaults() PoolConfig {
+	if p.CPU == 0 {
+		p.CPU = DefaultCPU
+	}
+	if p.Memory == 0 {
+		p.Memory = DefaultMemory
+	}
+	if p.MaxLeaseSeconds == 0 {
+		p.MaxLeaseSeconds = DefaultMaxLeaseSeconds
+	}
+	if p.DefaultLeaseSeconds == 0 {
+		p.DefaultLeaseSeconds = min(DefaultLeaseSeconds, p.MaxLeaseSeconds)
+	}
+	if p.StartupTimeoutSeconds == 0 {
+		p.StartupTimeoutSeconds = DefaultStartupTimeoutSeconds
+	}
+	return p
+}
+
+// ValidatePools validates every pool and checks that names are unique. The
+// error joins one *ValidationError per problem; fields are named like
+// "pools[1].min_warm".
+func ValidatePools(pools []PoolConfig) error {
+	if len(pools) == 0 {
+		return Invalid("pools", "at least one pool is required")
+	}
+	if len(pools) > maxPools {
+		return Invalid("pools", "%d pools configured; at most %d are allowed", len(pools), maxPools)
+	}
+	var errs []error
+	seen := make(map[string]int, len(pools))
+	for i, p := range pools {
+		prefix := fmt.Sprintf("pools[%d]", i)
+		errs = append(errs, prefixErrors(prefix, p.Validate())...)
+		if j, dup := seen[p.Name]; dup && p.Name != "" {
+			errs = append(errs, Invalid(prefix+".name", "%q is already the name of pools[%d]; pool names must be unique", p.Name, j))
+			continue
+		}
+		seen[p.Name] = i
+	}
+	return errors.Join(errs...)
+}
+
+// Validate checks one pool (after defaults) and returns every problem
+// joined, each a *ValidationError naming the field ("min_warm").
+func (p PoolConfig) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) { errs = append(errs, Invalid(field, format, args...)) }
+	if !poolNamePattern.MatchString(p.Name) {
+		bad("name", "%q %s", p.Name, poolNameDescription)
+	}
+	if p.Provider != "" && !providerNamePattern.MatchString(p.Provider) {
+		bad("provider", "%q %s (e.g. \"process\", \"docker\", \"ecs\")", p.Provider, providerNameDescription)
+	}
+	if len(p.Image) > 1024 {
+		bad("image", "is %d characters long; at most 1024 are allowed", len(p.Image))
+	}
+	if math.IsNaN(p.CPU) || p.CPU < minCPU || p.CPU > maxCPU {
+		bad("cpu", "is %g; it must be between %g and %g vCPUs", p.CPU, minCPU, maxCPU)
+	}
+	if p.Memory < minMemory || p.Memory > maxMemory {
+		bad("memory", "is %d MiB; it must be between %d MiB and %d MiB", p.Memory, minMemory, maxMemory)
+	}
+	if p.MaxTotal < 1 || p.MaxTotal > maxPoolTotal {
+		bad("max_total", "is %d; it must be between 1 and %d", p.MaxTotal, maxPoolTotal)
+	}
+	if p.MinWarm < 0 {
+		bad("min_warm", "is %d; it must not be negative", p.MinWarm)
+	} else if p.MinWarm > p.MaxTotal && p.MaxTotal >= 1 {
+		bad("min_warm", "is %d, above max_total %d; lower min_warm or raise max_total", p.MinWarm, p.MaxTotal)
+	}
+	if p.MaxLeaseSeconds < 1 || p.MaxLeaseSeconds > maxLeaseSecondsLimit {
+		bad("max_lease_seconds", "is %d; it must be between 1 and %d (7 days)", p.MaxLeaseSeconds, maxLeaseSecondsLimit)
+	}
+	if p.DefaultLeaseSeconds < 1 || p.DefaultLeaseSeconds > p.MaxLeaseSeconds {
+		bad("default_lease_seconds", "is %d; it must be between 1 and max_lease_seconds (%d)", p.DefaultLeaseSeconds, p.MaxLeaseSeconds)
+	}
+	if p.StartupTimeoutSeconds < 1 || p.StartupTimeoutSeconds > maxStartupSeconds {
+		bad("startup_timeout_seconds", "is %d; it must be between 1 and %d", p.StartupTimeoutSeconds, maxStartupSeconds)
+	}
+	errs = append(errs, validateEnv("env", p.Env))
+	errs = append(errs, validateLabels("labels", p.Labels, true))
+	errs = append(errs, validateMap("options", p.Options, labelKeyPattern, labelKeyDescription))
+	return errors.Join(errs...)
+}
+
+// validateEnv checks environment variable names and sizes.
+func validateEnv(field string, env map[string]string) error {
+	return validateMap(field, env, envKeyPattern, envKeyDescription)
+}
+
+// validateLabels checks label keys and sizes; with reserved, keys starting
+// with "quarry." are refused (Quarry's own labels use them).
+func validateLabels(field string, labels map[string]string, reserved bool) error {
+	if err := validateMap(field, labels, labelKeyPattern, labelKeyDescription); err != nil {
+		return err
+	}
+	if reserved {
+		for k := range labels {
+			if strings.HasPrefix(k, reservedLabelPrefix) {
+				return Invalid(field, "key %q: the prefix %q is reserved for Quarry's own labels", k, reservedLabelPrefix)
+			}
+		}
+	}
+	return nil
+}
+
+// validateMap bounds a string map: entry count, key pattern and lengths,
+// value lengths, and no NUL bytes in values.
+func validateMap(field string, m map[string]string, keyPattern *regexp.Regexp, keyDescription string) error {
+	if len(m) > maxMapEntries {
+		return Invalid(field, "has %d entries; at most %d are allowed", len(m), maxMapEntries)
+	}
+	for k, v := range m {
+		if len(k) > maxMapKeyLen {
+			return Invalid(field, "key %.20q... is %d characters long; at most %d are allowed", k, len(k), maxMapKeyLen)
+		}
+		if !keyPattern.MatchString(k) {
+			return Invalid(field, "key %q %s", k, keyDescription)
+		}
+		if len(v) > maxMapValueLen {
+			return Invalid(field, "value of %q is %d bytes long; at most %d are allowed", k, len(v), maxMapValueLen)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return Invalid(field, "value of %q contains a NUL byte", k)
+		}
+	}
+	return nil
+}
+
+// prefixErrors returns the errors joined in err, with prefix+"." added to
+// the Field of each *ValidationError.
+func prefixErrors(prefix string, err error) []error {
+	if err == nil {
+		return nil
+	}
+	var list []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	} else {
+		list = []error{err}
+	}
+	out := make([]error, 0, len(list))
+	for _, e := range list {
+		var ve *ValidationError
+		if errors.As(e, &ve) {
+			out = append(out, &ValidationError{Field: prefix + "." + ve.Field, Message: ve.Message})
+			continue
+		}
+		out = append(out, fmt.Errorf("%s: %w", prefix, e))
+	}
+	return out
+}
+
+// UnmarshalJSON accepts a number of MiB (1024) or a string: a number with an
+// optional unit, "512Mi", "2Gi", "1Ti", "512m", "1g", "512M", "2G", "512MiB",
+// "2GiB" (all binary units), or "1024". Anything else is an error saying
+// what is accepted.
+func (m *MiB) UnmarshalJSON(data []byte) error {
+	data = bytes.TrimSpace(data)
+	if len(data) > 0 && data[0] == '"' {
+		var s string
+		if err := json.Unmarshal(data, &s); err != nil {
+			return fmt.Errorf("memory: %w", err)
+		}
+		v, err := parseMiB(s)
+		if err != nil {
+			return err
+		}
+		*m = v
+		return nil
+	}
+	n, err := strconv.ParseInt(string(data), 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt32 {
+		return fmt.Errorf("memory: %s is not a whole, non-negative number of MiB (or a string such as \"512Mi\", \"2Gi\")", data)
+	}
+	*m = MiB(n)
+	return nil
+}
+
+// parseMiB parses a memory size string (see MiB.UnmarshalJSON).
+func parseMiB(s string) (MiB, error) {
+	bad := fmt.Errorf("memory: %q is not a size; use MiB as a number or a string such as \"512Mi\", \"2Gi\", \"512m\", \"1g\"", s)
+	match := memoryPattern.FindStringSubmatch(strings.TrimSpace(s))
+	if match == nil {
+		return 0, bad
+	}
+	n, err := strconv.ParseInt(match[1], 10, 64)
+	if err != nil {
+		return 0, bad
+	}
+	var mult int64
+	switch match[2] {
+	case "", "Mi", "MiB", "M", "m", "MB":
+		mult = 1
+	case "Gi", "GiB", "G", "g", "GB":
+		mult = 1024
+	case "Ti", "TiB", "T", "t", "TB":
+		mult = 1024 * 1024
+	default:
+		return 0, bad
+	}
+	if n > math.MaxInt32/mult {
+		return 0, fmt.Errorf("memory: %q is too large", s)
+	}
+	return MiB(n * mult), nil
+}

@@ -1,0 +1,83 @@
+package warmpool
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Acquire outcomes, the "outcome" label of the acquire metrics.
+const (
+	outcomeWarm     = "warm"     // a ready task was claimed
+	outcomeCold     = "cold"     // a task was launched for this acquire
+	outcomeReplayed = "replayed" // an idempotency key returned an earlier lease
+	outcomeError    = "error"    // no lease (no capacity, bad input, launch or init failures)
+)
+
+// metrics are the manager's Prometheus collectors. They always exist; they
+// are registered only when Deps.Metrics is set.
+type metrics struct {
+	acquires       *prometheus.CounterVec
+	acquireSeconds *prometheus.HistogramVec
+	tasks          *prometheus.GaugeVec
+	launches       *prometheus.CounterVec
+	launchFailures *prometheus.CounterVec
+	reaped         prometheus.Counter
+	orphans        *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_acquires_total",
+			Help: "Lease acquires by pool and outcome (warm, cold, replayed, error).",
+		}, []string{"pool", "outcome"}),
+		acquireSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "quarry_acquire_duration_seconds",
+			Help:    "Time to acquire a lease, by pool and outcome.",
+			Buckets: []float64{.001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		}, []string{"pool", "outcome"}),
+		tasks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quarry_pool_tasks",
+			Help: "Tasks of a pool by state (ready, launching, leased, stopping), as last seen by this gateway's reconciler.",
+		}, []string{"pool", "state"}),
+		launches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_task_launches_total",
+			Help: "Tasks launched, by pool.",
+		}, []string{"pool"}),
+		launchFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_task_launch_failures_total",
+			Help: "Launches that did not become ready (launch error, agent never healthy, deadline), by pool.",
+		}, []string{"pool"}),
+		reaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quarry_leases_reaped_total",
+			Help: "Leases ended by the reaper because they were not renewed in time.",
+		}),
+		orphans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_orphan_tasks_stopped_total",
+			Help: "Provider tasks stopped because no task record accounted for them, by provider.",
+		}, []string{"provider"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.acquires, m.acquireSeconds, m.tasks, m.launches, m.launchFailures, m.reaped, m.orphans} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, fmt.Errorf("register warm pool metrics (a second manager on the same registry?): %w", err)
+			}
+			return nil, fmt.Errorf("register warm pool metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// setTaskCounts publishes a pool's task counts.
+func (m *metrics) setTaskCounts(pool string, c taskCounts) {
+	m.tasks.WithLabelValues(pool, string(TaskReady)).Set(float64(c.ready))
+	m.tasks.WithLabelValues(pool, string(TaskLaunching)).Set(float64(c.launching))
+	m.tasks.WithLabelValues(pool, string(TaskLeased)).Set(float64(c.leased))
+	m.tasks.WithLabelValues(pool, string(TaskStopping)).Set(float64(c.stopping))
+}
