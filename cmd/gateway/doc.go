@@ -1,0 +1,12 @@
+// Command gateway is Quarry's gateway: it reads its configuration from
+// QUARRY_* environment variables (docs/CONFIG.md), opens the lease store,
+// builds the providers the pools use, starts the warm-pool manager and
+// serves the REST API (package gateway) over HTTP, or HTTPS when
+// QUARRY_TLS_CERT_FILE and QUARRY_TLS_KEY_FILE are set.
+//
+// Without QUARRY_API_KEYS it generates a key once, saves it in
+// $QUARRY_DATA_DIR/api-key (mode 0600) and reuses it on every start. On
+// SIGINT or SIGTERM it stops accepting, finishes requests in flight (at most
+// QUARRY_SHUTDOWN_TIMEOUT) and closes the manager and the store; sandboxes
+// keep running, and the next start serves their leases again.
+package main

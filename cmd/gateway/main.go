@@ -1,0 +1,392 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/quarryhq/quarry/gateway"
+	"github.com/quarryhq/quarry/providers"
+	"github.com/quarryhq/quarry/providers/process"
+	"github.com/quarryhq/quarry/warmpool"
+	"github.com/quarryhq/quarry/warmpool/boltstore"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+// Config is the gateway binary's configuration, read by envconfig with the
+// QUARRY_ prefix (docs/CONFIG.md lists every variable). The embedded configs
+// carry their own variables.
+type Config struct {
+	Addr        string `envconfig:"ADDR" default:"127.0.0.1:8080"`
+	DataDir     string `envconfig:"DATA_DIR" default:".quarry"`
+	PoolsFile   string `envconfig:"POOLS_FILE"`
+	Provider    string `envconfig:"PROVIDER" default:"process"`
+	Store       string `envconfig:"STORE" default:"embedded"`
+	AgentBinary string `envconfig:"AGENT_BINARY"`
+	LogLevel    string `envconfig:"LOG_LEVEL" default:"info"`
+	TLSCertFile string `envconfig:"TLS_CERT_FILE"`
+	TLSKeyFile  string `envconfig:"TLS_KEY_FILE"`
+	// ShutdownTimeout bounds finishing in-flight requests on SIGINT/SIGTERM.
+	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s"`
+	// StartTimeout bounds the start of the manager (the store must answer).
+	StartTimeout time.Duration `envconfig:"START_TIMEOUT" default:"30s"`
+
+	GatewayConfig
+	ManagerConfig
+}
+
+// The embedded configurations, named so that their fields stay flat for
+// envconfig (QUARRY_API_KEYS, QUARRY_RECONCILE_INTERVAL, ...).
+type (
+	GatewayConfig = gateway.Config
+	ManagerConfig = warmpool.Config
+)
+
+// storeOpeners returns the lease stores by QUARRY_STORE name.
+func storeOpeners() map[string]func(cfg Config) (warmpool.Store, error) {
+	return map[string]func(cfg Config) (warmpool.Store, error){
+		"embedded": openEmbeddedStore,
+	}
+}
+
+// providerMakers returns the providers by name (QUARRY_PROVIDER and the
+// pools' provider).
+func providerMakers() map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error) {
+	return map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error){
+		"process": newProcessProvider,
+	}
+}
+
+// Validate checks the values envconfig could parse and names the variable of
+// the first bad one.
+func (c Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return fmt.Errorf("QUARRY_ADDR: want host:port, got %q", c.Addr)
+	}
+	if c.DataDir == "" {
+		return errors.New("QUARRY_DATA_DIR: must not be empty")
+	}
+	if _, ok := storeOpeners()[c.Store]; !ok {
+		return fmt.Errorf("QUARRY_STORE: unknown store %q (known: embedded)", c.Store)
+	}
+	if _, ok := providerMakers()[c.Provider]; !ok {
+		return fmt.Errorf("QUARRY_PROVIDER: unknown provider %q (known: process)", c.Provider)
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return errors.New("QUARRY_TLS_CERT_FILE and QUARRY_TLS_KEY_FILE: set both or neither")
+	}
+	if c.ShutdownTimeout <= 0 {
+		return fmt.Errorf("QUARRY_SHUTDOWN_TIMEOUT: must be positive, got %s", c.ShutdownTimeout)
+	}
+	if c.StartTimeout <= 0 {
+		return fmt.Errorf("QUARRY_START_TIMEOUT: must be positive, got %s", c.StartTimeout)
+	}
+	return c.ManagerConfig.WithDefaults().Validate()
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("QUARRY_LOG_LEVEL: want debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}
+
+// run starts the gateway and serves until ctx is done, then shuts down:
+// in-flight requests finish (bounded), the manager and the store close. The
+// sandboxes keep running: leases outlive the process. It writes one line to
+// out once serving: the URL and where the API key is.
+func run(ctx context.Context, out io.Writer) error {
+	var cfg Config
+	if err := envconfig.Process("QUARRY", &cfg); err != nil {
+		return fmt.Errorf("read QUARRY_* configuration: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	level, _ := parseLevel(cfg.LogLevel)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("QUARRY_DATA_DIR: create %s: %w", cfg.DataDir, err)
+	}
+	keySource := "QUARRY_API_KEYS"
+	if len(cfg.APIKeys) == 0 {
+		key, path, err := loadOrCreateKey(cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		cfg.APIKeys, keySource = []string{key}, path
+		log.Info("no QUARRY_API_KEYS: using the generated key", "file", path)
+	}
+	pools, err := loadPools(cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.DefaultPool == "" && !hasPool(pools, "default") {
+		cfg.DefaultPool = pools[0].Name
+	}
+	if err := cfg.GatewayConfig.Validate(); err != nil { // now with its keys
+		return err
+	}
+
+	store, err := storeOpeners()[cfg.Store](cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := store.Close(); err != nil {
+			log.Error("close lease store", "err", err)
+		}
+	}()
+	provs, err := makeProviders(cfg, pools, log)
+	if err != nil {
+		return err
+	}
+	defer closeProviders(provs, log)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	agentHTTP := &http.Client{
+		Timeout:   30 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
+	}
+	mgr, err := warmpool.New(cfg.ManagerConfig.WithDefaults(), warmpool.Deps{
+		Store: store, Providers: provs, Pools: pools, Agents: warmpool.NewHTTPAgents(agentHTTP),
+		Logger: log, Metrics: reg,
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+	startCtx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	err = mgr.Start(startCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("start manager: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := mgr.Close(cctx); err != nil {
+			log.Error("close manager", "err", err)
+		}
+	}()
+
+	gw, err := gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg})
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, gw, keySource, out, log)
+}
+
+// serve listens on QUARRY_ADDR until ctx is done, then shuts the gateway down.
+func serve(ctx context.Context, cfg Config, gw *gateway.Gateway, keySource string, out io.Writer, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("QUARRY_ADDR: listen on %s: %w", cfg.Addr, err)
+	}
+	scheme := "http"
+	errc := make(chan error, 1)
+	if cfg.TLSCertFile != "" {
+		scheme = "https"
+		go func() { errc <- gw.ServeTLS(ln, cfg.TLSCertFile, cfg.TLSKeyFile) }()
+	} else {
+		go func() { errc <- gw.Serve(ln) }()
+	}
+	fmt.Fprintf(out, "quarry gateway serving on %s://%s (API key: %s)\n", scheme, ln.Addr(), keySource)
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: finishing requests in flight", "timeout", cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	shutdownErr := gw.Shutdown(sctx)
+	if err := <-errc; err != nil {
+		return err
+	}
+	return shutdownErr
+}
+
+// loadOrCreateKey returns the API key saved in dir/api-key, generating and
+// saving one (mode 0600) on first use.
+func loadOrCreateKey(dir string) (key, path string, err error) {
+	path = filepath.Join(dir, "api-key")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		key = strings.TrimSpace(string(b))
+		if key == "" {
+			return "", path, fmt.Errorf("API key file %s is empty: delete it or set QUARRY_API_KEYS", path)
+		}
+		return key, path, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", path, fmt.Errorf("read API key file: %w", err)
+	}
+	raw := make([]byte, 24)
+	if _, err := rand.Read(raw); err != nil {
+		return "", path, fmt.Errorf("generate API key: %w", err)
+	}
+	key = "qk_" + hex.EncodeToString(raw)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", path, fmt.Errorf("save API key: %w", err)
+	}
+	if _, err := f.WriteString(key + "\n"); err != nil {
+		_ = f.Close()
+		return "", path, fmt.Errorf("save API key: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return "", path, fmt.Errorf("save API key: %w", err)
+	}
+	return key, path, nil
+}
+
+// defaultPool is the pool served when QUARRY_POOLS_FILE is unset.
+func defaultPool() warmpool.PoolConfig {
+	return warmpool.PoolConfig{Name: "default", Image: "host", MinWarm: 2, MaxTotal: 16}.WithDefaults()
+}
+
+// loadPools reads QUARRY_POOLS_FILE (or uses the built-in default pool) and
+// gives pools that name no provider QUARRY_PROVIDER.
+func loadPools(cfg Config) ([]warmpool.PoolConfig, error) {
+	pools := []warmpool.PoolConfig{defaultPool()}
+	if cfg.PoolsFile != "" {
+		var err error
+		if pools, err = warmpool.LoadPools(cfg.PoolsFile); err != nil {
+			return nil, fmt.Errorf("QUARRY_POOLS_FILE: %w", err)
+		}
+	}
+	if len(pools) == 0 {
+		return nil, fmt.Errorf("QUARRY_POOLS_FILE: %s defines no pool", cfg.PoolsFile)
+	}
+	for i := range pools {
+		if pools[i].Provider == "" {
+			pools[i].Provider = cfg.Provider
+		}
+		if _, ok := providerMakers()[pools[i].Provider]; !ok {
+			return nil, fmt.Errorf("QUARRY_POOLS_FILE: pool %q: unknown provider %q (known: process)", pools[i].Name, pools[i].Provider)
+		}
+	}
+	if err := warmpool.ValidatePools(pools); err != nil {
+		return nil, fmt.Errorf("QUARRY_POOLS_FILE: %w", err)
+	}
+	return pools, nil
+}
+
+func hasPool(pools []warmpool.PoolConfig, name string) bool {
+	for _, p := range pools {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// makeProviders builds the providers the pools use.
+func makeProviders(cfg Config, pools []warmpool.PoolConfig, log *slog.Logger) (map[string]providers.Provider, error) {
+	out := make(map[string]providers.Provider)
+	makers := providerMakers()
+	for _, p := range pools {
+		if _, ok := out[p.Provider]; ok {
+			continue
+		}
+		prov, err := makers[p.Provider](cfg, log.With("provider", p.Provider))
+		if err != nil {
+			closeProviders(out, log)
+			return nil, err
+		}
+		out[p.Provider] = prov
+	}
+	return out, nil
+}
+
+// closeProviders releases the providers' resources; it never stops tasks.
+func closeProviders(provs map[string]providers.Provider, log *slog.Logger) {
+	for name, p := range provs {
+		c, ok := p.(providers.Closer)
+		if !ok {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := c.Close(ctx); err != nil {
+			log.Error("close provider", "provider", name, "err", err)
+		}
+		cancel()
+	}
+}
+
+func openEmbeddedStore(cfg Config) (warmpool.Store, error) {
+	path := filepath.Join(cfg.DataDir, "quarry.db")
+	s, err := boltstore.Open(path, boltstore.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("open embedded lease store %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func newProcessProvider(cfg Config, log *slog.Logger) (providers.Provider, error) {
+	bin, err := agentBinary(cfg.AgentBinary)
+	if err != nil {
+		return nil, err
+	}
+	p, err := process.New(process.Config{
+		AgentBinary: bin,
+		Dir:         filepath.Join(cfg.DataDir, "process"),
+		GatewayID:   cfg.ManagerConfig.WithDefaults().GatewayID,
+	}, log)
+	if err != nil {
+		return nil, fmt.Errorf("create process provider: %w", err)
+	}
+	return p, nil
+}
+
+// agentBinary finds the exec agent: QUARRY_AGENT_BINARY, else execagent next
+// to this executable, else in PATH.
+func agentBinary(configured string) (string, error) {
+	if configured != "" {
+		return configured, nil
+	}
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), "execagent")
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("execagent")
+	if err != nil {
+		return "", errors.New("QUARRY_AGENT_BINARY: not set, and no execagent next to the gateway or in PATH (make build puts one in bin/)")
+	}
+	return p, nil
+}

@@ -1,0 +1,202 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Config is the gateway's configuration. cmd/gateway fills it with envconfig
+// (prefix QUARRY_, the names in the envconfig tags); a zero value means the
+// default stated on each field. Validate reports the first bad value by its
+// environment variable.
+type Config struct {
+	// APIKeys are the accepted bearer keys (QUARRY_API_KEYS, comma
+	// separated). At least one is required. A lease's owner is a hash of the
+	// key that created it, so rotating a key hides the sandboxes it created.
+	APIKeys []string `envconfig:"API_KEYS"`
+	// DefaultPool is the pool of a create request that names none (default "default").
+	DefaultPool string `envconfig:"DEFAULT_POOL"`
+
+	// MaxJSONBody bounds JSON request bodies in bytes (default 8 MiB).
+	MaxJSONBody int64 `envconfig:"MAX_JSON_BODY"`
+	// MaxUploadBody bounds raw uploads in bytes: files, archives and process
+	// stdin (default 1 GiB).
+	MaxUploadBody int64 `envconfig:"MAX_UPLOAD_BODY"`
+	// MaxAgentResponse bounds an agent answer that the gateway buffers (every
+	// answer except streams and downloads) in bytes (default 256 MiB: an
+	// exec may return 64 MiB of stdout and of stderr, JSON-escaped).
+	MaxAgentResponse int64 `envconfig:"MAX_AGENT_RESPONSE"`
+
+	// RequestTimeout bounds an agent call that carries no timeout of its own
+	// (default 30s).
+	RequestTimeout time.Duration `envconfig:"REQUEST_TIMEOUT"`
+	// CommandTimeout is the run time assumed for an exec or session run
+	// without timeout_ms: the agent's default (default 5m).
+	CommandTimeout time.Duration `envconfig:"COMMAND_TIMEOUT"`
+	// TimeoutMargin is added to a command's timeout_ms to bound the whole
+	// agent call (default 10s).
+	TimeoutMargin time.Duration `envconfig:"TIMEOUT_MARGIN"`
+	// MaxCommandTimeout caps the bound of one exec or session run call
+	// (default 24h10s: the agent's maximum timeout plus the margin).
+	MaxCommandTimeout time.Duration `envconfig:"MAX_COMMAND_TIMEOUT"`
+	// ManagerTimeout bounds each manager call other than a create: lease
+	// reads, heartbeats, releases, lists, pools, task checks (default 10s).
+	ManagerTimeout time.Duration `envconfig:"MANAGER_TIMEOUT"`
+	// CreateTimeout bounds a create, including a cold start (default 5m; keep
+	// it above the manager's QUARRY_ACQUIRE_TIMEOUT).
+	CreateTimeout time.Duration `envconfig:"CREATE_TIMEOUT"`
+	// ReadTimeout bounds reading one request's headers and JSON body
+	// (default 60s).
+	ReadTimeout time.Duration `envconfig:"READ_TIMEOUT"`
+	// UploadTimeout bounds reading one upload body (default 1h).
+	UploadTimeout time.Duration `envconfig:"UPLOAD_TIMEOUT"`
+	// IdleTimeout closes a client connection or an agent stream on which
+	// nothing was sent or received for that long (default 2m). Agents send
+	// keep-alives on quiet streams well within it.
+	IdleTimeout time.Duration `envconfig:"IDLE_TIMEOUT"`
+	// AgentDialTimeout bounds connecting to an agent (default 5s).
+	AgentDialTimeout time.Duration `envconfig:"AGENT_DIAL_TIMEOUT"`
+	// MaxConnsPerAgent bounds the connections to one agent (default 256); a
+	// call waits up to AgentDialTimeout for a free one.
+	MaxConnsPerAgent int `envconfig:"MAX_CONNS_PER_AGENT"`
+	// MaxAgentClients bounds the cached per-agent HTTP clients (default 4096).
+	MaxAgentClients int `envconfig:"MAX_AGENT_CLIENTS"`
+	// RetryAfter is the Retry-After of 503 answers (default 2s).
+	RetryAfter time.Duration `envconfig:"RETRY_AFTER"`
+}
+
+// Defaults of Config's zero fields.
+const (
+	DefaultMaxJSONBody       = 8 << 20
+	DefaultMaxUploadBody     = 1 << 30
+	DefaultMaxAgentResponse  = 256 << 20
+	DefaultRequestTimeout    = 30 * time.Second
+	DefaultCommandTimeout    = 5 * time.Minute
+	DefaultTimeoutMargin     = 10 * time.Second
+	DefaultMaxCommandTimeout = 24*time.Hour + DefaultTimeoutMargin
+	DefaultManagerTimeout    = 10 * time.Second
+	DefaultCreateTimeout     = 5 * time.Minute
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultUploadTimeout     = time.Hour
+	DefaultIdleTimeout       = 2 * time.Minute
+	DefaultAgentDialTimeout  = 5 * time.Second
+	DefaultMaxConnsPerAgent  = 256
+	DefaultMaxAgentClients   = 4096
+	DefaultRetryAfter        = 2 * time.Second
+)
+
+// maxAPIKeyLen bounds one API key; longer Authorization values are refused
+// before hashing.
+const maxAPIKeyLen = 256
+
+// Validate checks c (before defaults are applied: zero means default) and
+// returns an error naming the environment variable of the first bad value.
+func (c Config) Validate() error {
+	if len(c.APIKeys) == 0 {
+		return errors.New("QUARRY_API_KEYS: at least one API key is required")
+	}
+	for i, k := range c.APIKeys {
+		if err := checkAPIKey(k); err != nil {
+			return fmt.Errorf("QUARRY_API_KEYS: key %d: %w", i+1, err)
+		}
+	}
+	if c.DefaultPool != "" {
+		if err := checkName(c.DefaultPool); err != nil {
+			return fmt.Errorf("QUARRY_DEFAULT_POOL: %w", err)
+		}
+	}
+	sizes := []struct {
+		name string
+		v    int64
+	}{
+		{"QUARRY_MAX_JSON_BODY", c.MaxJSONBody},
+		{"QUARRY_MAX_UPLOAD_BODY", c.MaxUploadBody},
+		{"QUARRY_MAX_AGENT_RESPONSE", c.MaxAgentResponse},
+		{"QUARRY_MAX_CONNS_PER_AGENT", int64(c.MaxConnsPerAgent)},
+		{"QUARRY_MAX_AGENT_CLIENTS", int64(c.MaxAgentClients)},
+	}
+	for _, s := range sizes {
+		if s.v < 0 {
+			return fmt.Errorf("%s: must not be negative, got %d", s.name, s.v)
+		}
+	}
+	durations := []struct {
+		name string
+		v    time.Duration
+	}{
+		{"QUARRY_REQUEST_TIMEOUT", c.RequestTimeout},
+		{"QUARRY_COMMAND_TIMEOUT", c.CommandTimeout},
+		{"QUARRY_TIMEOUT_MARGIN", c.TimeoutMargin},
+		{"QUARRY_MAX_COMMAND_TIMEOUT", c.MaxCommandTimeout},
+		{"QUARRY_MANAGER_TIMEOUT", c.ManagerTimeout},
+		{"QUARRY_CREATE_TIMEOUT", c.CreateTimeout},
+		{"QUARRY_READ_TIMEOUT", c.ReadTimeout},
+		{"QUARRY_UPLOAD_TIMEOUT", c.UploadTimeout},
+		{"QUARRY_IDLE_TIMEOUT", c.IdleTimeout},
+		{"QUARRY_AGENT_DIAL_TIMEOUT", c.AgentDialTimeout},
+		{"QUARRY_RETRY_AFTER", c.RetryAfter},
+	}
+	for _, d := range durations {
+		if d.v < 0 {
+			return fmt.Errorf("%s: must not be negative, got %s", d.name, d.v)
+		}
+	}
+	if c.MaxJSONBody > 0 && c.MaxUploadBody > 0 && c.MaxUploadBody < c.MaxJSONBody {
+		return fmt.Errorf("QUARRY_MAX_UPLOAD_BODY: must be at least QUARRY_MAX_JSON_BODY (%d), got %d", c.MaxJSONBody, c.MaxUploadBody)
+	}
+	return nil
+}
+
+// checkAPIKey accepts printable ASCII without spaces or commas, 1..256 bytes.
+func checkAPIKey(k string) error {
+	if k == "" {
+		return errors.New("must not be empty")
+	}
+	if len(k) > maxAPIKeyLen {
+		return fmt.Errorf("must be at most %d bytes", maxAPIKeyLen)
+	}
+	if strings.IndexFunc(k, func(r rune) bool { return r <= ' ' || r > '~' || r == ',' }) >= 0 {
+		return errors.New("must be printable ASCII without spaces or commas")
+	}
+	return nil
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	size := func(v *int64, d int64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.DefaultPool == "" {
+		c.DefaultPool = "default"
+	}
+	size(&c.MaxJSONBody, DefaultMaxJSONBody)
+	size(&c.MaxUploadBody, DefaultMaxUploadBody)
+	size(&c.MaxAgentResponse, DefaultMaxAgentResponse)
+	def(&c.RequestTimeout, DefaultRequestTimeout)
+	def(&c.CommandTimeout, DefaultCommandTimeout)
+	def(&c.TimeoutMargin, DefaultTimeoutMargin)
+	def(&c.MaxCommandTimeout, DefaultMaxCommandTimeout)
+	def(&c.ManagerTimeout, DefaultManagerTimeout)
+	def(&c.CreateTimeout, DefaultCreateTimeout)
+	def(&c.ReadTimeout, DefaultReadTimeout)
+	def(&c.UploadTimeout, DefaultUploadTimeout)
+	def(&c.IdleTimeout, DefaultIdleTimeout)
+	def(&c.AgentDialTimeout, DefaultAgentDialTimeout)
+	def(&c.RetryAfter, DefaultRetryAfter)
+	if c.MaxConnsPerAgent == 0 {
+		c.MaxConnsPerAgent = DefaultMaxConnsPerAgent
+	}
+	if c.MaxAgentClients == 0 {
+		c.MaxAgentClients = DefaultMaxAgentClients
+	}
+	return c
+}

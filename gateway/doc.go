@@ -1,0 +1,17 @@
+// Package gateway is Quarry's REST API: a fiber v2 app that authenticates
+// callers by API key, validates what the gateway owns (sandbox ids, the
+// create body, list filters), maps every error to one JSON shape in one place
+// (errors.go), reads one lease per request and proxies sandbox calls (exec,
+// sessions, processes, files) to the sandbox's exec agent with the agent's
+// token and the lease generation, streaming bodies both ways. It also serves
+// /healthz, /readyz, /metrics and the embedded OpenAPI document.
+//
+// The gateway keeps no state that matters: leases live in the lease store
+// behind the Manager interface; the only cache (HTTP clients per agent URL)
+// is rebuilt on demand. The same *Gateway serves plain HTTP (Serve), HTTPS
+// (ServeTLS) and, later, a Lambda adapter (App).
+//
+// It depends on the warmpool, providers and agentapi contracts only. It must
+// not import a concrete provider (providers/...), a concrete store
+// (warmpool/boltstore, ...) or cmd/.
+package gateway

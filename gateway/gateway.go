@@ -1,0 +1,338 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// Manager is what the gateway needs of the warm pool; *warmpool.Manager
+// implements it. Implementations must be safe for concurrent use.
+type Manager interface {
+	// Acquire leases a sandbox from req.Pool. replayed is true when
+	// req.IdempotencyKey was used before by the same owner (the earlier
+	// lease is returned). Bad input is a *warmpool.ValidationError; a full
+	// pool is warmpool.ErrNoCapacity.
+	Acquire(ctx context.Context, req warmpool.AcquireRequest) (lease warmpool.Lease, replayed bool, err error)
+	// Get returns the lease in any state; warmpool.ErrNotFound when unknown
+	// or owned by another owner.
+	Get(ctx context.Context, id, owner string) (warmpool.Lease, error)
+	// Heartbeat extends an active lease; warmpool.ErrLeaseEnded once ended.
+	Heartbeat(ctx context.Context, id, owner string) (warmpool.Lease, error)
+	// Release ends the lease and stops its task; an already ended lease is
+	// returned with warmpool.ErrLeaseEnded.
+	Release(ctx context.Context, id, owner string) (warmpool.Lease, error)
+	// List returns the leases matching f.
+	List(ctx context.Context, f warmpool.LeaseFilter) ([]warmpool.Lease, error)
+	// Pools returns every pool's configuration and counts.
+	Pools(ctx context.Context) ([]warmpool.PoolStatus, error)
+	// CheckTask asks the provider about the lease's task after its agent
+	// did not answer; the lease comes back lost when the task is dead.
+	CheckTask(ctx context.Context, lease warmpool.Lease) (warmpool.Lease, error)
+}
+
+// Readier is an optional Manager capability: Ready reports whether the lease
+// store answers. Without it /readyz calls Pools.
+type Readier interface {
+	Ready(ctx context.Context) error
+}
+
+// Deps are the gateway's dependencies.
+type Deps struct {
+	// Manager serves leases (required).
+	Manager Manager
+	// Logger receives request failures (nil: discard).
+	Logger *slog.Logger
+	// Metrics is the registry the gateway registers its metrics on and that
+	// /metrics serves; the manager registers its own on the same one (nil:
+	// a new private registry).
+	Metrics *prometheus.Registry
+	// Clock decides whether a lease has expired (nil: the system clock).
+	Clock warmpool.Clock
+}
+
+// Gateway is the REST API. Build it with New; serve it with Serve or
+// ServeTLS (or hand App to an adapter); stop it with Shutdown. Safe for
+// concurrent use.
+type Gateway struct {
+	cfg     Config
+	mgr     Manager
+	log     *slog.Logger
+	clock   warmpool.Clock
+	keys    keyring
+	agents  *agentClients
+	metrics *metrics
+	app     *fiber.App
+	routes  map[string]bool // registered route templates (metrics labels)
+	conns   *connSet        // connections accepted by Serve and ServeTLS
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// New validates cfg, applies its defaults and builds the gateway's app. It
+// fails on a bad Config, a nil Manager, or metrics already registered on
+// deps.Metrics.
+func New(cfg Config, deps Deps) (*Gateway, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway config: %w", err)
+	}
+	if deps.Manager == nil {
+		return nil, errors.New("gateway: Deps.Manager is required")
+	}
+	cfg = cfg.withDefaults()
+	g := &Gateway{
+		cfg:    cfg,
+		mgr:    deps.Manager,
+		log:    deps.Logger,
+		clock:  deps.Clock,
+		keys:   newKeyring(cfg.APIKeys),
+		agents: newAgentClients(cfg),
+		routes: make(map[string]bool),
+		conns:  newConnSet(),
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if g.clock == nil {
+		g.clock = systemClock{}
+	}
+	reg := deps.Metrics
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg, g.agents)
+	if err != nil {
+		return nil, err
+	}
+	g.metrics = m
+
+	g.app = fiber.New(fiber.Config{
+		AppName:                      "quarry-gateway",
+		DisableStartupMessage:        true,
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		BodyLimit:                    int(cfg.MaxUploadBody),
+		ReadTimeout:                  cfg.ReadTimeout,
+		IdleTimeout:                  cfg.IdleTimeout,
+		ReadBufferSize:               16 << 10,
+		ErrorHandler:                 g.errorHandler,
+	})
+	srv := g.app.Server()
+	srv.HeaderReceived = g.headerReceived
+	srv.CloseOnShutdown = true
+	g.register()
+	return g, nil
+}
+
+// App returns the fiber app, for adapters (tests, Lambda) that serve it
+// without a listener.
+func (g *Gateway) App() *fiber.App { return g.app }
+
+// Serve serves plain HTTP on ln until Shutdown. Every connection's reads and
+// writes are bounded by the idle timeout.
+func (g *Gateway) Serve(ln net.Listener) error {
+	if err := g.app.Listener(g.listener(ln)); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// ServeTLS serves HTTPS on ln with the certificate and key in the given PEM
+// files until Shutdown.
+func (g *Gateway) ServeTLS(ln net.Listener, certFile, keyFile string) error {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return fmt.Errorf("load TLS certificate: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if err := g.app.Listener(tls.NewListener(g.listener(ln), tc)); err != nil {
+		return fmt.Errorf("serve TLS: %w", err)
+	}
+	return nil
+}
+
+// listener wraps ln so that every connection's waits are bounded and
+// Shutdown can find connections that never sent a request.
+func (g *Gateway) listener(ln net.Listener) net.Listener {
+	return idleListener{Listener: ln, idle: g.cfg.IdleTimeout, set: g.conns}
+}
+
+// unservedAge is how old a connection that never sent a request must be for
+// Shutdown to close it.
+const unservedAge = 500 * time.Millisecond
+
+// Shutdown stops accepting connections and waits, until ctx is done, for
+// requests in flight to finish (streams included); connections that never
+// sent a request are closed. Then it closes idle agent connections. It never
+// touches leases or sandboxes.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- g.app.ShutdownWithContext(ctx) }()
+	tick := time.NewTicker(unservedAge / 5)
+	defer tick.Stop()
+	var err error
+	for waiting := true; waiting; {
+		select {
+		case err = <-done:
+			waiting = false
+		case <-tick.C:
+			g.conns.closeUnserved(unservedAge)
+		}
+	}
+	g.agents.closeIdle()
+	if err != nil {
+		return fmt.Errorf("shut down gateway: %w", err)
+	}
+	return nil
+}
+
+// route is one route of the API: the lease routes and operations have a
+// handler; sandbox calls are proxied to the agent by kind.
+type route struct {
+	method  string
+	path    string
+	auth    bool
+	handler fiber.Handler
+	proxy   proxyKind
+}
+
+// routeTable lists every route. openapi.json documents exactly these
+// (TestOpenAPI_MatchesRoutes).
+func (g *Gateway) routeTable() []route {
+	const sbx = "/v1/sandboxes/:id"
+	return []route{
+		{method: fiber.MethodGet, path: "/healthz", handler: g.healthz},
+		{method: fiber.MethodGet, path: "/readyz", handler: g.readyz},
+		{method: fiber.MethodGet, path: "/openapi.json", handler: serveOpenAPI},
+		{method: fiber.MethodGet, path: "/metrics", auth: true, handler: g.metrics.handler},
+
+		{method: fiber.MethodPost, path: "/v1/sandboxes", auth: true, handler: g.createSandbox},
+		{method: fiber.MethodGet, path: "/v1/sandboxes", auth: true, handler: g.listSandboxes},
+		{method: fiber.MethodGet, path: sbx, auth: true, handler: g.getSandbox},
+		{method: fiber.MethodDelete, path: sbx, auth: true, handler: g.releaseSandbox},
+		{method: fiber.MethodPost, path: sbx + "/heartbeat", auth: true, handler: g.heartbeatSandbox},
+		{method: fiber.MethodGet, path: "/v1/pools", auth: true, handler: g.listPools},
+
+		{method: fiber.MethodPost, path: sbx + "/exec", auth: true, proxy: kindCommand},
+		{method: fiber.MethodPost, path: sbx + "/sessions", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/sessions", auth: true, proxy: kindJSON},
+		{method: fiber.MethodDelete, path: sbx + "/sessions/:sid", auth: true, proxy: kindJSON},
+		{method: fiber.MethodPost, path: sbx + "/sessions/:sid/run", auth: true, proxy: kindCommand},
+		{method: fiber.MethodPost, path: sbx + "/processes", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/processes", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/processes/:pid", auth: true, proxy: kindJSON},
+		{method: fiber.MethodDelete, path: sbx + "/processes/:pid", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/processes/:pid/output", auth: true, proxy: kindOutput},
+		{method: fiber.MethodPost, path: sbx + "/processes/:pid/signal", auth: true, proxy: kindJSON},
+		{method: fiber.MethodPost, path: sbx + "/processes/:pid/stdin", auth: true, proxy: kindUpload},
+		{method: fiber.MethodGet, path: sbx + "/files", auth: true, proxy: kindDownload},
+		{method: fiber.MethodPut, path: sbx + "/files", auth: true, proxy: kindUpload},
+		{method: fiber.MethodGet, path: sbx + "/files/stat", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/files/list", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/files/archive", auth: true, proxy: kindDownload},
+		{method: fiber.MethodPut, path: sbx + "/files/archive", auth: true, proxy: kindUpload},
+	}
+}
+
+func (g *Gateway) register() {
+	g.app.Use(g.observe)
+	for _, rt := range g.routeTable() {
+		h := rt.handler
+		if h == nil {
+			h = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
+		}
+		if rt.auth {
+			g.app.Add(rt.method, rt.path, g.authenticate, h)
+		} else {
+			g.app.Add(rt.method, rt.path, h)
+		}
+		g.routes[rt.path] = true
+	}
+}
+
+// observe wraps every request: it maps a handler's error to its answer,
+// finishes the request body, and records the request's metrics (for
+// streams, up to the start of the answer).
+func (g *Gateway) observe(c *fiber.Ctx) error {
+	start := time.Now()
+	markServed(c.Context().Conn())
+	if err := c.Next(); err != nil {
+		g.writeError(c, err)
+	}
+	finishBody(c)
+	path := c.Route().Path
+	if !g.routes[path] {
+		path = "unmatched"
+	}
+	g.metrics.observe(path, c.Request().Header.Method(), c.Response().StatusCode(), time.Since(start))
+	return nil
+}
+
+// headerReceived picks, from a request's headers, how long its body may take
+// and how much the server reads ahead: uploads get the upload limits.
+func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if isUpload(h.Method(), h.RequestURI()) {
+		return fasthttp.RequestConfig{ReadTimeout: g.cfg.UploadTimeout, MaxRequestBodySize: int(g.cfg.MaxUploadBody)}
+	}
+	return fasthttp.RequestConfig{MaxRequestBodySize: int(g.cfg.MaxJSONBody)}
+}
+
+// isUpload reports whether method and uri address an upload route:
+// PUT /v1/sandboxes/{id}/files[/archive] or POST .../processes/{pid}/stdin.
+// It runs for every request, so it does not allocate.
+func isUpload(method, uri []byte) bool {
+	m := string(method)
+	if m != fiber.MethodPut && m != fiber.MethodPost {
+		return false
+	}
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		uri = uri[:i]
+	}
+	rest, ok := bytes.CutPrefix(uri, []byte("/v1/sandboxes/"))
+	i := bytes.IndexByte(rest, '/')
+	if !ok || i <= 0 {
+		return false
+	}
+	rest = rest[i:] // after the sandbox id
+	if m == fiber.MethodPut {
+		return string(rest) == "/files" || string(rest) == "/files/archive"
+	}
+	pid, ok := bytes.CutPrefix(rest, []byte("/processes/"))
+	j := bytes.IndexByte(pid, '/')
+	return ok && j > 0 && string(pid[j:]) == "/stdin"
+}
+
+// healthz answers 200 while the process serves requests.
+func (g *Gateway) healthz(c *fiber.Ctx) error {
+	return c.JSON(fiber.Map{"status": "ok"})
+}
+
+// readyz answers 200 when the lease store answers, 503 otherwise.
+func (g *Gateway) readyz(c *fiber.Ctx) error {
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	var err error
+	if r, ok := g.mgr.(Readier); ok {
+		err = r.Ready(ctx)
+	} else {
+		_, err = g.mgr.Pools(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("check lease store: %w", errors.Join(warmpool.ErrUnavailable, err))
+	}
+	return c.JSON(fiber.Map{"status": "ok"})
+}

@@ -1,0 +1,285 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fasthttp"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// proxyKind says how a sandbox call travels to the agent and back.
+type proxyKind uint8
+
+const (
+	// kindJSON: a JSON body (bounded by MaxJSONBody, buffered), a buffered
+	// answer, bounded by RequestTimeout.
+	kindJSON proxyKind = iota + 1
+	// kindCommand: like kindJSON but bounded by the body's timeout_ms plus a
+	// margin; with Accept: text/event-stream the answer is streamed.
+	kindCommand
+	// kindOutput: a buffered page, or a stream with Accept:
+	// text/event-stream or follow=true.
+	kindOutput
+	// kindDownload: the answer is streamed (files, archives).
+	kindDownload
+	// kindUpload: the request body is streamed (bounded by MaxUploadBody).
+	kindUpload
+)
+
+// maxAgentErrorBody bounds how much of a streamed agent error answer is read
+// to inspect it.
+const maxAgentErrorBody = 64 << 10
+
+// proxyRoute is a sandbox route's agent side: its kind and the agent path
+// template, e.g. ["/v1/sessions/", ":sid", "/run"].
+type proxyRoute struct {
+	kind  proxyKind
+	parts []string
+}
+
+// newProxyRoute derives the agent path from a gateway route template:
+// "/v1/sandboxes/:id/sessions/:sid/run" → "/v1/sessions/{sid}/run".
+func newProxyRoute(gatewayPath string, kind proxyKind) *proxyRoute {
+	rest := strings.TrimPrefix(gatewayPath, "/v1/sandboxes/:id")
+	rt := &proxyRoute{kind: kind}
+	lit := "/v1"
+	for _, seg := range strings.Split(strings.TrimPrefix(rest, "/"), "/") {
+		if strings.HasPrefix(seg, ":") {
+			rt.parts = append(rt.parts, lit+"/", seg)
+			lit = ""
+			continue
+		}
+		lit += "/" + seg
+	}
+	if lit != "" {
+		rt.parts = append(rt.parts, lit)
+	}
+	return rt
+}
+
+func (g *Gateway) proxyHandler(rt *proxyRoute) fiber.Handler {
+	return func(c *fiber.Ctx) error { return g.forward(c, rt) }
+}
+
+// forward proxies one sandbox call: one lease read (active, unexpired,
+// owned by the caller), then the call to the agent with its token and the
+// lease generation. Agent answers pass through unchanged, except a stale
+// generation (410) and a refused token (502). A failed call asks the
+// manager to check the task: a dead task's lease answers 410.
+func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	lease, err := g.activeLease(c, id)
+	if err != nil {
+		return err
+	}
+	ac, err := g.agents.get(lease.AgentURL)
+	if err != nil {
+		return &sandboxError{ID: id, Err: err}
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	if err := buildAgentRequest(c, rt, ac.base, lease, req); err != nil {
+		return err
+	}
+
+	stream := false
+	timeout := g.cfg.RequestTimeout
+	switch rt.kind {
+	case kindUpload:
+		br, err := openBody(c, g.cfg.MaxUploadBody)
+		if err != nil {
+			return err
+		}
+		size := c.Request().Header.ContentLength()
+		if size < 0 {
+			size = -1
+		}
+		req.SetBodyStream(br, size)
+		stream = true
+	case kindDownload:
+		stream = true
+	default:
+		if c.Request().Header.ContentLength() != 0 {
+			bb, err := readBody(c, g.cfg.MaxJSONBody)
+			if err != nil {
+				return err
+			}
+			defer bytebufferpool.Put(bb)
+			req.SetBodyRaw(bb.B)
+		}
+		sse := bytes.Contains(c.Request().Header.Peek(fiber.HeaderAccept), []byte("text/event-stream"))
+		switch {
+		case rt.kind == kindCommand && sse:
+			stream = true
+		case rt.kind == kindCommand:
+			timeout = g.commandTimeout(req.Body())
+		case rt.kind == kindOutput:
+			follow := string(c.Context().QueryArgs().Peek("follow"))
+			stream = sse || follow == "true" || follow == "1"
+		}
+	}
+
+	resp := c.Response()
+	if stream {
+		// A stream's connection is not reused: the client may leave before
+		// the end, and what is left unread must not reach the next call.
+		req.SetConnectionClose()
+		resp.StreamBody = true
+		err = ac.stream.Do(req, resp)
+	} else {
+		err = ac.unary.DoTimeout(req, resp, timeout)
+	}
+	if err != nil {
+		return g.agentFailed(c, id, lease, err)
+	}
+	// The agent's Connection: close concerns the gateway's connection to it,
+	// not the client's.
+	resp.Header.ResetConnectionClose()
+	if status := resp.StatusCode(); status == http.StatusConflict || status == http.StatusUnauthorized || status == http.StatusForbidden {
+		if err := g.inspectAgentError(resp, lease, status); err != nil {
+			return &sandboxError{ID: id, Err: err}
+		}
+	}
+	if stream {
+		resp.ImmediateHeaderFlush = true
+	}
+	return nil
+}
+
+// activeLease reads the sandbox's lease and returns it if the caller may use
+// it now.
+func (g *Gateway) activeLease(c *fiber.Ctx, id string) (warmpool.Lease, error) {
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	lease, err := g.mgr.Get(ctx, id, ownerOf(c))
+	if err != nil {
+		return lease, &sandboxError{ID: id, Err: err}
+	}
+	if gone := g.leaseGone(lease); gone != nil {
+		return lease, &sandboxError{ID: id, Err: gone}
+	}
+	return lease, nil
+}
+
+// buildAgentRequest fills req with the agent URL of the call (path from the
+// route, query string as sent), the agent's token, the lease generation and
+// the client's Content-Type and Accept.
+func buildAgentRequest(c *fiber.Ctx, rt *proxyRoute, base string, lease warmpool.Lease, req *fasthttp.Request) error {
+	var arr [256]byte
+	uri := append(arr[:0], base...)
+	for _, p := range rt.parts {
+		if !strings.HasPrefix(p, ":") {
+			uri = append(uri, p...)
+			continue
+		}
+		name := p[1:]
+		v := c.Params(name)
+		if err := checkID(v); err != nil {
+			return warmpool.Invalid(name, "%s", err.Error())
+		}
+		uri = append(uri, v...)
+	}
+	if q := c.Request().URI().QueryString(); len(q) > 0 {
+		uri = append(uri, '?')
+		uri = append(uri, q...)
+	}
+	req.SetRequestURIBytes(uri)
+	req.Header.SetMethodBytes(c.Request().Header.Method())
+
+	auth := append(arr[:0], "Bearer "...)
+	auth = append(auth, lease.AgentToken...)
+	req.Header.SetBytesV(fiber.HeaderAuthorization, auth)
+	req.Header.SetBytesV(agentapi.HeaderGeneration, strconv.AppendInt(arr[:0], lease.Generation, 10))
+	if ct := c.Request().Header.ContentType(); len(ct) > 0 {
+		req.Header.SetContentTypeBytes(ct)
+	}
+	if a := c.Request().Header.Peek(fiber.HeaderAccept); len(a) > 0 {
+		req.Header.SetBytesV(fiber.HeaderAccept, a)
+	}
+	return nil
+}
+
+// commandTimeout bounds an exec or session run call: the body's timeout_ms
+// (or CommandTimeout) plus TimeoutMargin, at most MaxCommandTimeout. A body
+// the agent will refuse gets the default; the agent names the bad field.
+func (g *Gateway) commandTimeout(body []byte) time.Duration {
+	var t struct {
+		TimeoutMS int64 `json:"timeout_ms"`
+	}
+	d := g.cfg.CommandTimeout
+	if json.Unmarshal(body, &t) == nil && t.TimeoutMS > 0 {
+		if t.TimeoutMS >= g.cfg.MaxCommandTimeout.Milliseconds() {
+			return g.cfg.MaxCommandTimeout
+		}
+		d = time.Duration(t.TimeoutMS) * time.Millisecond
+	}
+	return min(d+g.cfg.TimeoutMargin, g.cfg.MaxCommandTimeout)
+}
+
+// inspectAgentError looks at an agent's 401/403/409 answer: a stale
+// generation means the lease is gone (410), a refused token is the
+// gateway's problem (502); any other answer passes through unchanged (nil).
+func (g *Gateway) inspectAgentError(resp *fasthttp.Response, lease warmpool.Lease, status int) error {
+	var body []byte
+	if s := resp.BodyStream(); s != nil {
+		b, _ := io.ReadAll(io.LimitReader(s, maxAgentErrorBody))
+		body = b
+		resp.SetBody(b) // closes the stream; the answer passes on from memory
+	} else {
+		body = resp.Body()
+	}
+	var eb agentapi.ErrorBody
+	_ = json.Unmarshal(body, &eb)
+	ae := &agentapi.Error{Status: status, Code: eb.Error.Code, Message: eb.Error.Message}
+	switch {
+	case status == http.StatusConflict && ae.Code == agentapi.CodeStaleGeneration:
+		g.agents.evict(lease.AgentURL)
+		return ae
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		return ae
+	}
+	return nil
+}
+
+// agentFailed turns a failed agent call into its answer. The client's own
+// body problems come first (413, 400); otherwise, when the agent may be
+// down, the manager checks the task and a dead task's lease answers 410.
+func (g *Gateway) agentFailed(c *fiber.Ctx, id string, lease warmpool.Lease, err error) error {
+	if br, _ := c.Locals(bodyLocal).(*bodyReader); br != nil && br.err != nil {
+		return br.err
+	}
+	ce := newAgentCallError(err)
+	if ce.agentDown() {
+		if gone := g.checkTask(c, lease); gone != nil {
+			return &sandboxError{ID: id, Err: gone}
+		}
+	}
+	return &sandboxError{ID: id, Err: ce}
+}
+
+// checkTask asks the manager whether the lease's task still lives; it
+// returns why the lease is gone, or nil (alive, or the check failed).
+func (g *Gateway) checkTask(c *fiber.Ctx, lease warmpool.Lease) *leaseGoneError {
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	l, err := g.mgr.CheckTask(ctx, lease)
+	if err != nil {
+		g.log.Warn("check task after agent failure", "lease", lease.ID, "task", lease.TaskID, "err", err)
+		return nil
+	}
+	return g.leaseGone(l)
+}

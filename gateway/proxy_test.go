@@ -1,0 +1,556 @@
+package gateway
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// withAgent serves a gateway whose lease sbx-1 (of testKey) reaches a real agent.
+func withAgent(t *testing.T, mutate func(*Config)) (*testGateway, *testAgent, *fakeManager) {
+	t.Helper()
+	agent := startAgent(t)
+	mgr := newFakeManager(agent.URL)
+	mgr.addLease("sbx-1", testKey, agent.URL, 1)
+	return startGateway(t, mgr, mutate), agent, mgr
+}
+
+func TestProxy_ExecAndSessions_RealAgent(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	base := gw.URL + "/v1/sandboxes/sbx-1"
+
+	resp, body := callJSON(t, http.MethodPost, base+"/exec", testKey, agentapi.ExecRequest{Command: "echo hi; echo err >&2; exit 3"})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
+	res := decode[agentapi.ExecResult](t, body)
+	assert.Equal(t, 3, res.ExitCode)
+	assert.Equal(t, "hi\n", res.Stdout)
+	assert.Equal(t, "err\n", res.Stderr)
+
+	resp, body = callJSON(t, http.MethodPost, base+"/sessions", testKey, agentapi.SessionCreateRequest{})
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "the agent's status passes through; body %s", body)
+	ses := decode[agentapi.SessionInfo](t, body)
+
+	resp, body = callJSON(t, http.MethodPost, base+"/sessions/"+ses.ID+"/run", testKey, agentapi.SessionRunRequest{Command: "cd /tmp && export X=1"})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
+	resp, body = callJSON(t, http.MethodPost, base+"/sessions/"+ses.ID+"/run", testKey, agentapi.SessionRunRequest{Command: `echo "$X $PWD"`, TimeoutMS: 5000})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
+	assert.Equal(t, "1 /tmp\n", decode[agentapi.SessionRunResult](t, body).Output)
+
+	resp, body = call(t, http.MethodGet, base+"/sessions", testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Len(t, decode[agentapi.SessionList](t, body).Sessions, 1)
+
+	resp, body = call(t, http.MethodDelete, base+"/sessions/"+ses.ID, testKey, nil)
+	require.Less(t, resp.StatusCode, 300, "body %s", body)
+
+	resp, body = callJSON(t, http.MethodPost, base+"/processes", testKey, agentapi.ProcessStartRequest{Command: "echo out; sleep 0.1"})
+	require.Less(t, resp.StatusCode, 300, "body %s", body)
+	proc := decode[agentapi.ProcessInfo](t, body)
+	eventually(t, func() bool {
+		_, body := call(t, http.MethodGet, base+"/processes/"+proc.ID, testKey, nil)
+		return decode[agentapi.ProcessInfo](t, body).State == agentapi.ProcessExited
+	}, "the process exits")
+	resp, body = call(t, http.MethodGet, base+"/processes/"+proc.ID+"/output?offset=0", testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
+	assert.Equal(t, "out\n", decode[agentapi.ProcessOutput](t, body).Data)
+}
+
+func TestProxy_ProcessOutputFollowStreams_RealAgent(t *testing.T) {
+	gw, agent, _ := withAgent(t, nil)
+	base := gw.URL + "/v1/sandboxes/sbx-1"
+	resp, body := callJSON(t, http.MethodPost, base+"/processes", testKey,
+		agentapi.ProcessStartRequest{Command: "echo one; while [ ! -e go ]; do sleep 0.02; done; echo two"})
+	require.Less(t, resp.StatusCode, 300, "body %s", body)
+	proc := decode[agentapi.ProcessInfo](t, body)
+
+	sresp := openStream(t, http.MethodGet, base+"/processes/"+proc.ID+"/output?follow=true", nil)
+	require.Equal(t, http.StatusOK, sresp.StatusCode)
+	events := readEvents(sresp.Body)
+	ev := <-events
+	require.Equal(t, agentapi.EventOutput, ev.name)
+	assert.Contains(t, ev.data, "one")
+	require.NoError(t, os.WriteFile(filepath.Join(agent.Workdir, "go"), nil, 0o600))
+	var out strings.Builder
+	var last string
+	for ev := range events {
+		last = ev.name
+		if ev.name == agentapi.EventOutput {
+			out.WriteString(ev.data)
+		}
+	}
+	assert.Contains(t, out.String(), "two")
+	assert.Equal(t, agentapi.EventExit, last)
+}
+
+func TestProxy_AgentErrorsPassThrough_RealAgent(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	base := gw.URL + "/v1/sandboxes/sbx-1"
+	tests := []struct {
+		name   string
+		method string
+		path   string
+		body   any
+		status int
+		code   string
+	}{
+		{name: "unknown session", method: http.MethodPost, path: "/sessions/ses-none/run", body: agentapi.SessionRunRequest{Command: "true"}, status: 404, code: "not_found"},
+		{name: "exec without command", method: http.MethodPost, path: "/exec", body: map[string]any{}, status: 400, code: "bad_request"},
+		{name: "exec command and argv", method: http.MethodPost, path: "/exec", body: map[string]any{"command": "true", "argv": []string{"true"}}, status: 400, code: "bad_request"},
+		{name: "missing file", method: http.MethodGet, path: "/files/stat?path=/nonexistent/x", status: 404, code: "not_found"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := callJSON(t, tt.method, base+tt.path, testKey, tt.body)
+			assert.Equal(t, tt.status, resp.StatusCode, "body %s", body)
+			assert.Equal(t, tt.code, decodeError(t, body).Code)
+		})
+	}
+}
+
+func TestProxy_StaleGenerationIsGone_RealAgent(t *testing.T) {
+	gw, agent, _ := withAgent(t, nil)
+	// A newer lease took the sandbox: the agent was initialised with a
+	// higher generation than sbx-1's.
+	_, err := agentapi.New(agent.URL, agentToken, nil).Init(context.Background(), agentapi.InitRequest{LeaseID: "sbx-2", Generation: 5})
+	require.NoError(t, err)
+	resp, body := callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/exec", testKey, agentapi.ExecRequest{Command: "true"})
+	assert.Equal(t, http.StatusGone, resp.StatusCode, "body %s", body)
+	e := decodeError(t, body)
+	assert.Equal(t, "gone", e.Code)
+	assert.Contains(t, e.Message, "sandbox sbx-1")
+	assert.Contains(t, e.Message, "newer lease")
+}
+
+func TestProxy_ExecSSEArrivesIncrementally_RealAgent(t *testing.T) {
+	gw, agent, _ := withAgent(t, nil)
+	// The command prints, then waits for a file that the test creates only
+	// after it has received the first event: the stream must deliver it
+	// while the command still runs.
+	b, err := json.Marshal(agentapi.ExecRequest{Command: "echo first; while [ ! -e go ]; do sleep 0.02; done; echo second", TimeoutMS: 20000})
+	require.NoError(t, err)
+	resp := openStream(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/exec", bytes.NewReader(b), "Accept", "text/event-stream")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+
+	events := readEvents(resp.Body)
+	ev := <-events
+	require.Equal(t, agentapi.EventStdout, ev.name)
+	assert.JSONEq(t, `{"data": "first\n"}`, ev.data)
+	require.NoError(t, os.WriteFile(filepath.Join(agent.Workdir, "go"), nil, 0o600))
+
+	var names []string
+	var exit agentapi.ExecResult
+	for ev := range events {
+		names = append(names, ev.name)
+		if ev.name == agentapi.EventExit {
+			require.NoError(t, json.Unmarshal([]byte(ev.data), &exit))
+		}
+	}
+	assert.Equal(t, []string{agentapi.EventStdout, agentapi.EventExit}, names)
+	assert.Equal(t, 0, exit.ExitCode)
+}
+
+type sseEvent struct{ name, data string }
+
+// readEvents parses server-sent events from r until it ends.
+func readEvents(r io.Reader) <-chan sseEvent {
+	ch := make(chan sseEvent, 64)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(r)
+		var ev sseEvent
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				ev.name = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: "):
+				ev.data = strings.TrimPrefix(line, "data: ")
+			case line == "" && ev.name != "":
+				ch <- ev
+				ev = sseEvent{}
+			}
+		}
+	}()
+	return ch
+}
+
+func TestProxy_FilesByteExact_RealAgent(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	base := gw.URL + "/v1/sandboxes/sbx-1"
+	tests := []struct {
+		name    string
+		size    int
+		chunked bool
+	}{
+		{name: "empty", size: 0},
+		{name: "small", size: 1000},
+		{name: "large with length", size: 24 << 20},
+		{name: "large chunked", size: 9<<20 + 123, chunked: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			data := make([]byte, tt.size)
+			_, err := rand.Read(data)
+			require.NoError(t, err)
+			var body io.Reader = bytes.NewReader(data)
+			if tt.chunked {
+				body = struct{ io.Reader }{body} // unknown length: chunked
+			}
+			name := strings.ReplaceAll(tt.name, " ", "_")
+			resp, b := call(t, http.MethodPut, base+"/files?path=up/"+name+"&mode=0600", testKey, body)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", b)
+			assert.Equal(t, int64(tt.size), decode[agentapi.WriteResult](t, b).Bytes)
+
+			resp, got := call(t, http.MethodGet, base+"/files?path=up/"+name, testKey, nil)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.True(t, bytes.Equal(data, got), "downloaded %d bytes, uploaded %d", len(got), len(data))
+
+			if tt.size > 100 {
+				resp, got = call(t, http.MethodGet, base+"/files?path=up/"+name+"&offset=10&length=50", testKey, nil)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				assert.Equal(t, data[10:60], got, "the query string passes through")
+			}
+		})
+	}
+}
+
+func TestProxy_ArchiveRoundTrip_RealAgent(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	base := gw.URL + "/v1/sandboxes/sbx-1"
+	files := map[string]string{"a.txt": "alpha", "sub/b.txt": strings.Repeat("beta", 50000)}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, name := range []string{"a.txt", "sub/b.txt"} {
+		require.NoError(t, tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(files[name])), Typeflag: tar.TypeReg}))
+		_, err := tw.Write([]byte(files[name]))
+		require.NoError(t, err)
+	}
+	require.NoError(t, tw.Close())
+
+	resp, body := call(t, http.MethodPut, base+"/files/archive?path=tree", testKey, bytes.NewReader(buf.Bytes()), "Content-Type", "application/x-tar")
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
+
+	resp, body = call(t, http.MethodGet, base+"/files/list?path=tree", testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
+	assert.Len(t, decode[agentapi.FileList](t, body).Entries, 2)
+
+	resp, body = call(t, http.MethodGet, base+"/files/archive?path=tree", testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	got := map[string]string{}
+	tr := tar.NewReader(bytes.NewReader(body))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		if h.Typeflag == tar.TypeReg {
+			b, err := io.ReadAll(tr)
+			require.NoError(t, err)
+			got[strings.TrimPrefix(h.Name, "./")] = string(b)
+		}
+	}
+	assert.Equal(t, files, got)
+}
+
+func TestProxy_BodyLimits(t *testing.T) {
+	gw, _, _ := withAgent(t, func(c *Config) { c.MaxJSONBody = 64 << 10; c.MaxUploadBody = 1 << 20 })
+	base := gw.URL + "/v1/sandboxes/sbx-1"
+	big := make([]byte, 2<<20)
+	tests := []struct {
+		name   string
+		method string
+		path   string
+		body   io.Reader
+	}{
+		{name: "upload with length", method: http.MethodPut, path: "/files?path=big", body: bytes.NewReader(big)},
+		{name: "upload chunked", method: http.MethodPut, path: "/files?path=big2", body: struct{ io.Reader }{bytes.NewReader(big)}},
+		{name: "stdin", method: http.MethodPost, path: "/processes/p-1/stdin", body: bytes.NewReader(big)},
+		{name: "json", method: http.MethodPost, path: "/exec", body: strings.NewReader(`{"command": "` + strings.Repeat("x", 100<<10) + `"}`)},
+		{name: "json chunked", method: http.MethodPost, path: "/sessions", body: struct{ io.Reader }{strings.NewReader(`{"cwd": "` + strings.Repeat("x", 100<<10) + `"}`)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := call(t, tt.method, base+tt.path, testKey, tt.body)
+			assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "body %s", body)
+			assert.Equal(t, "payload_too_large", decodeError(t, body).Code)
+		})
+	}
+}
+
+func TestProxy_AgentDown_ChecksTask(t *testing.T) {
+	// A port with nothing listening.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	deadURL := "http://" + ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	tests := []struct {
+		name    string
+		check   func(context.Context, warmpool.Lease) (warmpool.Lease, error)
+		status  int
+		code    string
+		message string
+	}{
+		{name: "task alive", check: func(_ context.Context, l warmpool.Lease) (warmpool.Lease, error) { return l, nil },
+			status: 502, code: "agent_unreachable", message: "unreachable"},
+		{name: "check fails", check: func(context.Context, warmpool.Lease) (warmpool.Lease, error) {
+			return warmpool.Lease{}, warmpool.ErrUnavailable
+		},
+			status: 502, code: "agent_unreachable", message: "unreachable"},
+		{name: "task dead", check: func(_ context.Context, l warmpool.Lease) (warmpool.Lease, error) {
+			l.State, l.Reason = warmpool.LeaseLost, "task stopped: exit 137"
+			return l, nil
+		}, status: 410, code: "gone", message: "was lost (task stopped: exit 137)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mgr := newFakeManager(deadURL)
+			mgr.addLease("sbx-1", testKey, deadURL, 1)
+			mgr.CheckTaskFn = tt.check
+			gw := startGateway(t, mgr, nil)
+			resp, body := callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/sessions/ses-1/run", testKey, agentapi.SessionRunRequest{Command: "true"})
+			assert.Equal(t, tt.status, resp.StatusCode, "body %s", body)
+			e := decodeError(t, body)
+			assert.Equal(t, tt.code, e.Code)
+			assert.Contains(t, e.Message, tt.message)
+			assert.Contains(t, e.Message, "sandbox sbx-1")
+			assert.Equal(t, []string{"CheckTask:sbx-1"}, mgr.Calls("CheckTask"))
+		})
+	}
+}
+
+// fakeAgent is an httptest agent whose handler the test scripts.
+func fakeAgent(t *testing.T, h http.HandlerFunc) (*testGateway, *fakeManager) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	mgr := newFakeManager(srv.URL)
+	mgr.addLease("sbx-1", testKey, srv.URL, 7)
+	return startGateway(t, mgr, func(c *Config) { c.TimeoutMargin = 200 * time.Millisecond }), mgr
+}
+
+func TestProxy_SendsAgentCredentialsPathAndQuery(t *testing.T) {
+	type seen struct{ method, uri, auth, gen, ctype, accept, body string }
+	got := make(chan seen, 1)
+	gw, _ := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.Method, r.RequestURI, r.Header.Get("Authorization"), r.Header.Get(agentapi.HeaderGeneration),
+			r.Header.Get("Content-Type"), r.Header.Get("Accept"), string(b)}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Agent", "yes")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"ok": true}`))
+	})
+	resp, body := call(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/processes/p-9/signal?x=1&path=%2Fa%20b", testKey,
+		strings.NewReader(`{"signal":"TERM"}`), "Content-Type", "application/json", "Accept", "application/json")
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "body %s", body)
+	assert.JSONEq(t, `{"ok": true}`, string(body))
+	assert.Equal(t, "yes", resp.Header.Get("X-Agent"), "agent headers pass through")
+	assert.Len(t, resp.Header.Values("Date"), 1)
+	s := <-got
+	assert.Equal(t, seen{
+		method: http.MethodPost, uri: "/v1/processes/p-9/signal?x=1&path=%2Fa%20b", auth: "Bearer " + agentToken, gen: "7",
+		ctype: "application/json", accept: "application/json", body: `{"signal":"TERM"}`,
+	}, s)
+}
+
+func TestProxy_AgentAnswersMapped(t *testing.T) {
+	tests := []struct {
+		name     string
+		status   int
+		body     string
+		want     int
+		wantBody string // exact pass-through when set
+		code     string
+	}{
+		{name: "busy passes through", status: 409, body: `{"error":{"code":"busy","message":"session ses-1 is running a command"}}`, want: 409,
+			wantBody: `{"error":{"code":"busy","message":"session ses-1 is running a command"}}`},
+		{name: "bad request passes through", status: 400, body: `{"error":{"code":"bad_request","message":"timeout_ms: above 86400000"}}`, want: 400,
+			wantBody: `{"error":{"code":"bad_request","message":"timeout_ms: above 86400000"}}`},
+		{name: "too large passes through", status: 413, body: `{"error":{"code":"payload_too_large","message":"file over 1 GiB"}}`, want: 413,
+			wantBody: `{"error":{"code":"payload_too_large","message":"file over 1 GiB"}}`},
+		{name: "stale generation is gone", status: 409, body: `{"error":{"code":"stale_generation","message":"generation 7 < 8"}}`, want: 410, code: "gone"},
+		{name: "refused token is a gateway problem", status: 401, body: `{"error":{"code":"unauthorized","message":"bad token"}}`, want: 502, code: "agent_unreachable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, sse := range []bool{false, true} {
+				gw, _ := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(io.Discard, r.Body)
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(tt.status)
+					_, _ = w.Write([]byte(tt.body))
+				})
+				hdr := []string{"Content-Type", "application/json"}
+				if sse {
+					hdr = append(hdr, "Accept", "text/event-stream")
+				}
+				resp, body := call(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/exec", testKey, strings.NewReader(`{"command":"x"}`), hdr...)
+				assert.Equal(t, tt.want, resp.StatusCode, "sse=%v body %s", sse, body)
+				if tt.wantBody != "" {
+					assert.Equal(t, tt.wantBody, string(body), "sse=%v", sse)
+				} else {
+					assert.Equal(t, tt.code, decodeError(t, body).Code, "sse=%v", sse)
+				}
+			}
+		})
+	}
+}
+
+func TestProxy_AgentTimeoutIs504(t *testing.T) {
+	release := make(chan struct{})
+	gw, mgr := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select { // never answers while the test runs
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	t.Cleanup(func() { close(release) }) // runs before the agent's Close
+	resp, body := callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/sessions/ses-1/run", testKey, agentapi.SessionRunRequest{Command: "true", TimeoutMS: 50})
+	assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode, "body %s", body)
+	e := decodeError(t, body)
+	assert.Equal(t, "timeout", e.Code)
+	assert.Contains(t, e.Message, "did not answer in time")
+	assert.Len(t, mgr.Calls("CheckTask"), 1)
+}
+
+func TestProxy_ClientDisconnectCancelsUpstream(t *testing.T) {
+	var canceled atomic.Bool
+	gw, _ := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "event: stdout\ndata: {\"data\":\"hello\"}\n\n")
+		w.(http.Flusher).Flush()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-r.Context().Done():
+				canceled.Store(true)
+				return
+			case <-tick.C:
+				if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
+					canceled.Store(true)
+					return
+				}
+				w.(http.Flusher).Flush()
+			}
+		}
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(gw.URL, "http://"))
+	require.NoError(t, err)
+	body := `{"command":"sleep 1000"}`
+	_, err = fmt.Fprintf(conn, "POST /v1/sandboxes/sbx-1/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		testKey, len(body), body)
+	require.NoError(t, err)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	ev := <-readEvents(resp.Body)
+	assert.Equal(t, agentapi.EventStdout, ev.name)
+	require.NoError(t, conn.Close())
+	eventually(t, canceled.Load, "the agent sees its request end after the client left")
+}
+
+func TestProxy_MetricsByRouteTemplate(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	resp, _ := callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/exec", testKey, agentapi.ExecRequest{Command: "true"})
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp, _ = call(t, http.MethodGet, gw.URL+"/v1/sandboxes/sbx-404", testKey, nil)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	resp, _ = call(t, http.MethodGet, gw.URL+"/no/such/route", testKey, nil)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+
+	resp, body := call(t, http.MethodGet, gw.URL+"/metrics", testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	text := string(body)
+	assert.Contains(t, text, `quarry_gateway_requests_total{method="POST",route="/v1/sandboxes/:id/exec",status="200"} 1`)
+	assert.Contains(t, text, `quarry_gateway_requests_total{method="GET",route="/v1/sandboxes/:id",status="404"} 1`)
+	assert.Contains(t, text, `quarry_gateway_requests_total{method="GET",route="unmatched",status="404"} 1`)
+	assert.Contains(t, text, `quarry_gateway_request_duration_seconds_bucket{method="POST",route="/v1/sandboxes/:id/exec",status="200"`)
+	assert.Contains(t, text, "quarry_gateway_agent_clients 1")
+}
+
+func TestCommandTimeout(t *testing.T) {
+	g := &Gateway{cfg: Config{APIKeys: []string{testKey}, TimeoutMargin: time.Second, MaxCommandTimeout: time.Hour}.withDefaults()}
+	tests := []struct {
+		name string
+		body string
+		want time.Duration
+	}{
+		{name: "timeout_ms plus margin", body: `{"command":"x","timeout_ms":2500}`, want: 3500 * time.Millisecond},
+		{name: "none: agent default", body: `{"command":"x"}`, want: DefaultCommandTimeout + time.Second},
+		{name: "capped", body: `{"timeout_ms": 99999999999}`, want: time.Hour},
+		{name: "malformed: default", body: `{"timeout_ms": "soon"}`, want: DefaultCommandTimeout + time.Second},
+		{name: "empty body", body: ``, want: DefaultCommandTimeout + time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, g.commandTimeout([]byte(tt.body)))
+		})
+	}
+}
+
+func TestIsUpload(t *testing.T) {
+	tests := []struct {
+		name   string
+		method string
+		uri    string
+		want   bool
+	}{
+		{name: "file write", method: "PUT", uri: "/v1/sandboxes/sbx-1/files?path=/x", want: true},
+		{name: "archive upload", method: "PUT", uri: "/v1/sandboxes/sbx-1/files/archive?path=/x", want: true},
+		{name: "stdin", method: "POST", uri: "/v1/sandboxes/sbx-1/processes/p-1/stdin?close=true", want: true},
+		{name: "file read", method: "GET", uri: "/v1/sandboxes/sbx-1/files?path=/x", want: false},
+		{name: "exec", method: "POST", uri: "/v1/sandboxes/sbx-1/exec", want: false},
+		{name: "create", method: "POST", uri: "/v1/sandboxes", want: false},
+		{name: "stat is not an upload", method: "PUT", uri: "/v1/sandboxes/sbx-1/files/stat", want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, isUpload([]byte(tt.method), []byte(tt.uri)))
+		})
+	}
+}
+
+func TestNewProxyRoute_AgentPath(t *testing.T) {
+	tests := []struct {
+		name string
+		path string
+		want []string
+	}{
+		{name: "exec", path: "/v1/sandboxes/:id/exec", want: []string{"/v1/exec"}},
+		{name: "session run", path: "/v1/sandboxes/:id/sessions/:sid/run", want: []string{"/v1/sessions/", ":sid", "/run"}},
+		{name: "process", path: "/v1/sandboxes/:id/processes/:pid", want: []string{"/v1/processes/", ":pid"}},
+		{name: "archive", path: "/v1/sandboxes/:id/files/archive", want: []string{"/v1/files/archive"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, newProxyRoute(tt.path, kindJSON).parts)
+		})
+	}
+}

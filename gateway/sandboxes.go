@@ -1,0 +1,443 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/bytebufferpool"
+
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// Limits of what the gateway accepts in a create request and a list query.
+const (
+	maxIDLen          = 128
+	maxNameLen        = 63
+	maxLeaseSeconds   = 30 * 24 * 3600
+	maxEnvVars        = 256
+	maxEnvValueLen    = 64 << 10
+	maxLabels         = 64
+	maxLabelValueLen  = 256
+	maxIdempotencyLen = 255
+	maxListLimit      = 1000
+)
+
+// sandbox is the JSON shape of a lease (docs/API.md "Sandbox").
+type sandbox struct {
+	ID           string            `json:"id"`
+	Pool         string            `json:"pool"`
+	State        string            `json:"state"`
+	Reason       string            `json:"reason,omitempty"`
+	Generation   int64             `json:"generation"`
+	CreatedAt    time.Time         `json:"created_at"`
+	ExpiresAt    time.Time         `json:"expires_at"`
+	EndedAt      time.Time         `json:"ended_at,omitzero"`
+	LeaseSeconds int64             `json:"lease_seconds"`
+	Labels       map[string]string `json:"labels,omitempty"`
+}
+
+// toSandbox converts a lease for a client; an active lease past its expiry
+// (not yet reaped) is shown as expired, as the proxy treats it.
+func (g *Gateway) toSandbox(l warmpool.Lease) sandbox {
+	state := l.State
+	if state == warmpool.LeaseActive && !g.clock.Now().Before(l.ExpiresAt) {
+		state = warmpool.LeaseExpired
+	}
+	return sandbox{
+		ID: l.ID, Pool: l.Pool, State: string(state), Reason: l.Reason, Generation: l.Generation,
+		CreatedAt: l.CreatedAt, ExpiresAt: l.ExpiresAt, EndedAt: l.EndedAt,
+		LeaseSeconds: int64(l.Duration / time.Second), Labels: l.Labels,
+	}
+}
+
+// createRequest is the body of POST /v1/sandboxes.
+type createRequest struct {
+	Pool         string            `json:"pool"`
+	LeaseSeconds int               `json:"lease_seconds"`
+	Env          map[string]string `json:"env"`
+	Labels       map[string]string `json:"labels"`
+}
+
+var createFields = []string{"pool", "lease_seconds", "env", "labels"}
+
+// createSandbox handles POST /v1/sandboxes: 201 with a new sandbox, 200 when
+// the Idempotency-Key was used before by the same key.
+func (g *Gateway) createSandbox(c *fiber.Ctx) error {
+	idem := string(c.Request().Header.Peek("Idempotency-Key"))
+	if len(idem) > maxIdempotencyLen || !printable(idem) {
+		return warmpool.Invalid("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
+	}
+	bb, err := readBody(c, g.cfg.MaxJSONBody)
+	if err != nil {
+		return err
+	}
+	var req createRequest
+	err = decodeStrict(bb.B, &req, createFields)
+	bytebufferpool.Put(bb)
+	if err != nil {
+		return err
+	}
+	if req.Pool == "" {
+		req.Pool = g.cfg.DefaultPool
+	}
+	if err := req.validate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.CreateTimeout)
+	defer cancel()
+	lease, replayed, err := g.mgr.Acquire(ctx, warmpool.AcquireRequest{
+		Pool: req.Pool, Owner: ownerOf(c), LeaseSeconds: req.LeaseSeconds,
+		Env: req.Env, Labels: req.Labels, IdempotencyKey: idem,
+	})
+	if errors.Is(err, warmpool.ErrNotFound) {
+		return warmpool.Invalid("pool", "unknown pool %q", req.Pool)
+	}
+	if err != nil {
+		return err
+	}
+	status := http.StatusCreated
+	if replayed {
+		status = http.StatusOK
+	}
+	return c.Status(status).JSON(g.toSandbox(lease))
+}
+
+func (r *createRequest) validate() error {
+	if err := checkName(r.Pool); err != nil {
+		return warmpool.Invalid("pool", "%s", err.Error())
+	}
+	if r.LeaseSeconds < 0 || r.LeaseSeconds > maxLeaseSeconds {
+		return warmpool.Invalid("lease_seconds", "must be between 0 (the pool's default) and %d", maxLeaseSeconds)
+	}
+	if len(r.Env) > maxEnvVars {
+		return warmpool.Invalid("env", "at most %d variables", maxEnvVars)
+	}
+	for _, k := range sortedKeys(r.Env) {
+		if !isEnvName(k) {
+			return warmpool.Invalid("env", "%q is not a variable name (letters, digits and _, not starting with a digit)", k)
+		}
+		if v := r.Env[k]; len(v) > maxEnvValueLen || strings.IndexByte(v, 0) >= 0 {
+			return warmpool.Invalid("env."+k, "must be at most %d bytes without NUL", maxEnvValueLen)
+		}
+	}
+	if len(r.Labels) > maxLabels {
+		return warmpool.Invalid("labels", "at most %d labels", maxLabels)
+	}
+	for _, k := range sortedKeys(r.Labels) {
+		if err := checkName(k); err != nil {
+			return warmpool.Invalid("labels", "key %q: %s", k, err.Error())
+		}
+		if v := r.Labels[k]; len(v) > maxLabelValueLen || !printable(v) {
+			return warmpool.Invalid("labels."+k, "must be at most %d printable ASCII characters", maxLabelValueLen)
+		}
+	}
+	return nil
+}
+
+// listSandboxes handles GET /v1/sandboxes?pool=&state=&label=k=v&limit=.
+func (g *Gateway) listSandboxes(c *fiber.Ctx) error {
+	args := c.Context().QueryArgs()
+	f := warmpool.LeaseFilter{Owner: ownerOf(c), Limit: maxListLimit}
+	if p := string(args.Peek("pool")); p != "" {
+		if err := checkName(p); err != nil {
+			return warmpool.Invalid("pool", "%s", err.Error())
+		}
+		f.Pool = p
+	}
+	if s := string(args.Peek("state")); s != "" {
+		switch st := warmpool.LeaseState(s); st {
+		case warmpool.LeaseActive, warmpool.LeaseReleased, warmpool.LeaseExpired, warmpool.LeaseLost:
+			f.State = st
+		default:
+			return warmpool.Invalid("state", "must be active, released, expired or lost")
+		}
+	}
+	for _, l := range args.PeekMulti("label") {
+		k, v, ok := bytes.Cut(l, []byte("="))
+		if !ok || checkName(string(k)) != nil {
+			return warmpool.Invalid("label", "must be key=value with a label key, got %q", l)
+		}
+		if f.Labels == nil {
+			f.Labels = make(map[string]string)
+		}
+		f.Labels[string(k)] = string(v)
+	}
+	if s := args.Peek("limit"); len(s) > 0 {
+		n, err := strconv.Atoi(string(s))
+		if err != nil || n < 1 || n > maxListLimit {
+			return warmpool.Invalid("limit", "must be between 1 and %d", maxListLimit)
+		}
+		f.Limit = n
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	leases, err := g.mgr.List(ctx, f)
+	if err != nil {
+		return err
+	}
+	out := make([]sandbox, 0, len(leases))
+	for _, l := range leases {
+		out = append(out, g.toSandbox(l))
+	}
+	return c.JSON(fiber.Map{"sandboxes": out})
+}
+
+// getSandbox handles GET /v1/sandboxes/{id}: the sandbox in any state.
+func (g *Gateway) getSandbox(c *fiber.Ctx) error {
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	lease, err := g.mgr.Get(ctx, id, ownerOf(c))
+	if err != nil {
+		return &sandboxError{ID: id, Err: err}
+	}
+	g.leaseGone(lease)
+	return c.JSON(g.toSandbox(lease))
+}
+
+// heartbeatSandbox handles POST /v1/sandboxes/{id}/heartbeat.
+func (g *Gateway) heartbeatSandbox(c *fiber.Ctx) error {
+	return g.endOrExtend(c, g.mgr.Heartbeat)
+}
+
+// releaseSandbox handles DELETE /v1/sandboxes/{id}.
+func (g *Gateway) releaseSandbox(c *fiber.Ctx) error {
+	return g.endOrExtend(c, g.mgr.Release)
+}
+
+// endOrExtend runs a heartbeat or a release and answers the lease, or 410
+// saying how the lease had ended.
+func (g *Gateway) endOrExtend(c *fiber.Ctx, op func(ctx context.Context, id, owner string) (warmpool.Lease, error)) error {
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	owner := ownerOf(c)
+	lease, err := op(ctx, id, owner)
+	if errors.Is(err, warmpool.ErrLeaseEnded) {
+		if lease.ID == "" {
+			// The caller did not return the ended lease: read it for the message.
+			if l, gerr := g.mgr.Get(ctx, id, owner); gerr == nil {
+				lease = l
+			}
+		}
+		if gone := g.leaseGone(lease); gone != nil {
+			err = gone
+		}
+	}
+	if err != nil {
+		return &sandboxError{ID: id, Err: err}
+	}
+	g.leaseGone(lease)
+	return c.JSON(g.toSandbox(lease))
+}
+
+// leaseGone returns why l can no longer be used (nil while it is active and
+// unexpired) and drops the cached client of its agent when it cannot.
+func (g *Gateway) leaseGone(l warmpool.Lease) *leaseGoneError {
+	var gone *leaseGoneError
+	switch {
+	case l.State != warmpool.LeaseActive:
+		gone = &leaseGoneError{State: l.State, Reason: l.Reason}
+	case !g.clock.Now().Before(l.ExpiresAt):
+		gone = &leaseGoneError{State: warmpool.LeaseExpired}
+	default:
+		return nil
+	}
+	if l.AgentURL != "" {
+		g.agents.evict(l.AgentURL)
+	}
+	return gone
+}
+
+// pool is the JSON shape of one pool in GET /v1/pools.
+type pool struct {
+	Name                string  `json:"name"`
+	Provider            string  `json:"provider"`
+	Image               string  `json:"image"`
+	CPU                 float64 `json:"cpu"`
+	Memory              int     `json:"memory"`
+	MinWarm             int     `json:"min_warm"`
+	MaxTotal            int     `json:"max_total"`
+	DefaultLeaseSeconds int     `json:"default_lease_seconds"`
+	MaxLeaseSeconds     int     `json:"max_lease_seconds"`
+	Ready               int     `json:"ready"`
+	Launching           int     `json:"launching"`
+	Leased              int     `json:"leased"`
+	Stopping            int     `json:"stopping"`
+}
+
+// listPools handles GET /v1/pools.
+func (g *Gateway) listPools(c *fiber.Ctx) error {
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	ps, err := g.mgr.Pools(ctx)
+	if err != nil {
+		return err
+	}
+	out := make([]pool, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, pool{
+			Name: p.Name, Provider: p.Provider, Image: p.Image, CPU: p.CPU, Memory: int(p.Memory),
+			MinWarm: p.MinWarm, MaxTotal: p.MaxTotal,
+			DefaultLeaseSeconds: p.DefaultLeaseSeconds, MaxLeaseSeconds: p.MaxLeaseSeconds,
+			Ready: p.Ready, Launching: p.Launching, Leased: p.Leased, Stopping: p.Stopping,
+		})
+	}
+	return c.JSON(fiber.Map{"pools": out})
+}
+
+// pathID returns the path parameter name, validated as an id and copied
+// (fiber's parameters alias the request buffer).
+func pathID(c *fiber.Ctx, name string) (string, error) {
+	id := c.Params(name)
+	if err := checkID(id); err != nil {
+		return "", warmpool.Invalid(name, "%s", err.Error())
+	}
+	return strings.Clone(id), nil
+}
+
+// checkID accepts 1..128 letters, digits, '.', '_' and '-', not starting
+// with '.'.
+func checkID(s string) error {
+	if s == "" || len(s) > maxIDLen || s[0] == '.' || !isNameChars(s) {
+		return errors.New("must be 1 to 128 letters, digits, '.', '_' or '-', not starting with '.'")
+	}
+	return nil
+}
+
+// checkName accepts pool names and label keys: 1..63 letters, digits, '.',
+// '_', '-' and '/', starting with a letter or digit.
+func checkName(s string) error {
+	if s == "" || len(s) > maxNameLen || !isAlnum(s[0]) || !isNameChars(s) {
+		return errors.New("must be 1 to 63 letters, digits, '.', '_', '-' or '/', starting with a letter or digit")
+	}
+	return nil
+}
+
+func isNameChars(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; !isAlnum(b) && b != '.' && b != '_' && b != '-' && b != '/' {
+			return false
+		}
+	}
+	return true
+}
+
+func isAlnum(b byte) bool {
+	return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9')
+}
+
+func isEnvName(s string) bool {
+	if s == "" || len(s) > 256 || (s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; !isAlnum(b) && b != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// printable reports whether s is printable ASCII (spaces allowed).
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// decodeStrict decodes a JSON object into v, refusing fields not in allowed
+// and answering every problem as a *warmpool.ValidationError naming the
+// field. An empty body is an empty object.
+func decodeStrict(body []byte, v any, allowed []string) error {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return jsonError(err)
+	}
+	var unknown []string
+	for k := range fields {
+		if !slices.Contains(allowed, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return warmpool.Invalid(unknown[0], "unknown field (known: %s)", strings.Join(allowed, ", "))
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return jsonError(err)
+	}
+	return nil
+}
+
+// jsonError names the field of a JSON decoding error.
+func jsonError(err error) error {
+	var (
+		syn *json.SyntaxError
+		typ *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &typ) && typ.Field != "":
+		return warmpool.Invalid(typ.Field, "must be %s, not %s", jsonType(typ.Type.Kind().String()), typ.Value)
+	case errors.As(err, &typ):
+		return warmpool.Invalid("body", "must be a JSON object, not %s", typ.Value)
+	case errors.As(err, &syn):
+		return warmpool.Invalid("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return warmpool.Invalid("body", "truncated JSON")
+	default:
+		return warmpool.Invalid("body", "invalid JSON: %s", err.Error())
+	}
+}
+
+// jsonType names a Go kind as a JSON type.
+func jsonType(kind string) string {
+	switch kind {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "an integer"
+	case "float32", "float64":
+		return "a number"
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "map", "struct":
+		return "an object"
+	case "slice", "array":
+		return "an array"
+	default:
+		return kind
+	}
+}
