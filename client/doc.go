@@ -1,0 +1,16 @@
+// Package client is the Go client of the Quarry gateway's REST API
+// (docs/API.md): leasing sandboxes, running commands, sessions and background
+// processes in them, and moving files. The CLI (cmd/quarry), the end-to-end
+// tests and the benchmarks use it.
+//
+// The exec, session, process and file calls use the wire types of
+// execagent/agentapi, which the gateway proxies byte for byte. Non-2xx answers
+// are returned as *Error; IsNotFound, IsGone and the other helpers test them
+// through wrapping. Streaming answers (SSE events, file and archive bodies)
+// are handed to the caller as they arrive, never buffered whole; every JSON
+// answer and every event is bounded in size, and every call is bounded by its
+// ctx.
+//
+// This package may import execagent/agentapi only; it must not import the
+// gateway, warmpool, providers or any other server package.
+package client
