@@ -2,7 +2,6 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := bin
-export CGO_ENABLED ?= 0
 
 .PHONY: all build run test unit bench lint clean
 

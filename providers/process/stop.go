@@ -46,6 +46,15 @@ func (p *Provider) Stop(ctx context.Context, id string, reason string) error {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	if rec == nil || rec.PID == 0 {
+		// A gateway that died between starting the agent and recording its
+		// pid leaves an agent only its environment can identify.
+		if pid, ok := findUnrecordedAgent(filepath.Join(taskDir, workDir)); ok {
+			if err := killSession(cctx, pid); err != nil {
+				return fmt.Errorf("stop task %q: %w", id, err)
+			}
+		}
+	}
 	if err := p.destroy(cctx, id, rec); err != nil {
 		return fmt.Errorf("stop task %q: %w", id, err)
 	}

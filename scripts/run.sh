@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# make run: start the gateway on embedded defaults (process provider, embedded lease store in
+# ./.quarry) in the foreground, and print how to use it once it answers. Ctrl-C stops the gateway;
+# sandboxes keep running and are picked up again by the next `make run` (`make clean` stops them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export QUARRY_ADDR="${QUARRY_ADDR:-127.0.0.1:8080}"
+export QUARRY_DATA_DIR="${QUARRY_DATA_DIR:-$PWD/.quarry}"
+export QUARRY_POOLS_FILE="${QUARRY_POOLS_FILE:-$PWD/config/pools.yaml}"
+export QUARRY_PROVIDER="${QUARRY_PROVIDER:-process}"
+export QUARRY_AGENT_BINARY="${QUARRY_AGENT_BINARY:-$PWD/bin/execagent}"
+mkdir -p "$QUARRY_DATA_DIR"
+
+scheme=http
+[ -n "${QUARRY_TLS_CERT_FILE:-}" ] && scheme=https
+url="$scheme://$QUARRY_ADDR"
+
+./bin/gateway &
+gw=$!
+trap 'kill -TERM $gw 2>/dev/null; wait $gw 2>/dev/null' INT TERM
+
+for _ in $(seq 1 100); do
+  if curl -fsk "$url/healthz" >/dev/null 2>&1; then break; fi
+  if ! kill -0 $gw 2>/dev/null; then wait $gw; exit $?; fi
+  sleep 0.1
+done
+
+if [ -n "${QUARRY_API_KEYS:-}" ]; then key="${QUARRY_API_KEYS%%,*}"; else key="$(cat "$QUARRY_DATA_DIR/api-key")"; fi
+cat <<MSG
+
+  Quarry gateway: $url   (provider: $QUARRY_PROVIDER, lease store: embedded in $QUARRY_DATA_DIR)
+  API key:        $key
+
+  Try it:
+    export QUARRY_URL=$url QUARRY_API_KEY=$key
+    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"pool":"default"}' \$QUARRY_URL/v1/sandboxes
+    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"command":"uname -a"}' \$QUARRY_URL/v1/sandboxes/<id>/exec
+  or with the CLI:
+    ./bin/quarry sandbox create && ./bin/quarry sandbox ls
+
+  Ctrl-C stops the gateway (sandboxes keep running; 'make clean' stops them).
+
+MSG
+wait $gw

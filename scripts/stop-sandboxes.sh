@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Stop every process-provider sandbox left running under $QUARRY_DATA_DIR (default ./.quarry):
+# sandboxes outlive the gateway by design, so `make clean` uses this to stop them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir="${QUARRY_DATA_DIR:-$PWD/.quarry}"
+shopt -s nullglob
+for f in "$dir"/process/*/task.json; do
+  pid="$(sed -n 's/^ *"pid": *\([0-9][0-9]*\).*/\1/p' "$f" | head -n 1)"
+  if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q execagent; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    pkill -KILL -s "$pid" 2>/dev/null || true # the agent is its session's leader: this takes every sandbox process
+  fi
+  chmod -R u+w "$(dirname "$f")" 2>/dev/null || true
+  rm -rf "$(dirname "$f")"
+  echo "stopped $(basename "$(dirname "$f")")"
+done
