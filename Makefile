@@ -32,4 +32,4 @@ lint: ## formatting and vet
 
 clean: ## stop sandboxes left by `make run` and remove build output
 	-./scripts/stop-sandboxes.sh
-	rm -rf $(BIN)
+	rm -rf $(BIN) .quarry

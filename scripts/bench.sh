@@ -15,7 +15,7 @@ go run ./bench/quarrybench -bin bin -json "$out/quarrybench.json" | tee "$out/qu
 echo
 echo "== Go micro-benchmarks"
 go test -run '^$' -bench 'BenchmarkStore_Claim|BenchmarkManager_AcquireWarm' -benchtime=2000x ./warmpool/... | tee "$out/warmpool.txt"
-go test -run '^$' -bench 'BenchmarkSessionRun|BenchmarkExec' -benchtime=3000x ./execagent/ | tee "$out/execagent.txt"
+go test -run '^$' -bench 'BenchmarkSession|BenchmarkExec|BenchmarkSpawnBash' -benchtime=3000x ./execagent/ | tee "$out/execagent.txt"
 
 echo
 echo "== peers: swerex-remote and rocklet beside Quarry's agent (same Python client)"
