@@ -193,12 +193,26 @@ type LeaseStore interface {
 	PurgeLeases(ctx context.Context, endedBefore time.Time) (int, error)
 }
 
+// Locker holds named locks as expiring leases in the store, so that work
+// that must run on one replica at a time (a pool's reconciler) moves to
+// another replica when the holder dies: its lock simply expires.
+type Locker interface {
+	// TryLock takes the lock name for holder until now+ttl, or extends it if
+	// holder holds it already. It returns true when holder holds the lock
+	// afterwards and false (with a nil error) while another holder's lock
+	// has not expired. The decision is one conditional write.
+	TryLock(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error)
+	// Unlock releases the lock if holder holds it. It is idempotent.
+	Unlock(ctx context.Context, name, holder string) error
+}
+
 // Store is the lease store: tasks and leases. The embedded store
 // (warmpool/boltstore) is the single-node default; warmpool/storetest is the
 // conformance suite every implementation passes.
 type Store interface {
 	TaskStore
 	LeaseStore
+	Locker
 	// Close releases the store's resources. It is safe to call once.
 	Close() error
 }

@@ -37,8 +37,9 @@ var (
 	bucketExpiry     = []byte("leases_expiry") // expires id → "" (active leases only)
 	bucketEnded      = []byte("leases_ended")  // ended id → "" (ended leases only)
 	bucketIdem       = []byte("leases_idem")   // lp(owner) key → lease id
+	bucketLocks      = []byte("locks")         // lock name → lockRecord JSON
 	allBuckets       = [][]byte{bucketMeta, bucketTasks, bucketTasksPool, bucketTasksReady,
-		bucketLeases, bucketOwner, bucketExpiry, bucketEnded, bucketIdem}
+		bucketLeases, bucketOwner, bucketExpiry, bucketEnded, bucketIdem, bucketLocks}
 	keySchema = []byte("schema")
 )
 
@@ -558,6 +559,7 @@ func (s *Store) run(ctx context.Context, action string, writable bool, fn func(*
 type tx struct {
 	tasks, tasksPool, ready            *bolt.Bucket
 	leases, owner, expiry, ended, idem *bolt.Bucket
+	locks                              *bolt.Bucket
 }
 
 func openTx(btx *bolt.Tx) *tx {
@@ -565,6 +567,7 @@ func openTx(btx *bolt.Tx) *tx {
 		tasks: btx.Bucket(bucketTasks), tasksPool: btx.Bucket(bucketTasksPool), ready: btx.Bucket(bucketTasksReady),
 		leases: btx.Bucket(bucketLeases), owner: btx.Bucket(bucketOwner),
 		expiry: btx.Bucket(bucketExpiry), ended: btx.Bucket(bucketEnded), idem: btx.Bucket(bucketIdem),
+		locks: btx.Bucket(bucketLocks),
 	}
 }
 
