@@ -134,10 +134,20 @@ func (m *Manager) acquire(ctx context.Context, p *pool, req AcquireRequest, dur 
 // task when it is empty).
 func (m *Manager) claimRequest(p *pool, req AcquireRequest, dur time.Duration, taskID string) ClaimRequest {
 	now := m.clock.Now()
+	id := NewLeaseID()
+	env := maps.Clone(req.Env)
+	if m.leaseEnv != nil {
+		if extra := m.leaseEnv(id); len(extra) > 0 {
+			if env == nil {
+				env = map[string]string{}
+			}
+			maps.Copy(env, extra)
+		}
+	}
 	return ClaimRequest{
 		Pool: p.cfg.Name, TaskID: taskID, Now: now,
 		Lease: Lease{
-			ID: NewLeaseID(), Owner: req.Owner, Labels: maps.Clone(req.Labels), Env: maps.Clone(req.Env),
+			ID: id, Owner: req.Owner, Labels: maps.Clone(req.Labels), Env: env,
 			IdempotencyKey: req.IdempotencyKey, Duration: dur, CreatedAt: now, ExpiresAt: now.Add(dur),
 		},
 	}

@@ -155,6 +155,11 @@ type Deps struct {
 	Logger  *slog.Logger          // nil discards logs
 	Clock   Clock                 // nil is real time
 	Metrics prometheus.Registerer // nil registers no metrics
+	// LeaseEnv, when set, returns variables added to a new lease's env
+	// (under the request's own, which it overrides): per-lease settings that
+	// depend on the lease id, such as the model relay's URL and token. It is
+	// called once per lease id, before the claim.
+	LeaseEnv func(leaseID string) map[string]string
 }
 
 // Manager runs the warm pools: it hands out leases (Acquire), renews and
@@ -173,6 +178,7 @@ type Manager struct {
 	agents    Agents
 	log       *slog.Logger
 	clock     Clock
+	leaseEnv  func(string) map[string]string
 	metrics   *metrics
 	pools     map[string]*pool // fixed after New
 	names     []string         // pool names in configuration order
@@ -241,7 +247,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{
 		cfg: cfg, store: deps.Store, providers: provs, agents: deps.Agents, log: log, clock: clock,
-		metrics: met, pools: pools, names: names, orphanSeen: map[string]time.Time{}, bg: bg, cancel: cancel,
+		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphanSeen: map[string]time.Time{}, bg: bg, cancel: cancel,
 	}, nil
 }
 
