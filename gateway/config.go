@@ -15,56 +15,56 @@ type Config struct {
 	// APIKeys are the accepted bearer keys (QUARRY_API_KEYS, comma
 	// separated). At least one is required. A lease's owner is a hash of the
 	// key that created it, so rotating a key hides the sandboxes it created.
-	APIKeys []string `envconfig:"API_KEYS"`
+	APIKeys []string `envconfig:"QUARRY_API_KEYS"`
 	// DefaultPool is the pool of a create request that names none (default "default").
-	DefaultPool string `envconfig:"DEFAULT_POOL"`
+	DefaultPool string `envconfig:"QUARRY_DEFAULT_POOL"`
 
 	// MaxJSONBody bounds JSON request bodies in bytes (default 8 MiB).
-	MaxJSONBody int64 `envconfig:"MAX_JSON_BODY"`
+	MaxJSONBody int64 `envconfig:"QUARRY_MAX_JSON_BODY"`
 	// MaxUploadBody bounds raw uploads in bytes: files, archives and process
 	// stdin (default 1 GiB).
-	MaxUploadBody int64 `envconfig:"MAX_UPLOAD_BODY"`
+	MaxUploadBody int64 `envconfig:"QUARRY_MAX_UPLOAD_BODY"`
 	// MaxAgentResponse bounds an agent answer that the gateway buffers (every
 	// answer except streams and downloads) in bytes (default 256 MiB: an
 	// exec may return 64 MiB of stdout and of stderr, JSON-escaped).
-	MaxAgentResponse int64 `envconfig:"MAX_AGENT_RESPONSE"`
+	MaxAgentResponse int64 `envconfig:"QUARRY_MAX_AGENT_RESPONSE"`
 
 	// RequestTimeout bounds an agent call that carries no timeout of its own
 	// (default 30s).
-	RequestTimeout time.Duration `envconfig:"REQUEST_TIMEOUT"`
+	RequestTimeout time.Duration `envconfig:"QUARRY_REQUEST_TIMEOUT"`
 	// CommandTimeout is the run time assumed for an exec or session run
 	// without timeout_ms: the agent's default (default 5m).
-	CommandTimeout time.Duration `envconfig:"COMMAND_TIMEOUT"`
+	CommandTimeout time.Duration `envconfig:"QUARRY_COMMAND_TIMEOUT"`
 	// TimeoutMargin is added to a command's timeout_ms to bound the whole
 	// agent call (default 10s).
-	TimeoutMargin time.Duration `envconfig:"TIMEOUT_MARGIN"`
+	TimeoutMargin time.Duration `envconfig:"QUARRY_TIMEOUT_MARGIN"`
 	// MaxCommandTimeout caps the bound of one exec or session run call
 	// (default 24h10s: the agent's maximum timeout plus the margin).
-	MaxCommandTimeout time.Duration `envconfig:"MAX_COMMAND_TIMEOUT"`
+	MaxCommandTimeout time.Duration `envconfig:"QUARRY_MAX_COMMAND_TIMEOUT"`
 	// ManagerTimeout bounds each manager call other than a create: lease
 	// reads, heartbeats, releases, lists, pools, task checks (default 10s).
-	ManagerTimeout time.Duration `envconfig:"MANAGER_TIMEOUT"`
+	ManagerTimeout time.Duration `envconfig:"QUARRY_MANAGER_TIMEOUT"`
 	// CreateTimeout bounds a create, including a cold start (default 5m; keep
 	// it above the manager's QUARRY_ACQUIRE_TIMEOUT).
-	CreateTimeout time.Duration `envconfig:"CREATE_TIMEOUT"`
+	CreateTimeout time.Duration `envconfig:"QUARRY_CREATE_TIMEOUT"`
 	// ReadTimeout bounds reading one request's headers and JSON body
 	// (default 60s).
-	ReadTimeout time.Duration `envconfig:"READ_TIMEOUT"`
+	ReadTimeout time.Duration `envconfig:"QUARRY_READ_TIMEOUT"`
 	// UploadTimeout bounds reading one upload body (default 1h).
-	UploadTimeout time.Duration `envconfig:"UPLOAD_TIMEOUT"`
+	UploadTimeout time.Duration `envconfig:"QUARRY_UPLOAD_TIMEOUT"`
 	// IdleTimeout closes a client connection or an agent stream on which
 	// nothing was sent or received for that long (default 2m). Agents send
 	// keep-alives on quiet streams well within it.
-	IdleTimeout time.Duration `envconfig:"IDLE_TIMEOUT"`
+	IdleTimeout time.Duration `envconfig:"QUARRY_IDLE_TIMEOUT"`
 	// AgentDialTimeout bounds connecting to an agent (default 5s).
-	AgentDialTimeout time.Duration `envconfig:"AGENT_DIAL_TIMEOUT"`
+	AgentDialTimeout time.Duration `envconfig:"QUARRY_AGENT_DIAL_TIMEOUT"`
 	// MaxConnsPerAgent bounds the connections to one agent (default 256); a
 	// call waits up to AgentDialTimeout for a free one.
-	MaxConnsPerAgent int `envconfig:"MAX_CONNS_PER_AGENT"`
+	MaxConnsPerAgent int `envconfig:"QUARRY_MAX_CONNS_PER_AGENT"`
 	// MaxAgentClients bounds the cached per-agent HTTP clients (default 4096).
-	MaxAgentClients int `envconfig:"MAX_AGENT_CLIENTS"`
+	MaxAgentClients int `envconfig:"QUARRY_MAX_AGENT_CLIENTS"`
 	// RetryAfter is the Retry-After of 503 answers (default 2s).
-	RetryAfter time.Duration `envconfig:"RETRY_AFTER"`
+	RetryAfter time.Duration `envconfig:"QUARRY_RETRY_AFTER"`
 }
 
 // Defaults of Config's zero fields.

@@ -4,14 +4,18 @@
 // (errors.go), reads one lease per request and proxies sandbox calls (exec,
 // sessions, processes, files) to the sandbox's exec agent with the agent's
 // token and the lease generation, streaming bodies both ways. It also serves
-// /healthz, /readyz, /metrics and the embedded OpenAPI document.
+// /healthz, /readyz, /metrics and the embedded OpenAPI document, and the
+// model relay's routes (model.go, over a *modelservice.Service: OpenAI
+// calls from sandboxes authenticated by their relay token, and the
+// trainer's claims, answers and transcripts authenticated by API key).
 //
 // The gateway keeps no state that matters: leases live in the lease store
 // behind the Manager interface; the only cache (HTTP clients per agent URL)
 // is rebuilt on demand. The same *Gateway serves plain HTTP (Serve), HTTPS
 // (ServeTLS) and, later, a Lambda adapter (App).
 //
-// It depends on the warmpool, providers and agentapi contracts only. It must
+// It depends on the warmpool, providers, agentapi and modelservice
+// contracts only. It must
 // not import a concrete provider (providers/...), a concrete store
 // (warmpool/boltstore, ...) or cmd/.
 package gateway

@@ -12,13 +12,18 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
-// codeMethodNotAllowed is the gateway's code for 405; every other code is
-// one of agentapi's.
-const codeMethodNotAllowed = "method_not_allowed"
+// codeMethodNotAllowed is the gateway's code for 405 and
+// codeUpstreamUnreachable for a model relay upstream that failed (502);
+// every other code is one of agentapi's.
+const (
+	codeMethodNotAllowed    = "method_not_allowed"
+	codeUpstreamUnreachable = "upstream_unreachable"
+)
 
 // errBodyTooLarge: a request body exceeded its limit (413).
 var errBodyTooLarge = errors.New("request body too large")
@@ -114,6 +119,9 @@ func describe(err error) answer {
 		body  *bodyReadError
 		launc *providers.LaunchError
 	)
+	if a, ok := describeModel(subject, err); ok {
+		return a
+	}
 	switch {
 	case errors.As(err, &api):
 		return answer{status: api.Status, code: api.Code, message: api.Message}
@@ -150,6 +158,43 @@ func describe(err error) answer {
 	default:
 		return answer{status: http.StatusInternalServerError, code: agentapi.CodeInternal, message: "internal error"}
 	}
+}
+
+// describeModel maps the model relay's errors (modelservice); ok is false
+// for any other error.
+func describeModel(subject string, err error) (answer, bool) {
+	var (
+		bad *modelservice.BadRequestError
+		up  *modelservice.UpstreamError
+	)
+	switch {
+	case errors.As(err, &bad):
+		return answer{status: http.StatusBadRequest, code: agentapi.CodeBadRequest, message: bad.Error()}, true
+	case errors.Is(err, modelservice.ErrBadToken):
+		return answer{status: http.StatusUnauthorized, code: agentapi.CodeUnauthorized,
+			message: "invalid relay token: send this sandbox's $OPENAI_API_KEY"}, true
+	case errors.Is(err, modelservice.ErrUpstreamNotAllowed):
+		return answer{status: http.StatusForbidden, code: agentapi.CodeForbidden, message: err.Error()}, true
+	case errors.As(err, &up):
+		return answer{status: http.StatusBadGateway, code: codeUpstreamUnreachable,
+			message: "the model upstream of " + subject + " failed: " + up.Err.Error()}, true
+	case errors.Is(err, modelservice.ErrTimeout):
+		return answer{status: http.StatusGatewayTimeout, code: agentapi.CodeTimeout,
+			message: "no trainer answered the model request within its timeout"}, true
+	case errors.Is(err, modelservice.ErrNotFound):
+		return answer{status: http.StatusNotFound, code: agentapi.CodeNotFound, message: "model request not found"}, true
+	case errors.Is(err, modelservice.ErrAnswered):
+		return answer{status: http.StatusConflict, code: agentapi.CodeConflict, message: "the model request was answered already"}, true
+	case errors.Is(err, modelservice.ErrConflict):
+		return answer{status: http.StatusConflict, code: agentapi.CodeConflict, message: err.Error()}, true
+	case errors.Is(err, modelservice.ErrGone):
+		return answer{status: http.StatusGone, code: agentapi.CodeGone,
+			message: "the model request is gone: its agent disconnected or it timed out"}, true
+	case errors.Is(err, modelservice.ErrFull), errors.Is(err, modelservice.ErrUnavailable), errors.Is(err, modelservice.ErrClosed):
+		return answer{status: http.StatusServiceUnavailable, code: agentapi.CodeUnavailable, retry: true,
+			message: "the model relay is unavailable (" + err.Error() + "); retry later"}, true
+	}
+	return answer{}, false
 }
 
 // goneMessage says which way a lease ended.

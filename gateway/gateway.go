@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -61,6 +62,9 @@ type Deps struct {
 	Metrics *prometheus.Registry
 	// Clock decides whether a lease has expired (nil: the system clock).
 	Clock warmpool.Clock
+	// Model is the model relay (docs/MODELSERVICE.md); nil: its routes
+	// answer 404.
+	Model *modelservice.Service
 }
 
 // Gateway is the REST API. Build it with New; serve it with Serve or
@@ -69,6 +73,7 @@ type Deps struct {
 type Gateway struct {
 	cfg     Config
 	mgr     Manager
+	model   *modelservice.Service
 	log     *slog.Logger
 	clock   warmpool.Clock
 	keys    keyring
@@ -97,6 +102,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	g := &Gateway{
 		cfg:    cfg,
 		mgr:    deps.Manager,
+		model:  deps.Model,
 		log:    deps.Logger,
 		clock:  deps.Clock,
 		keys:   newKeyring(cfg.APIKeys),
@@ -245,6 +251,15 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodGet, path: sbx + "/files/list", auth: true, proxy: kindJSON},
 		{method: fiber.MethodGet, path: sbx + "/files/archive", auth: true, proxy: kindDownload},
 		{method: fiber.MethodPut, path: sbx + "/files/archive", auth: true, proxy: kindUpload},
+
+		// The model relay: the sandbox side authenticates with the lease's
+		// relay token (model.go), the trainer side with an API key.
+		{method: fiber.MethodPost, path: sbx + "/model/v1/chat/completions", handler: g.modelCall("chat/completions")},
+		{method: fiber.MethodPost, path: sbx + "/model/v1/completions", handler: g.modelCall("completions")},
+		{method: fiber.MethodGet, path: sbx + "/model/v1/models", handler: g.modelModels},
+		{method: fiber.MethodGet, path: sbx + "/model/transcript", auth: true, handler: g.modelTranscript},
+		{method: fiber.MethodGet, path: "/v1/model/requests", auth: true, handler: g.claimModelRequests},
+		{method: fiber.MethodPost, path: "/v1/model/requests/:rid/response", auth: true, handler: g.answerModelRequest},
 	}
 }
 

@@ -242,12 +242,20 @@ type testGateway struct {
 // gateway is shut down when the test ends.
 func startGateway(t testing.TB, mgr Manager, mutate func(*Config)) *testGateway {
 	t.Helper()
+	return startGatewayDeps(t, mgr, mutate, Deps{})
+}
+
+// startGatewayDeps is startGateway with more dependencies (deps' Manager,
+// Metrics and Logger are set by it).
+func startGatewayDeps(t testing.TB, mgr Manager, mutate func(*Config), deps Deps) *testGateway {
+	t.Helper()
 	cfg := Config{APIKeys: []string{testKey, otherKey}}
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	reg := prometheus.NewRegistry()
-	g, err := New(cfg, Deps{Manager: mgr, Metrics: reg, Logger: testLogger()})
+	deps.Manager, deps.Metrics, deps.Logger = mgr, reg, testLogger()
+	g, err := New(cfg, deps)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

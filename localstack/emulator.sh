@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A local AWS API emulator on 127.0.0.1:4566 (LocalStack's port) for machines where LocalStack's
-# image cannot be pulled: moto's server (PyPI `moto[server]`) serves DynamoDB and ECS.
+# image cannot be pulled: moto's server (PyPI `moto[server]`) serves DynamoDB and ECS, run through
+# localstack/moto_serial.py so that each request is atomic, as on AWS.
 #
 #   localstack/emulator.sh start    install moto in .cache/moto-venv (once), start it, wait until it answers
 #   localstack/emulator.sh stop     stop the emulator started by this script
@@ -28,8 +29,9 @@ start() {
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$moto_version"
   fi
-  echo "emulator: starting moto_server on $host:$port (log: $logfile)"
-  nohup "$venv/bin/moto_server" -H "$host" -p "$port" >"$logfile" 2>&1 &
+  echo "emulator: starting moto on $host:$port, one request at a time (log: $logfile)"
+  # moto_serial.py: moto's own server is not atomic under concurrent requests (see the file).
+  nohup "$venv/bin/python" "$root/localstack/moto_serial.py" "$host" "$port" >"$logfile" 2>&1 &
   echo $! >"$pidfile"
   for _ in $(seq 1 150); do
     if answers; then echo "emulator: ready"; return 0; fi

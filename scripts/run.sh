@@ -7,8 +7,14 @@ cd "$(dirname "$0")/.."
 
 export QUARRY_ADDR="${QUARRY_ADDR:-127.0.0.1:8080}"
 export QUARRY_DATA_DIR="${QUARRY_DATA_DIR:-$PWD/.quarry}"
-export QUARRY_POOLS_FILE="${QUARRY_POOLS_FILE:-$PWD/config/pools.yaml}"
 export QUARRY_PROVIDER="${QUARRY_PROVIDER:-process}"
+if [ "$QUARRY_PROVIDER" = docker ]; then
+  # Docker sandboxes: an engine and the locally built images (no registry is needed).
+  scripts/docker-up.sh
+  scripts/images/build.sh
+  export QUARRY_POOLS_FILE="${QUARRY_POOLS_FILE:-$PWD/scripts/images/pools.yaml}"
+fi
+export QUARRY_POOLS_FILE="${QUARRY_POOLS_FILE:-$PWD/config/pools.yaml}"
 export QUARRY_AGENT_BINARY="${QUARRY_AGENT_BINARY:-$PWD/bin/execagent}"
 mkdir -p "$QUARRY_DATA_DIR"
 

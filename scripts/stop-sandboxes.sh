@@ -16,3 +16,13 @@ for f in "$dir"/process/*/task.json; do
   rm -rf "$(dirname "$f")"
   echo "stopped $(basename "$(dirname "$f")")"
 done
+
+# Docker sandboxes of this gateway id (`QUARRY_PROVIDER=docker make run`).
+if command -v docker >/dev/null && timeout 10 docker info >/dev/null 2>&1; then
+  ids="$(docker ps -aq --filter label=quarry.managed=true --filter "label=quarry.gateway=${QUARRY_GATEWAY_ID:-quarry}")"
+  if [ -n "$ids" ]; then
+    # shellcheck disable=SC2086 # one id per word
+    docker rm -f $ids >/dev/null
+    echo "removed $(echo "$ids" | wc -w) docker sandboxes"
+  fi
+fi

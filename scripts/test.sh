@@ -1,23 +1,54 @@
 #!/usr/bin/env bash
-# make test: vet, unit tests (with the race detector), then the integration suites against real
-# dependencies, which this script installs or starts. A missing dependency is a failure, never a skip.
+# make test: every suite, against real dependencies, which this script installs or starts:
+#   - busybox-static (POSIX-shell sessions), Docker engine + locally built images (Docker provider),
+#     the AWS API emulator on 127.0.0.1:4566 (DynamoDB lease store and relay broker), Python's
+#     openai package (run inside sandboxes by the relay tests).
+# A missing dependency is a failure, never a skip. Set AWS_ENDPOINT_URL (and credentials, region)
+# to run the AWS suites against LocalStack or real AWS instead of the local emulator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 
+started_emulator=""
+cleanup() { if [ -n "$started_emulator" ]; then localstack/emulator.sh stop || true; fi; }
+trap cleanup EXIT
+
 echo "== dependencies"
 ensure_apt busybox-static test -x /bin/busybox
-command -v bash >/dev/null && command -v python3 >/dev/null
+ensure_apt curl command -v curl
+scripts/docker-up.sh
+scripts/images/build.sh
+QUARRY_TEST_PYTHONPATH="$(scripts/python-deps.sh)"
+export QUARRY_TEST_PYTHONPATH
+
+start_emulator() {
+  localstack/emulator.sh stop >/dev/null 2>&1 || true
+  localstack/emulator.sh start
+  started_emulator=1
+}
+if [ -z "${AWS_ENDPOINT_URL:-}" ]; then
+  export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+  start_emulator
+else
+  echo "== AWS suites against AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL"
+fi
+export QUARRY_TEST_BUSYBOX=/bin/busybox QUARRY_TEST_DOCKER=1 QUARRY_TEST_AWS=1
 
 echo "== go vet"
 go vet ./...
 go vet -tags integration ./tests/...
 
-echo "== unit tests (race detector)"
-QUARRY_TEST_BUSYBOX=/bin/busybox go test -race -count=1 ./...
+echo "== unit and component tests (race detector; Docker, busybox; AWS suites run next)"
+QUARRY_TEST_AWS= go test -race -count=1 ./...
 
-echo "== integration: gateway, process provider, exec agents, embedded store, CLI (real processes)"
-go test -tags integration -count=1 ./tests/...
+echo "== AWS suites: DynamoDB lease store and relay broker (conformance, 10,000-claim race)"
+go test -race -count=1 -p 1 -timeout 30m ./warmpool/dynamostore/ ./modelservice/dynamobroker/
+
+# The emulator's memory grows with every table it ever held; a fresh one keeps the next suite fast.
+[ -n "$started_emulator" ] && start_emulator
+
+echo "== integration: real gateways, agents, stores, Docker, emulator, CLI, openai client"
+go test -tags integration -count=1 -timeout 30m ./tests/...
 
 echo "== peer benchmark harness (unit tests)"
 python3 -m unittest discover -s bench/peers

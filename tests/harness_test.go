@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -34,7 +35,25 @@ func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
 
+// awsTests matches the tests that need the AWS emulator (or AWS): they run
+// only when QUARRY_TEST_AWS is set (make test sets it and starts the
+// emulator), and then fail, never skip, when the endpoint does not answer.
+const awsTests = "^TestReplicas_"
+
 func runMain(m *testing.M) int {
+	flag.Parse()
+	if os.Getenv("QUARRY_TEST_AWS") == "" {
+		skip := flag.Lookup("test.skip")
+		pattern := awsTests
+		if cur := skip.Value.String(); cur != "" {
+			pattern = cur + "|" + awsTests
+		}
+		if err := skip.Value.Set(pattern); err != nil {
+			fmt.Fprintln(os.Stderr, "set -test.skip:", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "QUARRY_TEST_AWS is not set: not running %s (they need the AWS emulator)\n", awsTests)
+	}
 	dir, err := os.MkdirTemp("", "quarry-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "temp dir:", err)
@@ -78,6 +97,13 @@ type gwOption func(*gatewayProc)
 // withEnv adds QUARRY_* settings to the gateway's environment.
 func withEnv(kv ...string) gwOption {
 	return func(g *gatewayProc) { g.env = append(g.env, kv...) }
+}
+
+// withDataDir makes the gateway use dir as its data directory instead of a
+// fresh one: replicas on one host share it (the process provider's task
+// state is on disk there).
+func withDataDir(dir string) gwOption {
+	return func(g *gatewayProc) { g.dataDir = dir }
 }
 
 const defaultPools = `pools:
@@ -304,6 +330,12 @@ func freeAddr(t *testing.T) string {
 // the last error). Deadlines are generous: CI machines are small and busy.
 func eventually(t *testing.T, d time.Duration, what string, f func() error) {
 	t.Helper()
+	eventuallyEvery(t, d, 50*time.Millisecond, what, f)
+}
+
+// eventuallyEvery is eventually polling every interval.
+func eventuallyEvery(t *testing.T, d, interval time.Duration, what string, f func() error) {
+	t.Helper()
 	deadline := time.Now().Add(d)
 	var err error
 	for {
@@ -313,7 +345,7 @@ func eventually(t *testing.T, d time.Duration, what string, f func() error) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within %s: %v", what, d, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 

@@ -42,7 +42,7 @@ func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (lease Lease,
 	if err != nil {
 		return Lease{}, false, err
 	}
-	l, outcome, err := m.acquire(ctx, p, req, dur)
+	l, outcome, err := m.acquire(ContextWithCaller(ctx, CallerAcquire), p, req, dur)
 	p.poke()
 	if err != nil {
 		outcome = outcomeError
@@ -52,6 +52,7 @@ func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (lease Lease,
 	if err != nil {
 		return Lease{}, false, fmt.Errorf("acquire from pool %s: %w", p.cfg.Name, err)
 	}
+	m.cache.put(l, m.clock.Now()) // its first calls are about to look it up
 	return l, outcome == outcomeReplayed, nil
 }
 

@@ -6,18 +6,26 @@
 // Files: config.go parses and validates the pools file (LoadPools,
 // ParsePools); manager.go holds the Manager's lifecycle and lease calls;
 // acquire.go the acquire path; reconcile.go the per-pool reconciler and
-// launches; reaper.go the reaper and the orphan sweep; agents.go the Agents
-// interface and its HTTP implementation; metrics.go the Prometheus
-// collectors.
+// launches; reaper.go the reaper and the orphan sweep; locks.go the locks
+// that gate background work across replicas; cache.go the short lease
+// cache; caller.go the caller marks on store calls (CallerOf); agents.go
+// the Agents interface and its HTTP implementation; metrics.go the
+// Prometheus collectors.
 //
 // Everything that matters is in the Store; the Manager's memory holds only
-// wake-ups, backoff and bookkeeping, so a restarted gateway (or another
-// replica on the same store) serves every live lease. Background work runs
-// in goroutines that Start starts and Close stops and waits for: one
-// reconciler per pool, the reaper, the orphan sweep, and the launches the
-// reconcilers start. Every ownership decision is a conditional store write
-// (ReserveTasks within max_total, Claim, UpdateTask on a version, EndLease),
-// so racing replicas lose cleanly instead of overwriting each other.
+// wake-ups, backoff, bookkeeping and a lease cache of about a second, so a
+// restarted gateway (or another replica on the same store) serves every
+// live lease. Background work runs in goroutines that Start starts and
+// Close stops and waits for: one reconciler per pool, the reaper, the
+// orphan sweep, and the launches the reconcilers start.
+//
+// Many replicas may share one store. Each background pass runs only on the
+// replica that holds its lock (Store.TryLock: an expiring lease in the
+// store, held by Config.ReplicaID), and a replica that dies is replaced
+// when its locks expire; acquires, heartbeats and releases take no lock.
+// Every ownership decision is a conditional store write (ReserveTasks
+// within max_total, Claim, UpdateTask on a version, EndLease), so racing
+// replicas lose cleanly instead of overwriting each other, locks or not.
 //
 // It depends on the providers contract and on agentapi, never on a concrete
 // provider, a concrete store or the gateway.

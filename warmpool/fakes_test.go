@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,6 +46,7 @@ type fakeProvider struct {
 	OnLaunch   func(ctx context.Context, spec providers.Spec, names []string) error
 	StartDelay time.Duration
 	tasks      map[string]*providers.Task // by provider id
+	removed    map[string]bool            // stopped through Stop: no longer listed, as a real backend
 	seq        int
 	running    int
 	maxRunning int
@@ -56,7 +58,7 @@ type fakeProvider struct {
 var _ providers.Provider = (*fakeProvider)(nil)
 
 func newFakeProvider(clock *fakeClock) *fakeProvider {
-	return &fakeProvider{clock: clock, tasks: map[string]*providers.Task{}}
+	return &fakeProvider{clock: clock, tasks: map[string]*providers.Task{}, removed: map[string]bool{}}
 }
 
 func (p *fakeProvider) Launch(ctx context.Context, spec providers.Spec, names []string) ([]providers.Task, error) {
@@ -121,6 +123,7 @@ func (p *fakeProvider) Stop(_ context.Context, id, reason string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stops = append(p.stops, id)
+	p.removed[id] = true
 	if t, ok := p.tasks[id]; ok && t.State != providers.TaskStopped {
 		t.State, t.Reason = providers.TaskStopped, reason
 		p.running--
@@ -133,8 +136,8 @@ func (p *fakeProvider) List(_ context.Context, pool string) ([]providers.Task, e
 	defer p.mu.Unlock()
 	p.listCalls++
 	var out []providers.Task
-	for _, t := range p.tasks {
-		if pool == "" || t.Pool == pool {
+	for id, t := range p.tasks {
+		if (pool == "" || t.Pool == pool) && !p.removed[id] {
 			out = append(out, *t)
 		}
 	}
@@ -155,9 +158,20 @@ func (p *fakeProvider) kill(id, reason string) {
 func (p *fakeProvider) add(t providers.Task) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	t.State = providers.TaskRunning
+	if t.State == "" {
+		t.State = providers.TaskRunning
+	}
 	p.tasks[t.ID] = &t
-	p.running++
+	if t.State != providers.TaskStopped {
+		p.running++
+	}
+}
+
+// stopCalls returns the ids Stop was called with.
+func (p *fakeProvider) stopCalls() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.stops)
 }
 
 func (p *fakeProvider) task(id string) (providers.Task, bool) {

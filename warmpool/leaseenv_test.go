@@ -24,7 +24,9 @@ func TestManager_Acquire_LeaseEnvFromTheLeaseID(t *testing.T) {
 	m, err := warmpool.New(fastConfig(), warmpool.Deps{
 		Store: s, Providers: map[string]providers.Provider{"fake": prov}, Pools: []warmpool.PoolConfig{testPool(1, 4)},
 		Agents: agents, Clock: clock,
-		LeaseEnv: func(id string) map[string]string { return map[string]string{"RELAY": "for-" + id, "TASK": "overridden"} },
+		LeaseEnv: func(id string) map[string]string {
+			return map[string]string{"RELAY": "for-" + id, "TASK": "overridden"}
+		},
 	})
 	require.NoError(t, err)
 	require.NoError(t, m.Start(t.Context()))

@@ -23,49 +23,64 @@ type Config struct {
 	// GatewayID is the deployment id of the gateway fleet, attached to every
 	// task as providers.LabelGateway. The orphan sweep never stops tasks
 	// labelled with another gateway id. Default "quarry".
-	GatewayID string `envconfig:"GATEWAY_ID"`
+	GatewayID string `envconfig:"QUARRY_GATEWAY_ID"`
 	// ReconcileInterval is how often each pool is reconciled (default 2 s);
 	// an acquire also wakes its pool's reconciler at once.
-	ReconcileInterval time.Duration `envconfig:"RECONCILE_INTERVAL"`
+	ReconcileInterval time.Duration `envconfig:"QUARRY_RECONCILE_INTERVAL"`
 	// ReapInterval is how often expired leases are ended (default 5 s).
-	ReapInterval time.Duration `envconfig:"REAP_INTERVAL"`
+	ReapInterval time.Duration `envconfig:"QUARRY_REAP_INTERVAL"`
 	// LeaseRetention is how long ended leases stay readable (410, not 404)
 	// before they are purged (default 24 h).
-	LeaseRetention time.Duration `envconfig:"LEASE_RETENTION"`
+	LeaseRetention time.Duration `envconfig:"QUARRY_LEASE_RETENTION"`
 	// OrphanInterval is how often the providers are listed to find tasks
 	// that no record accounts for (default 30 s); OrphanGrace is how old
 	// such a task must be before it is stopped (default 2 min), and with
 	// OrphanDryRun it is only logged.
-	OrphanInterval time.Duration `envconfig:"ORPHAN_INTERVAL"`
-	OrphanGrace    time.Duration `envconfig:"ORPHAN_GRACE"`
-	OrphanDryRun   bool          `envconfig:"ORPHAN_DRY_RUN"`
+	OrphanInterval time.Duration `envconfig:"QUARRY_ORPHAN_INTERVAL"`
+	OrphanGrace    time.Duration `envconfig:"QUARRY_ORPHAN_GRACE"`
+	OrphanDryRun   bool          `envconfig:"QUARRY_ORPHAN_DRY_RUN"`
 	// HealthTimeout bounds one agent health check or fence (default 2 s).
-	HealthTimeout time.Duration `envconfig:"HEALTH_TIMEOUT"`
+	HealthTimeout time.Duration `envconfig:"QUARRY_HEALTH_TIMEOUT"`
 	// HealthCheckInterval is how often each ready task's agent is checked
 	// (default 30 s); after HealthFailures failed checks in a row (default
 	// 2) the task is replaced.
-	HealthCheckInterval time.Duration `envconfig:"HEALTH_CHECK_INTERVAL"`
-	HealthFailures      int           `envconfig:"HEALTH_FAILURES"`
+	HealthCheckInterval time.Duration `envconfig:"QUARRY_HEALTH_CHECK_INTERVAL"`
+	HealthFailures      int           `envconfig:"QUARRY_HEALTH_FAILURES"`
 	// InitTimeout bounds the agent's /v1/init after a claim (default 10 s).
-	InitTimeout time.Duration `envconfig:"INIT_TIMEOUT"`
+	InitTimeout time.Duration `envconfig:"QUARRY_INIT_TIMEOUT"`
 	// AcquireTimeout bounds one Acquire that has to cold-start a task or
 	// wait for a launching one (default 2 min); the pool's startup timeout
 	// bounds the launch itself.
-	AcquireTimeout time.Duration `envconfig:"ACQUIRE_TIMEOUT"`
+	AcquireTimeout time.Duration `envconfig:"QUARRY_ACQUIRE_TIMEOUT"`
 	// AcquireAttempts bounds how many tasks one Acquire tries when agents
 	// fail their init or launches fail (default 3).
-	AcquireAttempts int `envconfig:"ACQUIRE_ATTEMPTS"`
+	AcquireAttempts int `envconfig:"QUARRY_ACQUIRE_ATTEMPTS"`
 	// StoreTimeout bounds each lease-store call of background work (default
 	// 5 s); ProviderTimeout each provider call (default 30 s).
-	StoreTimeout    time.Duration `envconfig:"STORE_TIMEOUT"`
-	ProviderTimeout time.Duration `envconfig:"PROVIDER_TIMEOUT"`
+	StoreTimeout    time.Duration `envconfig:"QUARRY_STORE_TIMEOUT"`
+	ProviderTimeout time.Duration `envconfig:"QUARRY_PROVIDER_TIMEOUT"`
 	// LaunchBackoff is the pause after a failed launch before the
 	// reconciler launches again in that pool; it doubles with each failure
 	// in a row up to LaunchBackoffMax (defaults 1 s and 1 min).
-	LaunchBackoff    time.Duration `envconfig:"LAUNCH_BACKOFF"`
-	LaunchBackoffMax time.Duration `envconfig:"LAUNCH_BACKOFF_MAX"`
+	LaunchBackoff    time.Duration `envconfig:"QUARRY_LAUNCH_BACKOFF"`
+	LaunchBackoffMax time.Duration `envconfig:"QUARRY_LAUNCH_BACKOFF_MAX"`
 	// MaxListLeases bounds what List returns (default 1000).
-	MaxListLeases int `envconfig:"MAX_LIST_LEASES"`
+	MaxListLeases int `envconfig:"QUARRY_MAX_LIST_LEASES"`
+	// ReplicaID names this gateway replica as the holder of the locks that
+	// gate background work (default DefaultReplicaID(): host name, pid and
+	// a random suffix). Replicas sharing a store must use distinct ids.
+	ReplicaID string `envconfig:"QUARRY_REPLICA_ID"`
+	// LockTTL is how long a replica holds the lock of a background job (a
+	// pool's reconciler, the reaper, the orphan sweep) after its last pass;
+	// a replica that dies holding a lock is replaced once it expires. The
+	// lock of a job is held for at least twice the job's interval (default
+	// 15 s).
+	LockTTL time.Duration `envconfig:"QUARRY_LOCK_TTL"`
+	// LeaseCacheTTL is how long a lease read from the store may serve the
+	// lease lookups of this replica (never past the lease's ExpiresAt;
+	// dropped at once when this replica ends or renews the lease). Default
+	// 1 s; a negative value disables the cache. At most 1 min.
+	LeaseCacheTTL time.Duration `envconfig:"QUARRY_LEASE_CACHE_TTL"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -100,6 +115,11 @@ func (c Config) WithDefaults() Config {
 	if c.MaxListLeases == 0 {
 		c.MaxListLeases = 1000
 	}
+	if c.ReplicaID == "" {
+		c.ReplicaID = DefaultReplicaID()
+	}
+	def(&c.LockTTL, 15*time.Second)
+	def(&c.LeaseCacheTTL, time.Second)
 	return c
 }
 
@@ -122,6 +142,13 @@ func (c Config) Validate() error {
 	positive("STORE_TIMEOUT", c.StoreTimeout)
 	positive("PROVIDER_TIMEOUT", c.ProviderTimeout)
 	positive("LAUNCH_BACKOFF", c.LaunchBackoff)
+	positive("LOCK_TTL", c.LockTTL)
+	if c.LeaseCacheTTL > maxLeaseCacheTTL {
+		errs = append(errs, fmt.Errorf("QUARRY_LEASE_CACHE_TTL: %s is above the maximum %s", c.LeaseCacheTTL, maxLeaseCacheTTL))
+	}
+	if !replicaIDPattern.MatchString(c.ReplicaID) {
+		errs = append(errs, fmt.Errorf("QUARRY_REPLICA_ID: %q must be 1-128 letters, digits, '.', '_', ':' or '-'", c.ReplicaID))
+	}
 	if c.OrphanGrace < 0 {
 		errs = append(errs, fmt.Errorf("QUARRY_ORPHAN_GRACE: %s is negative", c.OrphanGrace))
 	}
@@ -186,6 +213,13 @@ type Manager struct {
 	// orphanSeen is when the orphan sweep first saw a provider task that
 	// reports no creation time; only the sweep goroutine uses it.
 	orphanSeen map[string]time.Time
+	// lastPurge is when the reaper last purged ended leases (manager
+	// clock); only the reaper goroutine uses it.
+	lastPurge time.Time
+	// locks are the background-work locks this replica holds; cache the
+	// leases it read recently.
+	locks lockSet
+	cache *leaseCache
 
 	bg     context.Context // canceled by Close; background work runs under it
 	cancel context.CancelFunc
@@ -246,8 +280,9 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{
-		cfg: cfg, store: deps.Store, providers: provs, agents: deps.Agents, log: log, clock: clock,
-		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphanSeen: map[string]time.Time{}, bg: bg, cancel: cancel,
+		cfg: cfg, store: deps.Store, providers: provs, agents: deps.Agents, log: log.With("replica", cfg.ReplicaID), clock: clock,
+		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphanSeen: map[string]time.Time{},
+		locks: lockSet{held: map[string]bool{}, failing: map[string]bool{}}, cache: newLeaseCache(cfg.LeaseCacheTTL), bg: bg, cancel: cancel,
 	}, nil
 }
 
@@ -255,7 +290,14 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 // the reaper and the orphan sweep. ctx bounds the start only; Close stops
 // the background work. Start succeeds once; after an error (the store did
 // not answer) it may be called again.
+//
+// Every replica on a store runs the same loops, but each pass runs only on
+// the replica that holds its lock (Store.TryLock, named by
+// Config.ReplicaID): a pool's reconciler (its full pass and its refills),
+// the reaper and the orphan sweep. Acquire, Heartbeat, Release and the
+// other calls never wait for a lock.
 func (m *Manager) Start(ctx context.Context) error {
+	ctx = ContextWithCaller(ctx, CallerLifecycle)
 	m.mu.Lock()
 	switch {
 	case m.closed:
@@ -279,17 +321,22 @@ func (m *Manager) Start(ctx context.Context) error {
 		"leased", c.leased, "stopping", c.stopping)
 	for _, name := range m.names {
 		p := m.pools[name]
-		m.goBackground(func(ctx context.Context) { m.reconcileLoop(ctx, p) })
+		m.goBackground(CallerReconcile, func(ctx context.Context) { m.reconcileLoop(ctx, p) })
 	}
-	m.goBackground(func(ctx context.Context) { m.every(ctx, m.cfg.ReapInterval, m.reap) })
-	m.goBackground(func(ctx context.Context) { m.every(ctx, m.cfg.OrphanInterval, m.sweepOrphans) })
+	m.goBackground(CallerReaper, func(ctx context.Context) {
+		m.every(ctx, m.cfg.ReapInterval, m.locked(lockReaper, m.cfg.ReapInterval, m.reap))
+	})
+	m.goBackground(CallerOrphans, func(ctx context.Context) {
+		m.every(ctx, m.cfg.OrphanInterval, m.locked(lockOrphans, m.cfg.OrphanInterval, m.sweepOrphans))
+	})
 	return nil
 }
 
-// Close stops the background work and waits for it (or for ctx). It never
-// stops tasks: leases outlive the gateway process. Acquire and the other
-// calls keep working after Close, without background refills. Calling
-// Close again returns nil.
+// Close stops the background work and waits for it (or for ctx), then
+// releases the locks this replica holds, so that another replica takes the
+// background work over at once. It never stops tasks: leases outlive the
+// gateway process. Acquire and the other calls keep working after Close,
+// without background refills. Calling Close again returns nil.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	if m.closed {
@@ -297,6 +344,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		return nil
 	}
 	m.closed = true
+	started := m.started
 	m.cancel()
 	m.mu.Unlock()
 	done := make(chan struct{})
@@ -306,6 +354,9 @@ func (m *Manager) Close(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
+		if started {
+			m.unlockAll(ContextWithCaller(context.WithoutCancel(ctx), CallerLifecycle))
+		}
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("close warm pool manager: %w", ctx.Err())
@@ -313,9 +364,9 @@ func (m *Manager) Close(ctx context.Context) error {
 }
 
 // goBackground runs fn in a goroutine owned by the manager (Close cancels
-// its ctx and waits for it). It returns false, running nothing, once the
-// manager is closed.
-func (m *Manager) goBackground(fn func(ctx context.Context)) bool {
+// its ctx and waits for it); its ctx carries caller (CallerOf). It returns
+// false, running nothing, once the manager is closed.
+func (m *Manager) goBackground(caller string, fn func(ctx context.Context)) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -324,7 +375,7 @@ func (m *Manager) goBackground(fn func(ctx context.Context)) bool {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		fn(m.bg)
+		fn(ContextWithCaller(m.bg, caller))
 	}()
 	return true
 }
@@ -346,10 +397,24 @@ func (m *Manager) every(ctx context.Context, interval time.Duration, fn func(con
 // Get returns lease id of owner, in any state. A lease of another owner is
 // ErrNotFound, like an unknown one. An active lease whose ExpiresAt has
 // passed is returned as expired (the reaper will end it so).
+//
+// An active lease may come from this replica's lease cache (at most
+// Config.LeaseCacheTTL old, never past its ExpiresAt): a lease that
+// another replica ended within that time may still read as active here,
+// but its agent, fenced or stopped when the lease ended, refuses it.
 func (m *Manager) Get(ctx context.Context, id, owner string) (Lease, error) {
-	l, err := m.store.GetLease(ctx, id)
-	if err != nil {
-		return Lease{}, fmt.Errorf("get lease: %w", err)
+	return m.get(ContextWithCaller(ctx, CallerGet), id, owner)
+}
+
+func (m *Manager) get(ctx context.Context, id, owner string) (Lease, error) {
+	l, ok := m.cache.get(id, m.clock.Now())
+	if !ok {
+		mark := m.cache.reading()
+		var err error
+		if l, err = m.store.GetLease(ctx, id); err != nil {
+			return Lease{}, fmt.Errorf("get lease: %w", err)
+		}
+		m.cache.putRead(l, m.clock.Now(), mark)
 	}
 	if l.Owner != owner {
 		return Lease{}, fmt.Errorf("get lease %s: %w", id, ErrNotFound)
@@ -357,11 +422,28 @@ func (m *Manager) Get(ctx context.Context, id, owner string) (Lease, error) {
 	return m.present(l), nil
 }
 
+// Ready reports whether the lease store answers: one lease read (of an id
+// that never exists). It returns the store's error otherwise
+// (ErrUnavailable when the store is down or throttles).
+func (m *Manager) Ready(ctx context.Context) error {
+	_, err := m.store.GetLease(ContextWithCaller(ctx, CallerReady), readinessProbeID)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("read the lease store: %w", err)
+	}
+	return nil
+}
+
+// readinessProbeID is the lease id Ready reads: a valid key that no lease
+// has (lease ids are "sbx-" and 26 base32 characters).
+const readinessProbeID = LeaseIDPrefix + "readiness-probe"
+
 // Heartbeat moves the lease's expiry to now + its duration. ErrNotFound
 // for an unknown lease or another owner's; ErrLeaseEnded (with the lease)
-// once it ended or expired.
+// once it ended or expired. The renewal is a conditional store write,
+// never answered from the lease cache.
 func (m *Manager) Heartbeat(ctx context.Context, id, owner string) (Lease, error) {
-	l, err := m.Get(ctx, id, owner)
+	ctx = ContextWithCaller(ctx, CallerHeartbeat)
+	l, err := m.get(ctx, id, owner)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -373,7 +455,12 @@ func (m *Manager) Heartbeat(ctx context.Context, id, owner string) (Lease, error
 		d = time.Duration(m.leaseSecondsDefault(l.Pool)) * time.Second
 	}
 	now := m.clock.Now()
+	done := m.cache.writeLease(id)
 	renewed, err := m.store.RenewLease(ctx, id, owner, now.Add(d), now)
+	done()
+	if err == nil {
+		m.cache.put(renewed, now)
+	}
 	return m.leaseResult("heartbeat", id, renewed, err)
 }
 
@@ -399,14 +486,17 @@ func (m *Manager) leaseResult(action, id string, l Lease, err error) (Lease, err
 // the task is best effort: if it fails, the task stays "stopping" and the
 // reconciler finishes the job.
 func (m *Manager) Release(ctx context.Context, id, owner string) (Lease, error) {
-	l, err := m.Get(ctx, id, owner)
+	ctx = ContextWithCaller(ctx, CallerRelease)
+	l, err := m.get(ctx, id, owner)
 	if err != nil {
 		return Lease{}, err
 	}
 	if l.State != LeaseActive {
 		return l, fmt.Errorf("release lease %s: it is %s: %w", id, l.State, ErrLeaseEnded)
 	}
+	done := m.cache.writeLease(id)
 	ended, err := m.store.EndLease(ctx, id, LeaseEnd{State: LeaseReleased, Reason: "released by its owner", Now: m.clock.Now(), Owner: owner})
+	done()
 	if err != nil {
 		return m.leaseResult("release", id, ended, err)
 	}
@@ -420,7 +510,7 @@ func (m *Manager) List(ctx context.Context, f LeaseFilter) ([]Lease, error) {
 	if f.Limit <= 0 || f.Limit > m.cfg.MaxListLeases {
 		f.Limit = m.cfg.MaxListLeases
 	}
-	ls, err := m.store.ListLeases(ctx, f)
+	ls, err := m.store.ListLeases(ContextWithCaller(ctx, CallerList), f)
 	if err != nil {
 		return nil, fmt.Errorf("list leases: %w", err)
 	}
@@ -437,6 +527,7 @@ func (m *Manager) List(ctx context.Context, f LeaseFilter) ([]Lease, error) {
 // Pools returns every configured pool with its current task counts, in
 // configuration order.
 func (m *Manager) Pools(ctx context.Context) ([]PoolStatus, error) {
+	ctx = ContextWithCaller(ctx, CallerPools)
 	out := make([]PoolStatus, 0, len(m.names))
 	for _, name := range m.names {
 		tasks, err := m.store.ListTasks(ctx, name)
@@ -460,6 +551,9 @@ func (m *Manager) Pools(ctx context.Context) ([]PoolStatus, error) {
 // Errors are store or provider failures; the caller has already checked
 // that l belongs to its owner.
 func (m *Manager) CheckTask(ctx context.Context, l Lease) (Lease, error) {
+	ctx = ContextWithCaller(ctx, CallerCheckTask)
+	done := m.cache.writeLease(l.ID) // the agent did not answer: read the lease afresh from now on
+	defer done()
 	cur, err := m.store.GetLease(ctx, l.ID)
 	if err != nil {
 		return l, fmt.Errorf("check task of lease %s: %w", l.ID, err)
@@ -516,8 +610,19 @@ func (m *Manager) taskGone(ctx context.Context, l Lease) (string, error) {
 	return "the provider does not know its task", nil
 }
 
-// findTask returns the record of task id in pool.
+// findTask returns the record of task id in pool: one read when the store
+// is a TaskGetter, else a listing of the pool's tasks.
 func (m *Manager) findTask(ctx context.Context, pool, id string) (TaskRecord, bool, error) {
+	if g, ok := m.store.(TaskGetter); ok {
+		rec, err := g.GetTask(ctx, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return TaskRecord{}, false, nil
+		case err != nil:
+			return TaskRecord{}, false, fmt.Errorf("read task %s: %w", id, err)
+		}
+		return rec, rec.Pool == pool, nil
+	}
 	tasks, err := m.store.ListTasks(ctx, pool)
 	if err != nil {
 		return TaskRecord{}, false, fmt.Errorf("read tasks of pool %s: %w", pool, err)

@@ -37,6 +37,8 @@ type env struct {
 	reg    *prometheus.Registry
 	cfg    warmpool.Config
 	pools  []warmpool.PoolConfig
+	// wrap, when set, wraps the store the manager uses (not e.store).
+	wrap func(warmpool.Store) warmpool.Store
 }
 
 func testPool(minWarm, maxTotal int) warmpool.PoolConfig {
@@ -82,8 +84,12 @@ func (e *env) start() {
 	require.NoError(t, err)
 	e.store = s
 	e.reg = prometheus.NewRegistry()
+	var store warmpool.Store = s
+	if e.wrap != nil {
+		store = e.wrap(s)
+	}
 	m, err := warmpool.New(e.cfg, warmpool.Deps{
-		Store: s, Providers: map[string]providers.Provider{"fake": e.prov}, Pools: e.pools,
+		Store: store, Providers: map[string]providers.Provider{"fake": e.prov}, Pools: e.pools,
 		Agents: e.agents, Clock: e.clock, Metrics: e.reg,
 	})
 	require.NoError(t, err)
@@ -155,8 +161,15 @@ func (e *env) providerTask(taskID string) providers.Task {
 
 func (e *env) counter(name string, labels map[string]string) float64 {
 	e.t.Helper()
-	families, err := e.reg.Gather()
-	require.NoError(e.t, err)
+	return metricValue(e.t, e.reg, name, labels)
+}
+
+// metricValue returns the value of the first series of metric name in reg
+// whose labels include labels (a histogram's sample count), or 0.
+func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
 	for _, f := range families {
 		if f.GetName() != name {
 			continue
@@ -411,8 +424,11 @@ func TestManager_OrphanSweep_StopsUntrackedTasksAfterGrace(t *testing.T) {
 	theirs := providers.Task{ID: "proc-theirs", Name: "tsk-theirs", Pool: "default", CreatedAt: now, Labels: map[string]string{
 		providers.LabelManaged: "true", providers.LabelGateway: "other-fleet", providers.LabelTask: "tsk-theirs",
 	}}
+	exited := providers.Task{ID: "proc-exited", Name: "tsk-exited", Pool: "default", CreatedAt: now, State: providers.TaskStopped,
+		Labels: map[string]string{providers.LabelManaged: "true", providers.LabelGateway: "quarry", providers.LabelTask: "tsk-exited"}}
 	e.prov.add(ours)
 	e.prov.add(theirs)
+	e.prov.add(exited)      // an exited container no record accounts for: its remains must go too
 	l := e.acquire("alice") // a tracked task, which must survive
 
 	_, _, _, calls := e.prov.counts()
@@ -427,7 +443,8 @@ func TestManager_OrphanSweep_StopsUntrackedTasksAfterGrace(t *testing.T) {
 	pt, _ = e.prov.task("proc-theirs")
 	assert.Equal(t, providers.TaskRunning, pt.State, "another gateway's task is never stopped")
 	assert.Equal(t, providers.TaskRunning, e.providerTask(l.TaskID).State, "a tracked task is never stopped")
-	assert.Equal(t, 1.0, e.counter("quarry_orphan_tasks_stopped_total", nil))
+	assert.Contains(t, e.prov.stopCalls(), "proc-exited", "a stopped orphan is removed")
+	assert.Equal(t, 2.0, e.counter("quarry_orphan_tasks_stopped_total", nil))
 }
 
 func TestManager_Reconciler_LaunchDeadlineCleanup(t *testing.T) {

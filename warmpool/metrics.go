@@ -25,6 +25,9 @@ type metrics struct {
 	launchFailures *prometheus.CounterVec
 	reaped         prometheus.Counter
 	orphans        *prometheus.CounterVec
+	lockAttempts   *prometheus.CounterVec
+	lockHeld       *prometheus.GaugeVec
+	lockedPasses   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -58,11 +61,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "quarry_orphan_tasks_stopped_total",
 			Help: "Provider tasks stopped because no task record accounted for them, by provider.",
 		}, []string{"provider"}),
+		lockAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_lock_attempts_total",
+			Help: "Attempts of this replica to take or renew a background-work lock, by lock and outcome (held, busy: another replica holds it, error).",
+		}, []string{"lock", "outcome"}),
+		lockHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quarry_lock_held",
+			Help: "1 while this replica holds the lock (and so runs the job): pool/<name> (the pool's reconciler), reaper, orphans.",
+		}, []string{"lock"}),
+		lockedPasses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_locked_passes_total",
+			Help: "Passes of a background job that this replica ran while holding its lock, by lock.",
+		}, []string{"lock"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.acquires, m.acquireSeconds, m.tasks, m.launches, m.launchFailures, m.reaped, m.orphans} {
+	for _, c := range []prometheus.Collector{
+		m.acquires, m.acquireSeconds, m.tasks, m.launches, m.launchFailures, m.reaped, m.orphans,
+		m.lockAttempts, m.lockHeld, m.lockedPasses,
+	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

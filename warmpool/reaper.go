@@ -12,12 +12,17 @@ import (
 	"github.com/quarryhq/quarry/providers"
 )
 
-// reapBatch bounds how many expired leases one reaper pass ends.
-const reapBatch = 500
+const (
+	// reapBatch bounds how many expired leases one reaper pass ends.
+	reapBatch = 500
+	// purgeInterval is how often the reaper purges ended leases past their
+	// retention (hours): every pass would read the store for nothing.
+	purgeInterval = time.Minute
+)
 
 // reap ends active leases whose expiry passed (conditionally, so that a
-// heartbeat that just arrived wins), stops their tasks, and purges ended
-// leases older than the retention.
+// heartbeat that just arrived wins), stops their tasks, and, at most every
+// purgeInterval, purges ended leases older than the retention.
 func (m *Manager) reap(ctx context.Context) {
 	now := m.clock.Now()
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
@@ -31,7 +36,9 @@ func (m *Manager) reap(ctx context.Context) {
 	for _, l := range expired {
 		g.Go(func() error {
 			sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+			done := m.cache.writeLease(l.ID)
 			ended, err := m.store.EndLease(sctx, l.ID, LeaseEnd{State: LeaseExpired, Reason: "not renewed before it expired", Now: now, OnlyIfExpired: true})
+			done()
 			cancel()
 			switch {
 			case errors.Is(err, ErrConflict) || errors.Is(err, ErrLeaseEnded) || errors.Is(err, ErrNotFound):
@@ -50,6 +57,10 @@ func (m *Manager) reap(ctx context.Context) {
 	}
 	_ = g.Wait() // the functions return nil
 
+	if now.Sub(m.lastPurge) < purgeInterval {
+		return
+	}
+	m.lastPurge = now
 	sctx, cancel = context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	n, err := m.store.PurgeLeases(sctx, now.Add(-m.cfg.LeaseRetention))
 	cancel()
@@ -136,9 +147,8 @@ func (m *Manager) sweepOrphans(ctx context.Context) {
 // isOrphan reports whether a provider task is this gateway's, running,
 // older than the grace period and unknown to the store.
 func (m *Manager) isOrphan(t providers.Task, known map[string]bool, now time.Time) bool {
-	if t.State == providers.TaskStopped {
-		return false
-	}
+	// A stopped task is an orphan too: its remains (an exited container, a
+	// task directory) are what Stop removes.
 	if v, ok := t.Labels[providers.LabelManaged]; ok && v != "true" {
 		return false
 	}

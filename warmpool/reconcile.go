@@ -22,24 +22,54 @@ const (
 	// readyPollMax is the longest pause between health checks of a
 	// starting agent (they start at 10 ms and double).
 	readyPollMax = 500 * time.Millisecond
+	// refillGap is the shortest time between two refills that wake-ups
+	// (not the ticker) start in one pool: a busy pool's acquires wake the
+	// reconciler on every call, and each refill reads the pool's tasks (on
+	// DynamoDB a query per shard), so a busy pool is refilled at most once
+	// a second besides its passes. (A launch takes longer than that.)
+	refillGap = time.Second
 )
 
 // reconcileLoop reconciles p now and every ReconcileInterval until ctx
-// ends. Being woken (after an acquire, or when a task became ready) only
-// refills: the full pass describes every task, which is too much work to
-// repeat on every acquire of a busy pool.
+// ends, on the replica that holds the pool's lock (the others only try to
+// take it on each tick, so one replica takes over when the holder dies and
+// its lock expires). Being woken (after an acquire, or when a task became
+// ready) only refills, at most every refillGap, and only on the holder:
+// the full pass describes every task, which is too much work to repeat on
+// every acquire of a busy pool.
 func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
+	lock := lockPoolPrefix + p.cfg.Name
+	pass := m.locked(lock, m.cfg.ReconcileInterval, func(ctx context.Context) { m.reconcile(ctx, p) })
 	t := time.NewTicker(m.cfg.ReconcileInterval)
 	defer t.Stop()
-	m.reconcile(ctx, p)
+	pass(ctx)
+	lastRefill := time.Now()
+	var putOff <-chan time.Time // a wake-up's refill, put off until refillGap has passed
+	refill := func() {
+		putOff, lastRefill = nil, time.Now()
+		if m.holdLock(ctx, lock, m.cfg.ReconcileInterval) {
+			m.refill(ctx, p, nil)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			m.reconcile(ctx, p)
+			pass(ctx) // it refills too
+			putOff, lastRefill = nil, time.Now()
 		case <-p.wake:
-			m.refill(ctx, p)
+			switch wait := time.Until(lastRefill.Add(refillGap)); {
+			case !m.holds(lock) || putOff != nil:
+				// The holder refills on its next pass (acquires here
+				// cold-start meanwhile), or a refill is due already.
+			case wait > 0:
+				putOff = time.After(wait)
+			default:
+				refill()
+			}
+		case <-putOff:
+			refill()
 		}
 	}
 }
@@ -82,7 +112,10 @@ func (m *Manager) reconcile(ctx context.Context, p *pool) {
 	stop = append(stop, dead...)
 	stop = append(stop, m.checkHealth(ctx, p, alive)...)
 	m.stopAll(ctx, stop)
-	m.refill(ctx, p)
+	if len(stop) > 0 {
+		tasks = nil // slots were freed: count afresh
+	}
+	m.refill(ctx, p, tasks)
 }
 
 // listTasks reads a pool's tasks with the store timeout.
@@ -166,7 +199,9 @@ func (m *Manager) taskDied(ctx context.Context, p *pool, r TaskRecord, reason st
 	}
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	defer cancel()
+	done := m.cache.writeLease(r.LeaseID)
 	_, err := m.store.EndLease(sctx, r.LeaseID, LeaseEnd{State: LeaseLost, Reason: reason, Now: m.clock.Now()})
+	done()
 	if err != nil {
 		if !errors.Is(err, ErrLeaseEnded) && !errors.Is(err, ErrNotFound) {
 			p.log.Warn("end the lease of a dead task", "task", r.ID, "lease", r.LeaseID, "err", err)
@@ -268,16 +303,20 @@ func (m *Manager) stopAll(ctx context.Context, recs []TaskRecord) {
 	_ = g.Wait() // the functions return nil
 }
 
-// refill reserves and launches tasks until ready + launching >= min_warm.
-// ReserveTasks decides atomically, so max_total holds however many
-// reconcilers race; the launches run in the background.
-func (m *Manager) refill(ctx context.Context, p *pool) {
-	tasks, err := m.listTasks(ctx, p.cfg.Name)
-	if err != nil {
-		if ctx.Err() == nil {
-			p.log.Warn("refill: read tasks", "err", err)
+// refill reserves and launches tasks until ready + launching >= min_warm,
+// counting tasks (the pool's records as just read by the caller, or read
+// here when nil). ReserveTasks decides atomically, so max_total holds
+// however many reconcilers race, and a stale count only delays a launch to
+// the next pass; the launches run in the background.
+func (m *Manager) refill(ctx context.Context, p *pool, tasks []TaskRecord) {
+	if tasks == nil {
+		var err error
+		if tasks, err = m.listTasks(ctx, p.cfg.Name); err != nil {
+			if ctx.Err() == nil {
+				p.log.Warn("refill: read tasks", "err", err)
+			}
+			return
 		}
-		return
 	}
 	c := countTasks(tasks)
 	m.metrics.setTaskCounts(p.cfg.Name, c)
@@ -290,7 +329,7 @@ func (m *Manager) refill(ctx context.Context, p *pool) {
 		recs[i] = m.newTaskRecord(p)
 	}
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-	err = m.store.ReserveTasks(sctx, p.cfg.Name, p.cfg.MaxTotal, recs)
+	err := m.store.ReserveTasks(sctx, p.cfg.Name, p.cfg.MaxTotal, recs)
 	cancel()
 	if err != nil {
 		if !errors.Is(err, ErrNoCapacity) && ctx.Err() == nil {
@@ -301,7 +340,7 @@ func (m *Manager) refill(ctx context.Context, p *pool) {
 	for i := range recs {
 		recs[i].Version = 1
 	}
-	if !m.goBackground(func(bg context.Context) { m.launchBatch(bg, p, recs) }) {
+	if !m.goBackground(CallerReconcile, func(bg context.Context) { m.launchBatch(bg, p, recs) }) {
 		for _, r := range recs { // closed meanwhile: nothing was launched
 			_ = m.store.DeleteTask(context.WithoutCancel(ctx), r.ID)
 		}

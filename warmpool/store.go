@@ -150,6 +150,23 @@ type LeaseFilter struct {
 	Limit         int
 }
 
+// Matches reports whether l passes every set field of f (Limit aside), so
+// that every store filters the same way.
+func (f LeaseFilter) Matches(l Lease) bool {
+	if f.Pool != "" && l.Pool != f.Pool || f.Owner != "" && l.Owner != f.Owner || f.State != "" && l.State != f.State {
+		return false
+	}
+	if !f.ExpiresBefore.IsZero() && (l.State != LeaseActive || !l.ExpiresAt.Before(f.ExpiresBefore)) {
+		return false
+	}
+	for k, v := range f.Labels {
+		if got, ok := l.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
 // TaskStore records the tasks of every pool. Implementations must be safe
 // for concurrent use by many goroutines and many gateway replicas.
 type TaskStore interface {
@@ -167,6 +184,16 @@ type TaskStore interface {
 	DeleteTask(ctx context.Context, id string) error
 	// ListTasks returns every task record of the pool ("" for all pools).
 	ListTasks(ctx context.Context, pool string) ([]TaskRecord, error)
+}
+
+// TaskGetter is an optional TaskStore capability, discovered by type
+// assertion: reading one task record by id. The manager uses it, when the
+// store has it, to find the task of a lease that ended (one read instead of
+// listing the pool's tasks, which on DynamoDB is a query per shard).
+type TaskGetter interface {
+	// GetTask returns the record of task id, read consistently.
+	// ErrNotFound when it does not exist.
+	GetTask(ctx context.Context, id string) (TaskRecord, error)
 }
 
 // LeaseStore records leases. Every ownership decision is a conditional write.

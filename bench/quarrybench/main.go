@@ -1,6 +1,9 @@
-// Command quarrybench measures Quarry end to end with real processes on loopback: the exec
-// agent alone, the gateway in front of it, warm acquires on the embedded store, and the agent's
-// idle memory. `make bench` runs it; docs/BENCHMARKS.md explains each number.
+// Command quarrybench measures Quarry end to end with real processes on loopback. Suite
+// "embedded" (the default): the exec agent alone, the gateway in front of it, warm acquires on
+// the embedded store, and the agent's idle memory. Suite "replicas": gateways on DynamoDB (the
+// AWS emulator or AWS_ENDPOINT_URL) beside the embedded store: raw PutItem, warm acquires, DynamoDB
+// requests per call, and acquires per second across three replicas (replicas.go). `make bench`
+// runs it; docs/BENCHMARKS.md explains each number.
 package main
 
 import (
@@ -26,6 +29,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/quarryhq/quarry/internal/stats"
 )
 
 func main() {
@@ -48,6 +53,8 @@ type options struct {
 	spawnRuns  int
 	sandboxes  int
 	warmRounds int
+	suite      string
+	replicas   replicaOptions
 }
 
 func run(ctx context.Context) error {
@@ -62,7 +69,12 @@ func run(ctx context.Context) error {
 	flag.IntVar(&o.acquires, "acquires", 40, "warm acquires per round")
 	flag.IntVar(&o.warmRounds, "warm-rounds", 3, "rounds of warm acquires")
 	flag.BoolVar(&o.keepTmp, "keep", false, "keep the temporary data directory")
+	flag.StringVar(&o.suite, "suite", "embedded", "what to measure: embedded (one gateway, embedded store), replicas (DynamoDB: the AWS emulator or AWS_ENDPOINT_URL, three replicas), or all")
+	o.replicas.flags()
 	flag.Parse()
+	if o.suite != "embedded" && o.suite != "replicas" && o.suite != "all" {
+		return fmt.Errorf("-suite: want embedded, replicas or all, got %q", o.suite)
+	}
 
 	tmp, err := os.MkdirTemp("", "quarrybench-")
 	if err != nil {
@@ -150,16 +162,26 @@ func (b *bench) cleanup() {
 			_ = p.Process.Kill()
 		}
 	}
-	// Sandboxes outlive the gateway by design: stop the ones this run left.
-	files, _ := filepath.Glob(filepath.Join(b.tmp, "data", "process", "*", "task.json"))
+	// Sandboxes outlive the gateway by design: stop the ones this run left
+	// (in every data directory: the suites use several).
+	files, _ := filepath.Glob(filepath.Join(b.tmp, "*", "process", "*", "task.json"))
 	for _, f := range files {
-		var tf struct {
-			PID int `json:"pid"`
-		}
-		if data, err := os.ReadFile(f); err == nil && json.Unmarshal(data, &tf) == nil && tf.PID > 0 {
-			killSession(tf.PID)
+		if pid := recordedPID(f); pid > 0 {
+			killSession(pid)
 		}
 	}
+}
+
+// recordedPID returns the agent pid in a process provider task record
+// (task.json), or 0.
+func recordedPID(file string) int {
+	var tf struct {
+		PID int `json:"pid"`
+	}
+	if data, err := os.ReadFile(file); err == nil && json.Unmarshal(data, &tf) == nil {
+		return tf.PID
+	}
+	return 0
 }
 
 // cpuByComponent returns CPU time (µs, user+system) used so far by this process (the
@@ -169,11 +191,8 @@ func (b *bench) cpuByComponent(gatewayPID int) map[string]int64 {
 	files, _ := filepath.Glob(filepath.Join(b.tmp, "data", "process", "*", "task.json"))
 	agents := map[int]bool{}
 	for _, f := range files {
-		var tf struct {
-			PID int `json:"pid"`
-		}
-		if data, err := os.ReadFile(f); err == nil && json.Unmarshal(data, &tf) == nil && tf.PID > 0 {
-			agents[tf.PID] = true
+		if pid := recordedPID(f); pid > 0 {
+			agents[pid] = true
 		}
 	}
 	entries, _ := os.ReadDir("/proc")
@@ -236,7 +255,31 @@ func (b *bench) all(ctx context.Context) error {
 	}
 	agentBin := filepath.Join(bin, "execagent")
 	gatewayBin := filepath.Join(bin, "gateway")
+	if b.o.suite != "replicas" {
+		if err := b.embedded(ctx, gatewayBin, agentBin); err != nil {
+			return err
+		}
+	}
+	if b.o.suite != "embedded" {
+		if err := b.replicaSuite(ctx, gatewayBin, agentBin); err != nil {
+			return err
+		}
+	}
+	if b.o.out != "" {
+		data, err := json.MarshalIndent(b.results, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(b.o.out, data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
+// embedded measures the agent alone, the gateway in front of it, and warm
+// acquires, on the embedded store.
+func (b *bench) embedded(ctx context.Context, gatewayBin, agentBin string) error {
 	// The agent alone.
 	direct, err := b.startAgent(ctx, agentBin)
 	if err != nil {
@@ -287,9 +330,9 @@ func (b *bench) all(ctx context.Context) error {
 		return fmt.Errorf("agent healthz: %w", err)
 	}
 	b.record("HTTP round trip to agent /healthz (floor)", "loopback HTTP between two processes, no shell",
-		"p50_us", pct(hl, 50), "p99_us", pct(hl, 99))
-	dp50, dp99 := pct(dl, 50), pct(dl, 99)
-	gp50, gp99 := pct(gl, 50), pct(gl, 99)
+		"p50_us", stats.Percentile(hl, 50), "p99_us", stats.Percentile(hl, 99))
+	dp50, dp99 := stats.Percentile(dl, 50), stats.Percentile(dl, 99)
+	gp50, gp99 := stats.Percentile(gl, 50), stats.Percentile(gl, 99)
 	b.record("session 'true' direct to agent", "", "p50_us", dp50, "p99_us", dp99)
 	b.record("session 'true' through gateway", "goal p50 <= 400us", "p50_us", gp50, "p99_us", gp99)
 	b.record("gateway overhead (session no-op)", "goal <= +100us p50, ratio <= 1.6",
@@ -300,8 +343,8 @@ func (b *bench) all(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("spawn exec: %w", err)
 	}
-	sp50 := pct(sp, 50)
-	b.record("one-shot exec 'true' (spawns bash), direct", "", "p50_us", sp50, "p99_us", pct(sp, 99))
+	sp50 := stats.Percentile(sp, 50)
+	b.record("one-shot exec 'true' (spawns bash), direct", "", "p50_us", sp50, "p99_us", stats.Percentile(sp, 99))
 	b.record("session run vs spawning bash", "goal >= 20x", "ratio_p50", float64(sp50)/float64(dp50))
 
 	// Throughput: many clients, each with its own session, spread over several sandboxes.
@@ -337,7 +380,7 @@ func (b *bench) all(ctx context.Context) error {
 	}
 	if dn > 0 {
 		b.record(fmt.Sprintf("session runs/s direct to one agent, %d clients", b.o.clients), "",
-			"runs_per_s", float64(dn)/b.o.duration.Seconds(), "p50_us", pct(dlat, 50), "p99_us", pct(dlat, 99),
+			"runs_per_s", float64(dn)/b.o.duration.Seconds(), "p50_us", stats.Percentile(dlat, 50), "p99_us", stats.Percentile(dlat, 99),
 			"agent_cpu_us_per_run", float64(cpuOf(direct.pid)-agentCPU)/float64(dn),
 			"client_cpu_us_per_run", float64(cpuOf(os.Getpid())-clientCPU)/float64(dn))
 	}
@@ -350,7 +393,7 @@ func (b *bench) all(ctx context.Context) error {
 	cpuAfter := b.cpuByComponent(gw.pid)
 	b.record(fmt.Sprintf("session runs/s through gateway, %d clients", b.o.clients),
 		"goal >= 10,000/s; client, gateway and agents share the machine",
-		"runs_per_s", float64(n)/b.o.duration.Seconds(), "p50_us", pct(lat, 50), "p99_us", pct(lat, 99))
+		"runs_per_s", float64(n)/b.o.duration.Seconds(), "p50_us", stats.Percentile(lat, 50), "p99_us", stats.Percentile(lat, 99))
 	if n > 0 {
 		per := func(k string) float64 { return float64(cpuAfter[k]-cpuBefore[k]) / float64(n) }
 		b.record("CPU per session run (64 clients)", "where the machine's time goes",
@@ -369,17 +412,7 @@ func (b *bench) all(ctx context.Context) error {
 			return err
 		}
 		b.record("warm acquire (POST /v1/sandboxes), pool "+pool.name, pool.note,
-			"p50_us", pct(acq, 50), "p99_us", pct(acq, 99), "samples", len(acq))
-	}
-
-	if b.o.out != "" {
-		data, err := json.MarshalIndent(b.results, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(b.o.out, data, 0o644); err != nil {
-			return err
-		}
+			"p50_us", stats.Percentile(acq, 50), "p99_us", stats.Percentile(acq, 99), "samples", len(acq))
 	}
 	return nil
 }
@@ -431,19 +464,6 @@ func throughput(ctx context.Context, d time.Duration, sessions []*session, hc *h
 	}
 	wg.Wait()
 	return count.Load(), lat, firstErr
-}
-
-func pct(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := (len(s)*p + 99) / 100
-	if i > 0 {
-		i--
-	}
-	return s[i]
 }
 
 func vmRSS(pid int) (int64, error) {
@@ -543,7 +563,10 @@ func (e *endpoint) exec(ctx context.Context, hc *http.Client, cmd string) error 
 	return nil
 }
 
-type gateway struct{ endpoint }
+type gateway struct {
+	endpoint
+	cmd *exec.Cmd
+}
 
 func (g *gateway) createSandbox(ctx context.Context, hc *http.Client) (string, error) {
 	return g.createSandboxIn(ctx, hc, "bench")
@@ -578,7 +601,7 @@ func (g *gateway) acquireRounds(ctx context.Context, hc *http.Client, pool strin
 			ids = append(ids, id)
 		}
 		for _, id := range ids {
-			if err := g.release(ctx, hc, id); err != nil {
+			if err := g.releaseAny(ctx, hc, id); err != nil {
 				return nil, err
 			}
 		}
@@ -617,10 +640,10 @@ func (g *gateway) waitReady(ctx context.Context, hc *http.Client, pool string, n
 				return nil
 			}
 		}
-		select {
+		select { // GET /v1/pools reads every pool's tasks from the store: poll gently
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 	return fmt.Errorf("pool %s did not reach %d ready tasks in 2 minutes", pool, n)
@@ -672,10 +695,6 @@ func (b *bench) startAgent(ctx context.Context, path string) (*endpoint, error) 
 }
 
 func (b *bench) startGateway(ctx context.Context, gatewayBin, agentBin string) (*gateway, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
 	pools := fmt.Sprintf(`pools:
   - name: bench
     provider: process
@@ -693,29 +712,55 @@ func (b *bench) startGateway(ctx context.Context, gatewayBin, agentBin string) (
     min_warm: %d
     max_total: %d
 `, b.o.sandboxes, b.o.sandboxes*2+4, b.o.acquires, b.o.acquires, b.o.acquires, b.o.acquires*3)
-	poolsFile := filepath.Join(b.tmp, "pools.yaml")
-	if err := os.WriteFile(poolsFile, []byte(pools), 0o644); err != nil {
+	g, err := b.launchGateway(gatewaySpec{bin: gatewayBin, agentBin: agentBin, name: "gateway", dataDir: filepath.Join(b.tmp, "data"), pools: pools})
+	if err != nil {
 		return nil, err
 	}
-	key := "bench-api-key-0123456789"
-	cmd := exec.Command(gatewayBin)
-	cmd.Env = append(os.Environ(), "QUARRY_ADDR="+addr, "QUARRY_API_KEYS="+key,
-		"QUARRY_DATA_DIR="+filepath.Join(b.tmp, "data"), "QUARRY_POOLS_FILE="+poolsFile,
-		"QUARRY_AGENT_BINARY="+agentBin, "QUARRY_LOG_LEVEL=warn")
-	if err := b.start(cmd, "gateway.log"); err != nil {
+	return g, g.waitReady(ctx, b.http, "bench", b.o.sandboxes)
+}
+
+// gatewaySpec is one gateway process to start.
+type gatewaySpec struct {
+	bin, agentBin string
+	name          string   // log file name (name.log) and pools file (name-pools.yaml)
+	dataDir       string   // QUARRY_DATA_DIR; replicas share one
+	pools         string   // the pools file
+	env           []string // more QUARRY_* (and AWS_*) settings
+}
+
+// benchKey is the API key of every gateway the benchmarks start.
+const benchKey = "bench-api-key-0123456789"
+
+// launchGateway starts a gateway on a free loopback port and waits until it
+// answers /healthz (not until its pools are ready).
+func (b *bench) launchGateway(spec gatewaySpec) (*gateway, error) {
+	addr, err := freeAddr()
+	if err != nil {
 		return nil, err
 	}
-	g := &gateway{endpoint{base: "http://" + addr, token: key, pid: cmd.Process.Pid}}
+	poolsFile := filepath.Join(b.tmp, spec.name+"-pools.yaml")
+	if err := os.WriteFile(poolsFile, []byte(spec.pools), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(spec.bin)
+	cmd.Env = append(os.Environ(), "QUARRY_ADDR="+addr, "QUARRY_API_KEYS="+benchKey,
+		"QUARRY_DATA_DIR="+spec.dataDir, "QUARRY_POOLS_FILE="+poolsFile,
+		"QUARRY_AGENT_BINARY="+spec.agentBin, "QUARRY_LOG_LEVEL=warn")
+	cmd.Env = append(cmd.Env, spec.env...)
+	if err := b.start(cmd, spec.name+".log"); err != nil {
+		return nil, err
+	}
+	g := &gateway{endpoint{base: "http://" + addr, token: benchKey, pid: cmd.Process.Pid}, cmd}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		resp, err := b.http.Get(g.base + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return g, g.waitReady(ctx, b.http, "bench", b.o.sandboxes)
+				return g, nil
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return nil, errors.New("gateway did not answer /healthz within 30 s")
+	return nil, fmt.Errorf("gateway %s did not answer /healthz within 30 s (log: %s)", spec.name, filepath.Join(b.tmp, spec.name+".log"))
 }

@@ -4,9 +4,18 @@
 // serves the REST API (package gateway) over HTTP, or HTTPS when
 // QUARRY_TLS_CERT_FILE and QUARRY_TLS_KEY_FILE are set.
 //
+// The lease store is the embedded one (QUARRY_STORE=embedded, one process)
+// or DynamoDB (QUARRY_STORE=dynamodb, dynamodb.go: any number of replicas
+// on the same tables), reached with the AWS SDK's standard configuration
+// (config.LoadDefaultConfig); every DynamoDB request is counted in
+// quarry_dynamodb_requests_total by operation and by the manager call it
+// serves. Replicas hold no state of their own: QUARRY_REPLICA_ID names
+// each one as the holder of the background-work locks.
+//
 // Without QUARRY_API_KEYS it generates a key once, saves it in
 // $QUARRY_DATA_DIR/api-key (mode 0600) and reuses it on every start. On
 // SIGINT or SIGTERM it stops accepting, finishes requests in flight (at most
-// QUARRY_SHUTDOWN_TIMEOUT) and closes the manager and the store; sandboxes
-// keep running, and the next start serves their leases again.
+// QUARRY_SHUTDOWN_TIMEOUT) and closes the manager (which hands its locks to
+// the other replicas) and the store; sandboxes keep running, and the next
+// start serves their leases again.
 package main

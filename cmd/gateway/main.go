@@ -9,12 +9,14 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -44,22 +46,23 @@ func main() {
 // QUARRY_ prefix (docs/CONFIG.md lists every variable). The embedded configs
 // carry their own variables.
 type Config struct {
-	Addr        string `envconfig:"ADDR" default:"127.0.0.1:8080"`
-	DataDir     string `envconfig:"DATA_DIR" default:".quarry"`
-	PoolsFile   string `envconfig:"POOLS_FILE"`
-	Provider    string `envconfig:"PROVIDER" default:"process"`
-	Store       string `envconfig:"STORE" default:"embedded"`
-	AgentBinary string `envconfig:"AGENT_BINARY"`
-	LogLevel    string `envconfig:"LOG_LEVEL" default:"info"`
-	TLSCertFile string `envconfig:"TLS_CERT_FILE"`
-	TLSKeyFile  string `envconfig:"TLS_KEY_FILE"`
+	Addr        string `envconfig:"QUARRY_ADDR" default:"127.0.0.1:8080"`
+	DataDir     string `envconfig:"QUARRY_DATA_DIR" default:".quarry"`
+	PoolsFile   string `envconfig:"QUARRY_POOLS_FILE"`
+	Provider    string `envconfig:"QUARRY_PROVIDER" default:"process"`
+	Store       string `envconfig:"QUARRY_STORE" default:"embedded"`
+	AgentBinary string `envconfig:"QUARRY_AGENT_BINARY"`
+	LogLevel    string `envconfig:"QUARRY_LOG_LEVEL" default:"info"`
+	TLSCertFile string `envconfig:"QUARRY_TLS_CERT_FILE"`
+	TLSKeyFile  string `envconfig:"QUARRY_TLS_KEY_FILE"`
 	// ShutdownTimeout bounds finishing in-flight requests on SIGINT/SIGTERM.
-	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s"`
+	ShutdownTimeout time.Duration `envconfig:"QUARRY_SHUTDOWN_TIMEOUT" default:"30s"`
 	// StartTimeout bounds the start of the manager (the store must answer).
-	StartTimeout time.Duration `envconfig:"START_TIMEOUT" default:"30s"`
+	StartTimeout time.Duration `envconfig:"QUARRY_START_TIMEOUT" default:"30s"`
 
 	GatewayConfig
 	ManagerConfig
+	DynamoConfig
 }
 
 // The embedded configurations, named so that their fields stay flat for
@@ -69,10 +72,20 @@ type (
 	ManagerConfig = warmpool.Config
 )
 
+// storeDeps are what a lease store opener may use besides the config.
+type storeDeps struct {
+	log     *slog.Logger
+	metrics prometheus.Registerer
+}
+
+// storeOpener opens one kind of lease store.
+type storeOpener func(ctx context.Context, cfg Config, deps storeDeps) (warmpool.Store, error)
+
 // storeOpeners returns the lease stores by QUARRY_STORE name.
-func storeOpeners() map[string]func(cfg Config) (warmpool.Store, error) {
-	return map[string]func(cfg Config) (warmpool.Store, error){
+func storeOpeners() map[string]storeOpener {
+	return map[string]storeOpener{
 		"embedded": openEmbeddedStore,
+		"dynamodb": openDynamoStore,
 	}
 }
 
@@ -81,7 +94,13 @@ func storeOpeners() map[string]func(cfg Config) (warmpool.Store, error) {
 func providerMakers() map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error) {
 	return map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error){
 		"process": newProcessProvider,
+		"docker":  makeDockerProvider,
 	}
+}
+
+// knownProviders lists the provider names for error messages.
+func knownProviders() string {
+	return strings.Join(slices.Sorted(maps.Keys(providerMakers())), ", ")
 }
 
 // Validate checks the values envconfig could parse and names the variable of
@@ -94,10 +113,15 @@ func (c Config) Validate() error {
 		return errors.New("QUARRY_DATA_DIR: must not be empty")
 	}
 	if _, ok := storeOpeners()[c.Store]; !ok {
-		return fmt.Errorf("QUARRY_STORE: unknown store %q (known: embedded)", c.Store)
+		return fmt.Errorf("QUARRY_STORE: unknown store %q (known: embedded, dynamodb)", c.Store)
+	}
+	if c.Store == "dynamodb" {
+		if err := c.validateDynamo(); err != nil {
+			return err
+		}
 	}
 	if _, ok := providerMakers()[c.Provider]; !ok {
-		return fmt.Errorf("QUARRY_PROVIDER: unknown provider %q (known: process)", c.Provider)
+		return fmt.Errorf("QUARRY_PROVIDER: unknown provider %q (known: %s)", c.Provider, knownProviders())
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return err
@@ -128,9 +152,10 @@ func parseLevel(s string) (slog.Level, error) {
 // out once serving: the URL and where the API key is.
 func run(ctx context.Context, out io.Writer) error {
 	var cfg Config
-	if err := envconfig.Process("QUARRY", &cfg); err != nil {
+	if err := envconfig.Process("", &cfg); err != nil {
 		return fmt.Errorf("read QUARRY_* configuration: %w", err)
 	}
+	cfg.ManagerConfig = cfg.ManagerConfig.WithDefaults() // once: the default replica id is random
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -159,7 +184,11 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 
-	store, err := storeOpeners()[cfg.Store](cfg)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	openCtx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	store, err := storeOpeners()[cfg.Store](openCtx, cfg, storeDeps{log: log, metrics: reg})
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -174,15 +203,24 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	defer closeProviders(provs, log)
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	agentHTTP := &http.Client{
 		Timeout:   30 * time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
 	}
+	relay, closeRelay, err := newModelRelay(ctx, cfg.DataDir, cfg.Addr, pools, store, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := closeRelay(cctx); err != nil {
+			log.Error("close model relay", "err", err)
+		}
+	}()
 	mgr, err := warmpool.New(cfg.ManagerConfig.WithDefaults(), warmpool.Deps{
 		Store: store, Providers: provs, Pools: pools, Agents: warmpool.NewHTTPAgents(agentHTTP),
-		Logger: log, Metrics: reg,
+		Logger: log, Metrics: reg, LeaseEnv: relay.LeaseEnv,
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
@@ -201,7 +239,7 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 	}()
 
-	gw, err := gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg})
+	gw, err := gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg, Model: relay})
 	if err != nil {
 		return err
 	}
@@ -296,7 +334,7 @@ func loadPools(cfg Config) ([]warmpool.PoolConfig, error) {
 			pools[i].Provider = cfg.Provider
 		}
 		if _, ok := providerMakers()[pools[i].Provider]; !ok {
-			return nil, fmt.Errorf("QUARRY_POOLS_FILE: pool %q: unknown provider %q (known: process)", pools[i].Name, pools[i].Provider)
+			return nil, fmt.Errorf("QUARRY_POOLS_FILE: pool %q: unknown provider %q (known: %s)", pools[i].Name, pools[i].Provider, knownProviders())
 		}
 	}
 	if err := warmpool.ValidatePools(pools); err != nil {
@@ -347,7 +385,7 @@ func closeProviders(provs map[string]providers.Provider, log *slog.Logger) {
 	}
 }
 
-func openEmbeddedStore(cfg Config) (warmpool.Store, error) {
+func openEmbeddedStore(_ context.Context, cfg Config, _ storeDeps) (warmpool.Store, error) {
 	path := filepath.Join(cfg.DataDir, "quarry.db")
 	s, err := boltstore.Open(path, boltstore.Options{})
 	if err != nil {

@@ -35,12 +35,20 @@ func TestConfig_ValidateNamesTheVariable(t *testing.T) {
 		{name: "valid", mutate: func(*Config) {}, want: ""},
 		{name: "bad addr", mutate: func(c *Config) { c.Addr = "8080" }, want: "QUARRY_ADDR"},
 		{name: "empty data dir", mutate: func(c *Config) { c.DataDir = "" }, want: "QUARRY_DATA_DIR"},
-		{name: "unknown store", mutate: func(c *Config) { c.Store = "mysql" }, want: "QUARRY_STORE"},
+		{name: "unknown store", mutate: func(c *Config) { c.Store = "mysql" }, want: "QUARRY_STORE: unknown store \"mysql\" (known: embedded, dynamodb)"},
 		{name: "unknown provider", mutate: func(c *Config) { c.Provider = "vm" }, want: "QUARRY_PROVIDER"},
 		{name: "bad log level", mutate: func(c *Config) { c.LogLevel = "loud" }, want: "QUARRY_LOG_LEVEL"},
 		{name: "cert without key", mutate: func(c *Config) { c.TLSCertFile = "c.pem" }, want: "QUARRY_TLS_CERT_FILE"},
 		{name: "zero shutdown", mutate: func(c *Config) { c.ShutdownTimeout = 0 }, want: "QUARRY_SHUTDOWN_TIMEOUT"},
 		{name: "manager config", mutate: func(c *Config) { c.ReapInterval = -time.Second }, want: "QUARRY_REAP_INTERVAL"},
+		{name: "dynamodb defaults", mutate: func(c *Config) { c.Store = "dynamodb" }, want: ""},
+		{name: "dynamodb named tables", mutate: func(c *Config) { c.Store, c.TasksTable, c.LeasesTable = "dynamodb", "t-tasks", "t-leases" }, want: ""},
+		{name: "dynamodb bad table name", mutate: func(c *Config) { c.Store, c.TasksTable = "dynamodb", "a b" }, want: "QUARRY_DYNAMODB_TASKS_TABLE"},
+		{name: "dynamodb one table for both", mutate: func(c *Config) { c.Store, c.TasksTable, c.LeasesTable = "dynamodb", "same", "same" }, want: "QUARRY_DYNAMODB_LEASES_TABLE"},
+		{name: "dynamodb too many shards", mutate: func(c *Config) { c.Store, c.Shards = "dynamodb", 65 }, want: "QUARRY_DYNAMODB_SHARDS"},
+		{name: "dynamodb ended leases gone before their retention", mutate: func(c *Config) { c.Store, c.EndedTTL = "dynamodb", time.Hour }, want: "QUARRY_DYNAMODB_ENDED_TTL"},
+		{name: "dynamodb settings unused by the embedded store", mutate: func(c *Config) { c.Shards = 65 }, want: ""},
+		{name: "bad replica id", mutate: func(c *Config) { c.ReplicaID = "gw 1" }, want: "QUARRY_REPLICA_ID"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -46,11 +46,13 @@ func exitCode(err error, stderr io.Writer) int {
 	return 1
 }
 
-// cli is one invocation: its streams and the gateway it talks to.
+// cli is one invocation: its streams, the gateway it talks to, and the
+// environment (getenv) for the settings of `quarry tables`.
 type cli struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	url, apiKey    string
+	getenv         func(string) string
 }
 
 // command is one subcommand.
@@ -64,6 +66,7 @@ const topUsage = `usage: quarry [--url URL] [--api-key KEY] <command> [args]
 commands:
   sandbox create|ls|get|heartbeat|exec|shell|cp|rm   work with sandboxes (quarry sandbox -h)
   pools                                              list the pools and their counts
+  tables create|delete                               the DynamoDB lease store's tables (quarry tables -h)
 
 QUARRY_URL (default ` + defaultURL + `) and QUARRY_API_KEY set the gateway and the key;
 --url and --api-key (accepted by every command) override them.
@@ -71,7 +74,7 @@ QUARRY_URL (default ` + defaultURL + `) and QUARRY_API_KEY set the gateway and t
 
 // run is the whole CLI; main only adds signals and the exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, url: os.Getenv("QUARRY_URL"), apiKey: os.Getenv("QUARRY_API_KEY")}
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, url: os.Getenv("QUARRY_URL"), apiKey: os.Getenv("QUARRY_API_KEY"), getenv: os.Getenv}
 	if c.url == "" {
 		c.url = defaultURL
 	}
@@ -97,6 +100,8 @@ func (c *cli) top(ctx context.Context, args []string) error {
 		return c.dispatch(ctx, "quarry sandbox", sandboxCommands(), pos[1:])
 	case "pools":
 		return c.dispatch(ctx, "quarry", []command{poolsCommand()}, pos)
+	case "tables":
+		return c.dispatch(ctx, "quarry tables", tablesCommands(), pos[1:])
 	case "help":
 		_, err := io.WriteString(c.stdout, topUsage)
 		return err

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRelayConfig_Validate_NamesTheVariable(t *testing.T) {
+	ok := RelayConfig{Broker: "memory", Retention: 1, MemoryMaxBytes: 1, DynamoAwaitPoll: 1, DynamoClaimPollMax: 1}
+	tests := []struct {
+		name   string
+		mutate func(*RelayConfig)
+		want   string
+	}{
+		{name: "defaults", mutate: func(*RelayConfig) {}},
+		{name: "unknown broker", mutate: func(c *RelayConfig) { c.Broker = "redis" }, want: "QUARRY_RELAY_BROKER"},
+		{name: "dynamodb needs a shared secret", mutate: func(c *RelayConfig) { c.Broker = "dynamodb" }, want: "QUARRY_RELAY_SECRET"},
+		{name: "short secret", mutate: func(c *RelayConfig) { c.Secret = "short" }, want: "QUARRY_RELAY_SECRET"},
+		{name: "retention", mutate: func(c *RelayConfig) { c.Retention = 0 }, want: "QUARRY_RELAY_RETENTION"},
+		{name: "memory bound", mutate: func(c *RelayConfig) { c.MemoryMaxBytes = 0 }, want: "QUARRY_RELAY_MEMORY_MAX_BYTES"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.mutate(&c)
+			err := c.Validate()
+			if tc.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestSandboxURL_FromTheListenAddress(t *testing.T) {
+	tests := []struct{ addr, want string }{
+		{"127.0.0.1:8080", "http://127.0.0.1:8080"},
+		{"0.0.0.0:9000", "http://127.0.0.1:9000"},
+		{":7000", "http://127.0.0.1:7000"},
+		{"[::]:7000", "http://127.0.0.1:7000"},
+		{"10.0.0.5:8080", "http://10.0.0.5:8080"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.addr, func(t *testing.T) {
+			got, err := sandboxURL(tc.addr)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+	_, err := sandboxURL("8080")
+	assert.Error(t, err)
+}
+
+func TestLoadOrCreateRelaySecret_GeneratesOnceThenReuses(t *testing.T) {
+	dir := t.TempDir()
+	first, err := loadOrCreateRelaySecret(dir)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, len(first), 32)
+	st, err := os.Stat(filepath.Join(dir, relaySecretFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	again, err := loadOrCreateRelaySecret(dir)
+	require.NoError(t, err)
+	assert.Equal(t, first, again)
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, relaySecretFile), []byte(strings.Repeat("x", 5)), 0o600))
+	_, err = loadOrCreateRelaySecret(dir)
+	assert.ErrorContains(t, err, "QUARRY_RELAY_SECRET")
+}

@@ -1,0 +1,471 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/bytebufferpool"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/modelservice"
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// Model relay routes (docs/MODELSERVICE.md). The sandbox side authenticates
+// with the lease's relay token, the trainer side with an API key.
+
+// headerRequestID carries the relay's request id on answers to agents.
+const headerRequestID = "X-Quarry-Request-Id"
+
+// disconnectPoll is how often a waiting relay call checks whether its agent
+// is still connected.
+const disconnectPoll = 250 * time.Millisecond
+
+// errRelayOff answers the relay routes of a gateway built without a model
+// relay.
+var errRelayOff = &apiError{Status: http.StatusNotFound, Code: agentapi.CodeNotFound,
+	Message: "the model relay is not configured on this gateway"}
+
+// errAgentLeft is the cause of a relay call's context when its agent
+// disconnected.
+var errAgentLeft = errors.New("the agent disconnected")
+
+// relayLease authenticates a sandbox-side relay call by its relay token and
+// returns its active lease.
+func (g *Gateway) relayLease(c *fiber.Ctx) (warmpool.Lease, error) {
+	if g.model == nil {
+		return warmpool.Lease{}, errRelayOff
+	}
+	id, err := pathID(c, "id")
+	if err != nil {
+		return warmpool.Lease{}, err
+	}
+	token, err := bearer(c)
+	if err != nil {
+		return warmpool.Lease{}, err
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	lease, err := g.model.Lease(ctx, id, token)
+	if err != nil {
+		return lease, &sandboxError{ID: id, Err: err}
+	}
+	if gone := g.leaseGone(lease); gone != nil {
+		return lease, &sandboxError{ID: id, Err: gone}
+	}
+	return lease, nil
+}
+
+// bearer returns the bearer token of c (401 when there is none).
+func bearer(c *fiber.Ctx) (string, error) {
+	h := c.Request().Header.Peek(fiber.HeaderAuthorization)
+	if len(h) == 0 {
+		return "", unauthorized("missing relay token: send Authorization: Bearer $OPENAI_API_KEY")
+	}
+	if len(h) < len(bearerPrefix) || !bytes.EqualFold(h[:len(bearerPrefix)], bearerPrefix) {
+		return "", unauthorized("malformed Authorization header: expected Bearer <relay token>")
+	}
+	tok := bytes.TrimSpace(h[len(bearerPrefix):])
+	if len(tok) == 0 || len(tok) > maxAPIKeyLen {
+		return "", modelservice.ErrBadToken
+	}
+	return string(tok), nil
+}
+
+// modelCall handles POST /v1/sandboxes/{id}/model/v1/{route}: the agent's
+// OpenAI call, queued for the trainer (or forwarded to the upstream) and
+// answered when the answer arrives.
+func (g *Gateway) modelCall(route string) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		lease, err := g.relayLease(c)
+		if err != nil {
+			return err
+		}
+		bb, err := readBody(c, g.cfg.MaxJSONBody)
+		if err != nil {
+			return err
+		}
+		body := slices.Clone(bb.B)
+		bytebufferpool.Put(bb)
+		upstream, key, err := g.model.Upstream(lease)
+		if err != nil {
+			return &sandboxError{ID: lease.ID, Err: err}
+		}
+		ctx, stop := g.watchAgent(c)
+		defer stop()
+		if upstream != "" {
+			return g.forwardModel(c, ctx, lease, fiber.MethodPost, route, body, upstream, key)
+		}
+		resp, rid, err := g.model.Relay(ctx, lease, route, body)
+		if err != nil {
+			if context.Cause(ctx) == errAgentLeft {
+				return agentLeft(c)
+			}
+			return &sandboxError{ID: lease.ID, Err: err}
+		}
+		c.Set(headerRequestID, rid)
+		c.Set(fiber.HeaderContentType, resp.ContentType)
+		if resp.ContentType == modelservice.ContentTypeSSE {
+			c.Set(fiber.HeaderCacheControl, "no-cache")
+		}
+		c.Status(resp.Status)
+		c.Response().SetBodyRaw(resp.Body)
+		return nil
+	}
+}
+
+// agentLeft ends a relay call whose agent went away: nobody reads the
+// answer, and the connection is closed.
+func agentLeft(c *fiber.Ctx) error {
+	c.Status(499)
+	c.Response().SetConnectionClose()
+	return nil
+}
+
+// modelModels handles GET /v1/sandboxes/{id}/model/v1/models.
+func (g *Gateway) modelModels(c *fiber.Ctx) error {
+	lease, err := g.relayLease(c)
+	if err != nil {
+		return err
+	}
+	upstream, key, err := g.model.Upstream(lease)
+	if err != nil {
+		return &sandboxError{ID: lease.ID, Err: err}
+	}
+	if upstream != "" {
+		ctx, stop := g.watchAgent(c)
+		defer stop()
+		return g.forwardModel(c, ctx, lease, fiber.MethodGet, "models", nil, upstream, key)
+	}
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Send(g.model.Models(lease))
+}
+
+// forwardModel streams an upstream's answer to the agent as it arrives,
+// flushing every read, and records the exchange when the stream ends.
+func (g *Gateway) forwardModel(c *fiber.Ctx, ctx context.Context, lease warmpool.Lease, method, route string, body []byte, upstream, key string) error {
+	fw, err := g.model.Forward(ctx, lease, method, route, body, upstream, key)
+	if err != nil {
+		if context.Cause(ctx) == errAgentLeft {
+			return agentLeft(c)
+		}
+		return &sandboxError{ID: lease.ID, Err: err}
+	}
+	c.Status(fw.Status)
+	if fw.ContentType != "" {
+		c.Set(fiber.HeaderContentType, fw.ContentType)
+	}
+	c.Set(headerRequestID, fw.ID())
+	c.Response().ImmediateHeaderFlush = true
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		buf := make([]byte, 32<<10)
+		var werr error
+		for {
+			n, rerr := fw.Read(buf)
+			if n > 0 {
+				if _, werr = w.Write(buf[:n]); werr == nil {
+					werr = w.Flush()
+				}
+				if werr != nil {
+					break
+				}
+			}
+			if rerr != nil {
+				break
+			}
+		}
+		fw.Finish(werr)
+	})
+	return nil
+}
+
+// watchAgent returns a context that ends (with cause errAgentLeft) when
+// the client of c closes its connection, and a stop function that ends the
+// watch and waits for it.
+func (g *Gateway) watchAgent(c *fiber.Ctx) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(c.UserContext())
+	conn := c.Context().Conn()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(disconnectPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if peerClosed(conn) {
+					cancel(errAgentLeft)
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() {
+		close(done)
+		wg.Wait()
+		cancel(nil)
+	}
+}
+
+// wireRequest is a claimed request as trainers receive it; its "body" is
+// spliced in verbatim.
+type wireRequest struct {
+	ID         string            `json:"id"`
+	SandboxID  string            `json:"sandbox_id"`
+	Pool       string            `json:"pool"`
+	Labels     map[string]string `json:"labels"`
+	Route      string            `json:"route"`
+	Stream     bool              `json:"stream"`
+	Attempt    int               `json:"attempt"`
+	ReceivedAt time.Time         `json:"received_at"`
+	Deadline   time.Time         `json:"deadline"`
+}
+
+func toWireRequest(r modelservice.Request) wireRequest {
+	labels := r.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	return wireRequest{ID: r.ID, SandboxID: r.LeaseID, Pool: r.Pool, Labels: labels, Route: r.Route,
+		Stream: r.Stream, Attempt: r.Attempt, ReceivedAt: r.ReceivedAt, Deadline: r.Deadline}
+}
+
+// claimModelRequests handles GET /v1/model/requests?wait_ms=&max=&pool=&label=k=v.
+func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
+	if g.model == nil {
+		return errRelayOff
+	}
+	args := c.Context().QueryArgs()
+	p := modelservice.ClaimParams{Max: 1}
+	if s := args.Peek("max"); len(s) > 0 {
+		n, err := strconv.Atoi(string(s))
+		if err != nil {
+			return warmpool.Invalid("max", "must be a whole number, got %q", s)
+		}
+		p.Max = n
+	}
+	if s := args.Peek("wait_ms"); len(s) > 0 {
+		n, err := strconv.ParseInt(string(s), 10, 64)
+		if err != nil || n < 0 || n > int64(time.Hour/time.Millisecond) {
+			return warmpool.Invalid("wait_ms", "must be a whole number of milliseconds, got %q", s)
+		}
+		p.Wait = time.Duration(n) * time.Millisecond
+	}
+	if s := string(args.Peek("pool")); s != "" {
+		if err := checkName(s); err != nil {
+			return warmpool.Invalid("pool", "%s", err.Error())
+		}
+		p.Pool = s
+	}
+	labels, err := labelFilter(args.PeekMulti("label"))
+	if err != nil {
+		return err
+	}
+	p.Labels = labels
+	ctx, stop := g.watchAgent(c)
+	defer stop()
+	reqs, err := g.model.Claim(ctx, ownerOf(c), p)
+	if err != nil {
+		return err
+	}
+	out := bytebufferpool.Get()
+	defer bytebufferpool.Put(out)
+	out.WriteString(`{"requests":[`)
+	for i, r := range reqs {
+		if i > 0 {
+			out.WriteByte(',')
+		}
+		if err := appendWithBody(out, toWireRequest(r), "body", r.Body); err != nil {
+			return err
+		}
+	}
+	out.WriteString("]}")
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Send(out.B)
+}
+
+// labelFilter parses repeated label=k=v query values.
+func labelFilter(vals [][]byte) (map[string]string, error) {
+	var labels map[string]string
+	for _, l := range vals {
+		k, v, ok := bytes.Cut(l, []byte("="))
+		if !ok || checkName(string(k)) != nil {
+			return nil, warmpool.Invalid("label", "must be key=value with a label key, got %q", l)
+		}
+		if labels == nil {
+			labels = make(map[string]string)
+		}
+		labels[string(k)] = string(v)
+	}
+	return labels, nil
+}
+
+// appendWithBody writes meta as a JSON object with one more member, key,
+// whose value is body verbatim when it is JSON (else a JSON string).
+func appendWithBody(out *bytebufferpool.ByteBuffer, meta any, key string, body []byte) error {
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return err
+	}
+	out.Write(b[:len(b)-1])
+	if len(b) > 2 {
+		out.WriteByte(',')
+	}
+	kb, _ := json.Marshal(key)
+	out.Write(kb)
+	out.WriteByte(':')
+	if len(bytes.TrimSpace(body)) > 0 && json.Valid(body) {
+		out.Write(body)
+	} else {
+		sb, _ := json.Marshal(string(body))
+		out.Write(sb)
+	}
+	out.WriteByte('}')
+	return nil
+}
+
+// answerModelRequest handles POST /v1/model/requests/{rid}/response?status=.
+func (g *Gateway) answerModelRequest(c *fiber.Ctx) error {
+	if g.model == nil {
+		return errRelayOff
+	}
+	rid, err := pathID(c, "rid")
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if s := c.Context().QueryArgs().Peek("status"); len(s) > 0 {
+		if status, err = strconv.Atoi(string(s)); err != nil {
+			return warmpool.Invalid("status", "must be an HTTP status, got %q", s)
+		}
+	}
+	ct := string(c.Request().Header.ContentType())
+	if i := bytes.IndexByte([]byte(ct), ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	ct = string(bytes.TrimSpace([]byte(ct)))
+	if ct == "" {
+		ct = modelservice.ContentTypeJSON
+	}
+	bb, err := readBody(c, g.cfg.MaxJSONBody)
+	if err != nil {
+		return err
+	}
+	body := slices.Clone(bb.B)
+	bytebufferpool.Put(bb)
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	if err := g.model.Respond(ctx, ownerOf(c), rid, status, ct, body); err != nil {
+		return err
+	}
+	return c.JSON(fiber.Map{"id": rid, "state": modelservice.StateAnswered})
+}
+
+// wireExchange is one transcript entry; "request" and "response.body" are
+// spliced in verbatim.
+type wireExchange struct {
+	wireRequest
+	State     modelservice.State `json:"state"`
+	Reason    string             `json:"reason,omitempty"`
+	Upstream  string             `json:"upstream,omitempty"`
+	ClaimedAt time.Time          `json:"claimed_at,omitzero"`
+	EndedAt   time.Time          `json:"ended_at,omitzero"`
+	LatencyMS *int64             `json:"latency_ms,omitempty"`
+	Truncated bool               `json:"truncated,omitempty"`
+}
+
+type wireResponse struct {
+	Status      int       `json:"status"`
+	ContentType string    `json:"content_type"`
+	AnsweredAt  time.Time `json:"answered_at"`
+}
+
+// modelTranscript handles GET /v1/sandboxes/{id}/model/transcript?after=&limit=.
+func (g *Gateway) modelTranscript(c *fiber.Ctx) error {
+	if g.model == nil {
+		return errRelayOff
+	}
+	id, err := pathID(c, "id")
+	if err != nil {
+		return err
+	}
+	args := c.Context().QueryArgs()
+	limit := 0
+	if s := args.Peek("limit"); len(s) > 0 {
+		if limit, err = strconv.Atoi(string(s)); err != nil || limit < 1 {
+			return warmpool.Invalid("limit", "must be a positive whole number, got %q", s)
+		}
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+	defer cancel()
+	owner := ownerOf(c)
+	if _, err := g.mgr.Get(ctx, id, owner); err != nil {
+		return &sandboxError{ID: id, Err: err}
+	}
+	page, more, err := g.model.Transcript(ctx, id, owner, string(args.Peek("after")), limit)
+	if err != nil {
+		return err
+	}
+	out := bytebufferpool.Get()
+	defer bytebufferpool.Put(out)
+	out.WriteString(`{"sandbox_id":`)
+	idJSON, _ := json.Marshal(id)
+	out.Write(idJSON)
+	out.WriteString(`,"exchanges":[`)
+	for i, ex := range page {
+		if i > 0 {
+			out.WriteByte(',')
+		}
+		if err := appendExchange(out, ex); err != nil {
+			return err
+		}
+	}
+	out.WriteString("]")
+	if more && len(page) > 0 {
+		out.WriteString(`,"next_after":`)
+		nb, _ := json.Marshal(page[len(page)-1].ID)
+		out.Write(nb)
+	}
+	out.WriteString("}")
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Send(out.B)
+}
+
+// appendExchange writes one transcript entry.
+func appendExchange(out *bytebufferpool.ByteBuffer, ex modelservice.Exchange) error {
+	w := wireExchange{wireRequest: toWireRequest(ex.Request), State: ex.State, Reason: ex.Reason,
+		Upstream: ex.Upstream, ClaimedAt: ex.ClaimedAt, EndedAt: ex.EndedAt, Truncated: ex.Truncated}
+	if !ex.EndedAt.IsZero() {
+		ms := ex.EndedAt.Sub(ex.ReceivedAt).Milliseconds()
+		w.LatencyMS = &ms
+	}
+	var tail bytebufferpool.ByteBuffer
+	if ex.Response != nil {
+		r := ex.Response
+		tail.WriteString(`,"response":`)
+		if err := appendWithBody(&tail, wireResponse{Status: r.Status, ContentType: r.ContentType, AnsweredAt: r.AnsweredAt}, "body", r.Body); err != nil {
+			return err
+		}
+	}
+	var head bytebufferpool.ByteBuffer
+	if err := appendWithBody(&head, w, "request", ex.Body); err != nil {
+		return err
+	}
+	out.Write(head.B[:len(head.B)-1])
+	out.Write(tail.B)
+	out.WriteByte('}')
+	return nil
+}

@@ -1,0 +1,242 @@
+package docker
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults applied by Config.WithDefaults.
+const (
+	DefaultHost      = "unix:///var/run/docker.sock"
+	DefaultGatewayID = "local"
+	DefaultUser      = "65534:65534"
+	DefaultWorkdir   = "/home/sandbox"
+	DefaultNetwork   = NetworkBridge
+	DefaultPidsLimit = 1024
+	// defaultWorkdirSizeMB sizes the work directory of a container without
+	// a memory limit when Config.WorkdirSizeMB is 0.
+	defaultWorkdirSizeMB     = 1024
+	DefaultStartTimeout      = 60 * time.Second
+	DefaultLaunchConcurrency = 4
+)
+
+// Network modes with a meaning of their own; any other value names a Docker
+// network the containers join (with the agent's port published as on the
+// bridge).
+const (
+	// NetworkBridge is Docker's default bridge network; the agent's port is
+	// published on 127.0.0.1 only.
+	NetworkBridge = "bridge"
+	// NetworkHost shares the host's network namespace: the agent listens on
+	// 127.0.0.1 at a port the provider picks, and the sandbox sees every
+	// host interface. Less isolated; use it when a sandbox needs the host's
+	// network.
+	NetworkHost = "host"
+)
+
+// Bounds checked by Validate and by the pool options.
+const (
+	minPidsLimit         = 16
+	maxPidsLimit         = 1 << 22
+	maxWorkdirSizeMB     = 1 << 20
+	maxLaunchConcurrency = 64
+	maxID                = 1<<31 - 1
+)
+
+// Config configures the Docker provider. The zero value of every field but
+// AgentBinary and TokenKeyFile is replaced by its default (WithDefaults).
+// Pools can override User, Workdir, Network and PidsLimit with options (see
+// the package README section in providers/README.md).
+type Config struct {
+	// Host is the Docker engine's endpoint, as DOCKER_HOST spells it
+	// ("unix:///var/run/docker.sock", "tcp://127.0.0.1:2375"). The engine
+	// must run on the gateway's host: the agent binary is bind-mounted from
+	// its file system.
+	Host string
+	// AgentBinary is the absolute path of the static exec agent
+	// (CGO_ENABLED=0) on the engine's host; it is bind-mounted read-only
+	// into every container. Required.
+	AgentBinary string
+	// TokenKeyFile holds the secret (64 hex characters) that agent tokens
+	// are derived from. New creates it (mode 0600, its directory 0700) when
+	// missing. Gateways that share containers must share the key. Required.
+	TokenKeyFile string
+	// GatewayID is attached to every container as providers.LabelGateway;
+	// List, Describe and Stop only see containers that carry it.
+	GatewayID string
+	// User is the numeric "uid" or "uid:gid" commands run as (default
+	// 65534:65534, nobody). "0" runs them as root (still without
+	// privileges beyond the capability set the provider keeps).
+	User string
+	// Workdir is the sandbox's working directory and HOME: a tmpfs owned by
+	// User, so that any image gets a writable home for its unprivileged user.
+	Workdir string
+	// WorkdirSizeMB bounds the work directory's tmpfs, in MiB. Its pages
+	// count against the container's memory limit; 0 sizes it as the pool's
+	// memory (1024 MiB for a pool without a memory limit).
+	WorkdirSizeMB int64
+	// Network is "bridge" (default), "host", or the name of an existing
+	// Docker network.
+	Network string
+	// PidsLimit bounds the processes of one container (default 1024).
+	PidsLimit int64
+	// StartTimeout bounds the launch of one container, from create until it
+	// runs with a known agent port.
+	StartTimeout time.Duration
+	// LaunchConcurrency bounds how many containers one Launch call creates
+	// and starts at once (1..64).
+	LaunchConcurrency int
+}
+
+// WithDefaults returns c with every unset field set to its default.
+func (c Config) WithDefaults() Config {
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&c.Host, DefaultHost)
+	def(&c.GatewayID, DefaultGatewayID)
+	def(&c.User, DefaultUser)
+	def(&c.Workdir, DefaultWorkdir)
+	def(&c.Network, DefaultNetwork)
+	if c.PidsLimit == 0 {
+		c.PidsLimit = DefaultPidsLimit
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.LaunchConcurrency == 0 {
+		c.LaunchConcurrency = DefaultLaunchConcurrency
+	}
+	return c
+}
+
+// Validate reports every invalid field of c (after defaults), each error
+// naming its field. It touches neither the file system nor the engine (New
+// does).
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if !strings.Contains(c.Host, "://") {
+		bad("Host", "want an endpoint such as %q, got %q", DefaultHost, c.Host)
+	}
+	switch {
+	case c.AgentBinary == "":
+		bad("AgentBinary", "must be set")
+	case !path.IsAbs(c.AgentBinary):
+		bad("AgentBinary", "must be an absolute path (the engine bind-mounts it), got %q", c.AgentBinary)
+	}
+	if c.TokenKeyFile == "" {
+		bad("TokenKeyFile", "must be set")
+	}
+	if c.GatewayID == "" {
+		bad("GatewayID", "must be set")
+	}
+	if _, _, err := parseUser(c.User); err != nil {
+		bad("User", "%v", err)
+	}
+	if err := checkWorkdir(c.Workdir); err != nil {
+		bad("Workdir", "%v", err)
+	}
+	if c.WorkdirSizeMB != 0 {
+		if err := checkWorkdirSize(c.WorkdirSizeMB); err != nil {
+			bad("WorkdirSizeMB", "%v", err)
+		}
+	}
+	if err := checkNetwork(c.Network); err != nil {
+		bad("Network", "%v", err)
+	}
+	if err := checkPidsLimit(c.PidsLimit); err != nil {
+		bad("PidsLimit", "%v", err)
+	}
+	if c.StartTimeout <= 0 {
+		bad("StartTimeout", "must be positive, got %s", c.StartTimeout)
+	}
+	if c.LaunchConcurrency < 1 || c.LaunchConcurrency > maxLaunchConcurrency {
+		bad("LaunchConcurrency", "must be between 1 and %d, got %d", maxLaunchConcurrency, c.LaunchConcurrency)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("docker provider config: %w", err)
+	}
+	return nil
+}
+
+// parseUser parses a numeric "uid" or "uid:gid" (gid defaults to uid).
+// Names are refused: the work directory is mounted owned by the user before
+// the image's /etc/passwd could say who a name is.
+func parseUser(s string) (uid, gid int, err error) {
+	u, g, hasGID := strings.Cut(s, ":")
+	uid, err = parseID(u)
+	if err != nil {
+		return 0, 0, fmt.Errorf("want a numeric uid or uid:gid, got %q", s)
+	}
+	gid = uid
+	if hasGID {
+		if gid, err = parseID(g); err != nil {
+			return 0, 0, fmt.Errorf("want a numeric uid or uid:gid, got %q", s)
+		}
+	}
+	return uid, gid, nil
+}
+
+func parseID(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > maxID || strconv.Itoa(n) != s {
+		return 0, errors.New("not an id")
+	}
+	return n, nil
+}
+
+// reservedDirs are where a work directory may not be: the provider's own
+// directory and the kernel's file systems.
+func reservedDirs() []string { return []string{agentDir, "/proc", "/sys", "/dev"} }
+
+func checkWorkdir(dir string) error {
+	switch {
+	case !path.IsAbs(dir):
+		return fmt.Errorf("must be an absolute path, got %q", dir)
+	case path.Clean(dir) != dir:
+		return fmt.Errorf("must be a clean path (%q), got %q", path.Clean(dir), dir)
+	case dir == "/":
+		return errors.New("must not be /")
+	}
+	for _, r := range reservedDirs() {
+		if dir == r || strings.HasPrefix(dir, r+"/") {
+			return fmt.Errorf("must not be in %s, got %q", r, dir)
+		}
+	}
+	return nil
+}
+
+func checkWorkdirSize(mb int64) error {
+	if mb < 1 || mb > maxWorkdirSizeMB {
+		return fmt.Errorf("must be between 1 and %d MiB, got %d", maxWorkdirSizeMB, mb)
+	}
+	return nil
+}
+
+func checkNetwork(n string) error {
+	switch {
+	case n == "":
+		return errors.New("must be set (\"bridge\", \"host\" or a network name)")
+	case n == "none":
+		return errors.New("\"none\" leaves the agent unreachable")
+	case strings.HasPrefix(n, "container:"):
+		return errors.New("sharing another container's network is not supported")
+	}
+	return nil
+}
+
+func checkPidsLimit(n int64) error {
+	if n < minPidsLimit || n > maxPidsLimit {
+		return fmt.Errorf("must be between %d and %d, got %d", minPidsLimit, maxPidsLimit, n)
+	}
+	return nil
+}

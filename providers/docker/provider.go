@@ -1,0 +1,515 @@
+package docker
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/quarryhq/quarry/providers"
+)
+
+var (
+	_ providers.Provider = (*Provider)(nil)
+	_ providers.Closer   = (*Provider)(nil)
+)
+
+const (
+	// connectTimeout bounds the first contact with the engine in New.
+	connectTimeout = 10 * time.Second
+	// cleanupTimeout bounds the removal of a container whose launch failed;
+	// it runs even when the caller's ctx is done.
+	cleanupTimeout = 30 * time.Second
+	// logTailLines and logTailBytes bound the log a launch error quotes.
+	logTailLines = "20"
+	logTailBytes = 2 << 10
+)
+
+// shells are the paths of which an image must have one: the agent runs
+// command strings and sessions with bash when present, else /bin/sh.
+func shells() []string { return []string{"/bin/sh", "/bin/bash", "/usr/bin/bash"} }
+
+// dockerAPI is the part of the Docker client the provider uses.
+type dockerAPI interface {
+	Ping(ctx context.Context) (types.Ping, error)
+	ImageInspect(ctx context.Context, image string, opts ...client.ImageInspectOption) (image.InspectResponse, error)
+	ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig,
+		networkingConfig *network.NetworkingConfig, platform *ocispec.Platform, name string) (container.CreateResponse, error)
+	ContainerStatPath(ctx context.Context, id, path string) (container.PathStat, error)
+	ContainerAttach(ctx context.Context, id string, options container.AttachOptions) (types.HijackedResponse, error)
+	ContainerStart(ctx context.Context, id string, options container.StartOptions) error
+	ContainerInspect(ctx context.Context, id string) (container.InspectResponse, error)
+	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
+	ContainerLogs(ctx context.Context, id string, options container.LogsOptions) (io.ReadCloser, error)
+	ContainerRemove(ctx context.Context, id string, options container.RemoveOptions) error
+	Close() error
+}
+
+// Provider runs sandbox tasks as Docker containers. It is safe for
+// concurrent use, and several Providers (in one or several gateways) with the
+// same GatewayID and token key share their containers: every method reads
+// the state from the engine.
+type Provider struct {
+	cfg    Config
+	api    dockerAPI
+	key    tokenKey
+	logger *slog.Logger
+	once   sync.Once
+	closed atomic.Bool
+}
+
+// New returns a Provider for cfg after applying defaults and validating it.
+// It checks that cfg.AgentBinary is a static executable, loads (or creates)
+// the token key, and connects to the engine, negotiating the API version
+// (an engine of API 1.24 or later, e.g. Docker 20.10, works); an engine that
+// does not answer within 10 s is an error naming cfg.Host. Afterwards the
+// client reconnects by itself: a restarted engine needs no new Provider.
+// logger may be nil (logs are discarded).
+func New(cfg Config, logger *slog.Logger) (*Provider, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkAgentBinary(cfg.AgentBinary); err != nil {
+		return nil, fmt.Errorf("docker provider config: AgentBinary: %w", err)
+	}
+	key, err := loadOrCreateKey(cfg.TokenKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("docker provider config: TokenKeyFile: %w", err)
+	}
+	cli, err := client.NewClientWithOpts(client.WithHost(cfg.Host), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, fmt.Errorf("docker provider config: Host: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	ping, err := cli.Ping(ctx)
+	if err != nil {
+		_ = cli.Close()
+		return nil, fmt.Errorf("docker provider: no Docker engine answers at %s (Host): %w", cfg.Host, err)
+	}
+	cli.NegotiateAPIVersionPing(ping)
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	logger.Info("connected to the Docker engine", "host", cfg.Host, "api_version", cli.ClientVersion())
+	return &Provider{cfg: cfg, api: cli, key: key, logger: logger}, nil
+}
+
+// checkAgentBinary checks that path is an executable static ELF file: a
+// dynamically linked agent would not start in an image without its libc.
+func checkAgentBinary(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("%s is not an executable file", path)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s is not an ELF executable: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked; build the agent with CGO_ENABLED=0", path)
+		}
+	}
+	return nil
+}
+
+// Close releases the client's idle connections. Containers keep running
+// (leases outlive a gateway process); a new Provider finds them. After
+// Close, Launch fails; Describe, Stop and List still work. Idempotent.
+func (p *Provider) Close(context.Context) error {
+	var err error
+	p.once.Do(func() {
+		p.closed.Store(true)
+		err = p.api.Close()
+	})
+	if err != nil {
+		return fmt.Errorf("close docker client: %w", err)
+	}
+	return nil
+}
+
+// Launch creates and starts one container per name, at most
+// Config.LaunchConcurrency at a time, and returns those that run, in the
+// order of names, with their agent URL (a port published on 127.0.0.1, or
+// the host port in host-network mode). It returns as soon as a container
+// runs: the agent may need a moment more to answer /healthz.
+//
+// A spec this provider cannot serve fails with a *providers.LaunchError
+// wrapping providers.ErrInvalidSpec before any container is created: a bad
+// option, reserved env names or labels, invalid or repeated names, an image
+// the engine does not have (the provider never pulls). So does an image
+// without a shell, found on each created container (which is removed).
+// A name whose container exists already is returned when that container is
+// this gateway's task of the same pool and runs (a retried launch);
+// otherwise it fails. When some names fail, the others are returned with an
+// error joining the failures; the failed containers are removed.
+func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []string) ([]providers.Task, error) {
+	if p.closed.Load() {
+		return nil, errors.New("launch tasks: provider closed")
+	}
+	set, err := resolve(p.cfg, spec)
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]bool, len(names))
+	for i, name := range names {
+		if err := validateName(name); err != nil {
+			return nil, invalidSpec(spec, fmt.Sprintf("names[%d] %q: %s", i, name, err))
+		}
+		if seen[name] {
+			return nil, invalidSpec(spec, fmt.Sprintf("names[%d] %q: repeated", i, name))
+		}
+		seen[name] = true
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	if err := p.checkImage(ctx, spec); err != nil {
+		return nil, err
+	}
+
+	tasks := make([]*providers.Task, len(names))
+	errs := make([]error, len(names))
+	var g errgroup.Group
+	g.SetLimit(p.cfg.LaunchConcurrency)
+	for i, name := range names {
+		g.Go(func() error {
+			tasks[i], errs[i] = p.launchOne(ctx, spec, set, name)
+			return nil
+		})
+	}
+	_ = g.Wait() // launchOne reports through errs
+
+	out := make([]providers.Task, 0, len(names))
+	for i := range names {
+		if errs[i] == nil {
+			out = append(out, *tasks[i])
+		}
+	}
+	if len(out) < len(names) {
+		// errors.As still finds a LaunchError (an image without a shell) in the join.
+		return out, fmt.Errorf("launch %d of %d tasks: %w", len(names)-len(out), len(names), errors.Join(errs...))
+	}
+	return out, nil
+}
+
+// checkImage fails with a LaunchError when the engine does not have the
+// spec's image.
+func (p *Provider) checkImage(ctx context.Context, spec providers.Spec) error {
+	_, err := p.api.ImageInspect(ctx, spec.Image)
+	switch {
+	case err == nil:
+		return nil
+	case isNotFound(err):
+		return invalidSpec(spec, fmt.Sprintf("image %q is not on the Docker engine: build, pull or load it first (the provider never pulls)", spec.Image))
+	}
+	return fmt.Errorf("launch tasks: inspect image %q: %w", spec.Image, err)
+}
+
+// launchOne creates, prepares and starts the container of one task. On
+// failure it removes the container.
+func (p *Provider) launchOne(ctx context.Context, spec providers.Spec, set settings, name string) (_ *providers.Task, err error) {
+	start := time.Now()
+	defer func() {
+		var lerr *providers.LaunchError
+		if err != nil && !errors.As(err, &lerr) {
+			err = fmt.Errorf("launch task %q: %w", name, err)
+		}
+	}()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
+	defer cancel()
+
+	nonce, err := newNonce()
+	if err != nil {
+		return nil, err
+	}
+	plan := launchPlan{name: name, nonce: nonce, created: time.Now()}
+	if set.hostNetwork() {
+		if plan.hostPort, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	cc, hc := buildContainer(p.cfg, spec, set, plan)
+	created, err := p.api.ContainerCreate(ctx, cc, hc, nil, nil, name)
+	if err != nil {
+		if isConflict(err) {
+			return p.adopt(ctx, spec, name)
+		}
+		if isNotFound(err) || isInvalid(err) {
+			return nil, invalidSpec(spec, "create container: "+err.Error())
+		}
+		return nil, fmt.Errorf("create container: %w", err)
+	}
+	id := created.ID
+	defer func() {
+		if err == nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if rerr := p.remove(cctx, id); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
+		}
+	}()
+
+	if err := p.checkShell(ctx, spec, id); err != nil {
+		return nil, err
+	}
+	if err := p.startWithToken(ctx, id, p.key.token(p.cfg.GatewayID, name, nonce)); err != nil {
+		return nil, err
+	}
+	info, err := p.api.ContainerInspect(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("inspect started container: %w", err)
+	}
+	t := p.toTask(fromInspect(info))
+	switch {
+	case t.State == providers.TaskStopped:
+		return nil, fmt.Errorf("the container stopped at start (%s); its log: %q", t.Reason, p.logTail(ctx, id))
+	case t.AgentURL == "":
+		return nil, errors.New("the engine reports no published port for the agent")
+	}
+	p.logger.Info("task launched", "task", name, "pool", spec.Pool, "container", shortID(id),
+		"agent_url", t.AgentURL, "took", time.Since(start).Round(time.Millisecond))
+	return &t, nil
+}
+
+// startWithToken attaches to the container's stdin, starts it and writes
+// the agent's token there, then closes stdin (StdinOnce): the agent reads
+// its token to EOF from stdin. The token is never in the container's
+// environment, labels or files.
+func (p *Provider) startWithToken(ctx context.Context, id, token string) error {
+	hj, err := p.api.ContainerAttach(ctx, id, container.AttachOptions{Stream: true, Stdin: true})
+	if err != nil {
+		return fmt.Errorf("attach to the container's stdin: %w", err)
+	}
+	defer hj.Close()
+	if err := p.api.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+		return fmt.Errorf("start container: %w", err)
+	}
+	if d, ok := ctx.Deadline(); ok {
+		_ = hj.Conn.SetWriteDeadline(d)
+	}
+	if _, err := io.WriteString(hj.Conn, token+"\n"); err != nil {
+		return fmt.Errorf("send the agent its token: %w", err)
+	}
+	if err := hj.CloseWrite(); err != nil {
+		return fmt.Errorf("send the agent its token: close stdin: %w", err)
+	}
+	return nil
+}
+
+// adopt returns the running container of a name that exists already, when
+// it is this gateway's task of the same pool (a launch retried after an
+// answer was lost).
+func (p *Provider) adopt(ctx context.Context, spec providers.Spec, name string) (*providers.Task, error) {
+	info, err := p.api.ContainerInspect(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("container name %q is in use: inspect it: %w", name, err)
+	}
+	v := fromInspect(info)
+	t := p.toTask(v)
+	if !p.ours(v.labels) || t.Pool != spec.Pool || t.Name != name || t.State != providers.TaskRunning || t.AgentURL == "" {
+		return nil, fmt.Errorf("container name %q is in use by another container (%s)", name, shortID(info.ID))
+	}
+	p.logger.Info("task found running under its name; launch not repeated", "task", name, "container", shortID(info.ID))
+	return &t, nil
+}
+
+// checkShell fails with a LaunchError naming the image when the created
+// container has none of shells().
+func (p *Provider) checkShell(ctx context.Context, spec providers.Spec, id string) error {
+	for _, sh := range shells() {
+		_, err := p.api.ContainerStatPath(ctx, id, sh)
+		if err == nil {
+			return nil
+		}
+		if !isNotFound(err) {
+			return fmt.Errorf("look for a shell in the image: %w", err)
+		}
+	}
+	return invalidSpec(spec, fmt.Sprintf("image %q has no shell: the exec agent runs commands with bash or /bin/sh, and the image has neither %s",
+		spec.Image, strings.Join(shells(), ", ")))
+}
+
+// logTail returns the end of a container's log, bounded, or a note why it
+// could not be read.
+func (p *Provider) logTail(ctx context.Context, id string) string {
+	rc, err := p.api.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: logTailLines})
+	if err != nil {
+		return "unavailable: " + err.Error()
+	}
+	defer rc.Close()
+	var buf bytes.Buffer
+	_, _ = stdcopy.StdCopy(&buf, &buf, io.LimitReader(rc, 4*logTailBytes))
+	b := bytes.TrimSpace(buf.Bytes())
+	if len(b) > logTailBytes {
+		b = b[len(b)-logTailBytes:]
+	}
+	return string(b)
+}
+
+// freePort returns a port on 127.0.0.1 that was free a moment ago, for an
+// agent on the host's network. Another process may take it before the agent
+// binds it: the agent then exits and the launch is retried by the pool.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pick a port for the agent: %w", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	if err := l.Close(); err != nil {
+		return 0, fmt.Errorf("pick a port for the agent: %w", err)
+	}
+	return port, nil
+}
+
+// Describe returns one task per id, in order, from one container list of
+// the engine (stopped containers are also inspected, for their exit code).
+// Ids of no container of this gateway come back stopped with Reason "not
+// found".
+func (p *Provider) Describe(ctx context.Context, ids []string) ([]providers.Task, error) {
+	out := make([]providers.Task, len(ids))
+	f := p.filter("")
+	n := 0
+	for _, id := range ids {
+		if isContainerID(id) {
+			f.Add("id", id)
+			n++
+		}
+	}
+	byID := map[string]container.Summary{}
+	if n > 0 {
+		list, err := p.api.ContainerList(ctx, container.ListOptions{All: true, Filters: f})
+		if err != nil {
+			return nil, fmt.Errorf("describe tasks: %w", err)
+		}
+		for _, s := range list {
+			byID[s.ID] = s
+		}
+	}
+	for i, id := range ids {
+		s, ok := byID[id]
+		if !ok {
+			out[i] = stoppedTask(id, reasonNotFound)
+			continue
+		}
+		out[i] = p.toTask(fromSummary(s))
+		if out[i].State != providers.TaskStopped {
+			continue
+		}
+		if info, err := p.api.ContainerInspect(ctx, id); err == nil {
+			out[i] = p.toTask(fromInspect(info))
+		} else if isNotFound(err) {
+			out[i] = stoppedTask(id, reasonNotFound)
+		}
+	}
+	return out, nil
+}
+
+// List returns the containers of this gateway for pool ("" for every pool),
+// stopped ones included, oldest first.
+func (p *Provider) List(ctx context.Context, pool string) ([]providers.Task, error) {
+	list, err := p.api.ContainerList(ctx, container.ListOptions{All: true, Filters: p.filter(pool)})
+	if err != nil {
+		return nil, fmt.Errorf("list tasks: %w", err)
+	}
+	out := make([]providers.Task, 0, len(list))
+	for _, s := range list {
+		out = append(out, p.toTask(fromSummary(s)))
+	}
+	sortTasks(out)
+	return out, nil
+}
+
+// Stop removes the task's container (SIGKILL, then removal with its
+// anonymous volumes): nothing of a sandbox is kept. It is idempotent: an
+// unknown id, a removed container or one that is not this gateway's task
+// returns nil and is left alone.
+func (p *Provider) Stop(ctx context.Context, id string, reason string) error {
+	info, err := p.api.ContainerInspect(ctx, id)
+	switch {
+	case isNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("stop task %s: inspect: %w", id, err)
+	case info.Config == nil || !p.ours(info.Config.Labels):
+		p.logger.Debug("stop: not a container of this gateway; left alone", "id", id)
+		return nil
+	}
+	if err := p.remove(ctx, info.ID); err != nil {
+		return fmt.Errorf("stop task %s: %w", id, err)
+	}
+	p.logger.Info("task stopped", "task", info.Config.Labels[providers.LabelTask], "container", shortID(info.ID), "reason", reason)
+	return nil
+}
+
+// remove force-removes a container; one already gone or being removed by
+// another call counts as removed.
+func (p *Provider) remove(ctx context.Context, id string) error {
+	err := p.api.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	if err == nil || isNotFound(err) || isConflict(err) && strings.Contains(err.Error(), "already in progress") {
+		return nil
+	}
+	return fmt.Errorf("remove container: %w", err)
+}
+
+// filter selects this gateway's containers (of pool, unless "").
+func (p *Provider) filter(pool string) filters.Args {
+	f := filters.NewArgs(
+		filters.Arg("label", providers.LabelManaged+"=true"),
+		filters.Arg("label", providers.LabelGateway+"="+p.cfg.GatewayID),
+	)
+	if pool != "" {
+		f.Add("label", providers.LabelPool+"="+pool)
+	}
+	return f
+}
+
+// ours reports whether labels mark a container of this gateway.
+func (p *Provider) ours(labels map[string]string) bool {
+	return labels[providers.LabelManaged] == "true" && labels[providers.LabelGateway] == p.cfg.GatewayID
+}
+
+// isContainerID reports whether id has the shape of a full container id.
+func isContainerID(id string) bool {
+	if len(id) != 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func shortID(id string) string { return id[:min(12, len(id))] }

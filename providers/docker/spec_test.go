@@ -1,0 +1,207 @@
+package docker
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/go-connections/nat"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/providers"
+)
+
+func testConfig() Config {
+	return Config{AgentBinary: "/opt/quarry/execagent", TokenKeyFile: "/k", GatewayID: "gw"}.WithDefaults()
+}
+
+func TestResolve_OptionsOverrideTheConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		options map[string]string
+		want    settings
+	}{
+		{name: "defaults", want: settings{uid: 65534, gid: 65534, workdir: DefaultWorkdir, network: NetworkBridge, pidsLimit: DefaultPidsLimit}},
+		{name: "uid only", options: map[string]string{OptionUser: "1000"},
+			want: settings{uid: 1000, gid: 1000, workdir: DefaultWorkdir, network: NetworkBridge, pidsLimit: DefaultPidsLimit}},
+		{name: "every option", options: map[string]string{OptionUser: "0:10", OptionWorkdir: "/w", OptionWorkdirSize: "64",
+			OptionNetwork: "host", OptionPidsLimit: "100"},
+			want: settings{uid: 0, gid: 10, workdir: "/w", workdirSizeMB: 64, network: NetworkHost, pidsLimit: 100}},
+		{name: "named network", options: map[string]string{OptionNetwork: "sandboxes"},
+			want: settings{uid: 65534, gid: 65534, workdir: DefaultWorkdir, network: "sandboxes", pidsLimit: DefaultPidsLimit}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := resolve(testConfig(), providers.Spec{Pool: "p", Image: "img", Options: tt.options})
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestResolve_BadSpecIsALaunchErrorNamingTheField(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*providers.Spec)
+		want   string
+	}{
+		{name: "no pool", modify: func(s *providers.Spec) { s.Pool = "" }, want: "pool: must be set"},
+		{name: "no image", modify: func(s *providers.Spec) { s.Image = " " }, want: "image: must name a Docker image"},
+		{name: "negative cpu", modify: func(s *providers.Spec) { s.CPU = -1 }, want: "cpu: must not be negative"},
+		{name: "tiny memory", modify: func(s *providers.Spec) { s.MemoryMB = 4 }, want: "memory: Docker needs at least 6 MiB"},
+		{name: "reserved env", modify: func(s *providers.Spec) { s.Env = map[string]string{"QUARRY_AGENT_TOKEN": "x"} },
+			want: `env "QUARRY_AGENT_TOKEN": variables QUARRY_AGENT_* are reserved`},
+		{name: "bad env name", modify: func(s *providers.Spec) { s.Env = map[string]string{"A=B": "x"} }, want: `env "A=B": not a valid variable name`},
+		{name: "reserved label", modify: func(s *providers.Spec) { s.Labels = map[string]string{"quarry.docker.nonce": "x"} },
+			want: `labels "quarry.docker.nonce": labels quarry.* are reserved`},
+		{name: "unknown option", modify: func(s *providers.Spec) { s.Options = map[string]string{"privileged": "true"} },
+			want: `options "privileged": unknown option of the docker provider (known: user, workdir, workdir_size_mb, network, pids_limit)`},
+		{name: "user name", modify: func(s *providers.Spec) { s.Options = map[string]string{OptionUser: "root"} },
+			want: `options "user": want a numeric uid or uid:gid, got "root"`},
+		{name: "workdir", modify: func(s *providers.Spec) { s.Options = map[string]string{OptionWorkdir: "/proc/x"} },
+			want: `options "workdir": must not be in /proc`},
+		{name: "workdir size", modify: func(s *providers.Spec) { s.Options = map[string]string{OptionWorkdirSize: "big"} },
+			want: `options "workdir_size_mb": want an integer, got "big"`},
+		{name: "network none", modify: func(s *providers.Spec) { s.Options = map[string]string{OptionNetwork: "none"} },
+			want: `options "network": "none" leaves the agent unreachable`},
+		{name: "pids limit", modify: func(s *providers.Spec) { s.Options = map[string]string{OptionPidsLimit: "1"} },
+			want: `options "pids_limit": must be between 16`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := providers.Spec{Pool: "p", Image: "img"}
+			tt.modify(&s)
+			_, err := resolve(testConfig(), s)
+			var lerr *providers.LaunchError
+			require.ErrorAs(t, err, &lerr)
+			assert.ErrorIs(t, err, providers.ErrInvalidSpec)
+			assert.Equal(t, s.Pool, lerr.Pool)
+			assert.Equal(t, s.Image, lerr.Image)
+			assert.Contains(t, lerr.Reason, tt.want)
+		})
+	}
+}
+
+func TestValidateName_DockerContainerNames(t *testing.T) {
+	tests := []struct {
+		name string
+		ok   bool
+	}{
+		{name: "tsk-abc234", ok: true},
+		{name: "A.b_c-1", ok: true},
+		{name: "x"},
+		{name: "-x"},
+		{name: ".x"},
+		{name: "a/b"},
+		{name: "a b"},
+		{name: strings.Repeat("a", maxNameLen+1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.ok, validateName(tt.name) == nil)
+		})
+	}
+}
+
+func TestBuildContainer_IsolatedByDefault(t *testing.T) {
+	cfg := testConfig()
+	s := providers.Spec{Pool: "p", Image: "python:3.12", CPU: 1.5, MemoryMB: 512,
+		Env: map[string]string{"A": "1", "HOME": "/root"}, Labels: map[string]string{"team": "rl"}}
+	set, err := resolve(cfg, s)
+	require.NoError(t, err)
+	created := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	cc, hc := buildContainer(cfg, s, set, launchPlan{name: "tsk-1", nonce: "n1", created: created})
+
+	assert.Equal(t, "python:3.12", cc.Image)
+	assert.Equal(t, "65534:65534", cc.User)
+	assert.Equal(t, []string{agentPath}, []string(cc.Entrypoint))
+	assert.Empty(t, cc.Cmd, "the image's command is not run")
+	assert.Equal(t, DefaultWorkdir, cc.WorkingDir)
+	assert.True(t, cc.OpenStdin && cc.StdinOnce && cc.AttachStdin, "the token arrives once on stdin")
+	assert.Equal(t, []string{
+		"A=1", "HOME=/root", "QUARRY_AGENT_ADDR=0.0.0.0:8000", "QUARRY_AGENT_TOKEN_FILE=/dev/stdin",
+		"QUARRY_AGENT_WORKDIR=" + DefaultWorkdir,
+	}, cc.Env, "sorted; the spec may set HOME; no token")
+	assert.Equal(t, map[string]string{
+		providers.LabelManaged: "true", providers.LabelPool: "p", providers.LabelTask: "tsk-1",
+		providers.LabelGateway: "gw", labelNonce: "n1", labelCreated: "2026-01-02T03:04:05.000000006Z", "team": "rl",
+	}, cc.Labels)
+	assert.Equal(t, nat.PortSet{"8000/tcp": {}}, cc.ExposedPorts)
+
+	assert.False(t, hc.Privileged)
+	assert.Equal(t, []string{"ALL"}, []string(hc.CapDrop))
+	assert.Equal(t, keptCapabilities(), []string(hc.CapAdd))
+	assert.Equal(t, []string{"no-new-privileges"}, hc.SecurityOpt)
+	assert.Equal(t, int64(1.5e9), hc.NanoCPUs)
+	assert.Equal(t, int64(512<<20), hc.Memory)
+	assert.Equal(t, hc.Memory, hc.MemorySwap)
+	require.NotNil(t, hc.PidsLimit)
+	assert.Equal(t, int64(DefaultPidsLimit), *hc.PidsLimit)
+	assert.Equal(t, []mount.Mount{{Type: mount.TypeBind, Source: cfg.AgentBinary, Target: agentPath, ReadOnly: true}}, hc.Mounts)
+	assert.Equal(t, map[string]string{DefaultWorkdir: "rw,exec,nosuid,nodev,size=512m,uid=65534,gid=65534"}, hc.Tmpfs)
+	assert.Equal(t, nat.PortMap{"8000/tcp": {{HostIP: "127.0.0.1"}}}, hc.PortBindings, "published on loopback only")
+	assert.Equal(t, container.NetworkMode("bridge"), hc.NetworkMode)
+	assert.Equal(t, container.RestartPolicyDisabled, hc.RestartPolicy.Name)
+	assert.Equal(t, "json-file", hc.LogConfig.Type)
+	assert.Equal(t, logMaxSize, hc.LogConfig.Config["max-size"], "the log is bounded")
+}
+
+func TestBuildContainer_HostNetworkAndLimits(t *testing.T) {
+	cfg := testConfig()
+	tests := []struct {
+		name  string
+		spec  providers.Spec
+		check func(t *testing.T, cc *container.Config, hc *container.HostConfig)
+	}{
+		{
+			name: "host network: the agent binds the picked loopback port, nothing is published",
+			spec: providers.Spec{Pool: "p", Image: "img", Options: map[string]string{OptionNetwork: NetworkHost}},
+			check: func(t *testing.T, cc *container.Config, hc *container.HostConfig) {
+				assert.Equal(t, container.NetworkMode("host"), hc.NetworkMode)
+				assert.Empty(t, hc.PortBindings)
+				assert.Empty(t, cc.ExposedPorts)
+				assert.Contains(t, cc.Env, "QUARRY_AGENT_ADDR=127.0.0.1:41000")
+				assert.Equal(t, "41000", cc.Labels[labelAgentPort])
+			},
+		},
+		{
+			name: "no cpu or memory: no limits, a default-sized work directory",
+			spec: providers.Spec{Pool: "p", Image: "img"},
+			check: func(t *testing.T, cc *container.Config, hc *container.HostConfig) {
+				assert.Zero(t, hc.NanoCPUs)
+				assert.Zero(t, hc.Memory)
+				assert.Zero(t, hc.MemorySwap)
+				assert.Equal(t, "rw,exec,nosuid,nodev,size=1024m,uid=65534,gid=65534", hc.Tmpfs[DefaultWorkdir])
+			},
+		},
+		{
+			name: "work directory size option",
+			spec: providers.Spec{Pool: "p", Image: "img", MemoryMB: 256, Options: map[string]string{OptionWorkdirSize: "32", OptionUser: "1000"}},
+			check: func(t *testing.T, cc *container.Config, hc *container.HostConfig) {
+				assert.Equal(t, "rw,exec,nosuid,nodev,size=32m,uid=1000,gid=1000", hc.Tmpfs[DefaultWorkdir])
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			set, err := resolve(cfg, tt.spec)
+			require.NoError(t, err)
+			plan := launchPlan{name: "t", nonce: "n"}
+			if set.hostNetwork() {
+				plan.hostPort = 41000
+			}
+			cc, hc := buildContainer(cfg, tt.spec, set, plan)
+			tt.check(t, cc, hc)
+		})
+	}
+}
+
+func TestInvalidSpec_WrapsErrInvalidSpec(t *testing.T) {
+	err := invalidSpec(providers.Spec{Pool: "p", Image: "img"}, "why")
+	assert.True(t, errors.Is(err, providers.ErrInvalidSpec))
+	assert.Equal(t, `launch pool "p" image "img": why`, err.Error())
+}

@@ -1,0 +1,181 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	dockerclient "github.com/docker/docker/client"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/client"
+	"github.com/quarryhq/quarry/providers"
+)
+
+// The Docker suites run only when QUARRY_TEST_DOCKER=1 (make test sets it
+// after scripts/docker-up.sh and scripts/images/build.sh), and then fail,
+// never skip, when the engine or a test image is missing.
+const envDockerTests = "QUARRY_TEST_DOCKER"
+
+// The test images scripts/images/build.sh builds.
+const (
+	dockerImageBusybox = "quarry-test/busybox:latest" // /bin/sh is busybox; no bash
+	dockerImageBash    = "quarry-test/bash:latest"    // busybox and bash
+)
+
+// dockerWait bounds the polled waits of the Docker suites.
+const dockerWait = 2 * time.Minute
+
+// dockerTest is one Docker suite's engine and gateway namespace.
+type dockerTest struct {
+	t         *testing.T
+	cli       *dockerclient.Client
+	gatewayID string
+}
+
+// requireDocker returns nil when the Docker suites were not asked for, and
+// otherwise a dockerTest whose containers (labelled with its own gateway id)
+// are removed when the test ends; it fails the test when the engine or an
+// image is missing.
+func requireDocker(t *testing.T) *dockerTest {
+	t.Helper()
+	if os.Getenv(envDockerTests) != "1" {
+		return nil // gated: not requested
+	}
+	cli, err := dockerclient.NewClientWithOpts(dockerclient.WithHost("unix:///var/run/docker.sock"), dockerclient.WithAPIVersionNegotiation())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cli.Close() })
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = cli.Ping(c)
+	require.NoError(t, err, "%s=1 but no Docker engine answers (scripts/docker-up.sh starts one)", envDockerTests)
+	for _, img := range []string{dockerImageBusybox, dockerImageBash} {
+		_, err := cli.ImageInspect(c, img)
+		require.NoError(t, err, "%s=1 but image %s is missing (scripts/images/build.sh builds it)", envDockerTests, img)
+	}
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	d := &dockerTest{t: t, cli: cli, gatewayID: "e2e-" + hex.EncodeToString(b)}
+	t.Cleanup(d.removeAll) // registered before the gateway's: runs after it stopped
+	return d
+}
+
+// startGateway starts a gateway on the Docker provider with the test's
+// gateway id.
+func (d *dockerTest) startGateway(pools string, opts ...gwOption) *gatewayProc {
+	d.t.Helper()
+	opts = append([]gwOption{withEnv("QUARRY_PROVIDER=docker", "QUARRY_GATEWAY_ID="+d.gatewayID)}, opts...)
+	return startGateway(d.t, pools, opts...)
+}
+
+// startTwoPools starts a gateway on dockerTwoPools and waits until both
+// pools have a ready task; it returns the gateway, its client and a context
+// bounded for the test.
+func (d *dockerTest) startTwoPools(opts ...gwOption) (*gatewayProc, *client.Client, context.Context) {
+	d.t.Helper()
+	g := d.startGateway(dockerTwoPools, opts...)
+	g.waitReady("plain", 1)
+	g.waitReady("bash", 1)
+	return g, g.client(), ctx(d.t)
+}
+
+// containers lists the test's containers (stopped ones included) of pool,
+// or of every pool for "".
+func (d *dockerTest) containers(pool string) []container.Summary {
+	d.t.Helper()
+	f := filters.NewArgs(filters.Arg("label", providers.LabelGateway+"="+d.gatewayID))
+	if pool != "" {
+		f.Add("label", providers.LabelPool+"="+pool)
+	}
+	list, err := d.cli.ContainerList(context.Background(), container.ListOptions{All: true, Filters: f})
+	require.NoError(d.t, err)
+	return list
+}
+
+// running returns the ids of the pool's running containers.
+func (d *dockerTest) running(pool string) map[string]bool {
+	out := map[string]bool{}
+	for _, c := range d.containers(pool) {
+		if c.State == container.StateRunning {
+			out[c.ID] = true
+		}
+	}
+	return out
+}
+
+// containerOf returns the id of the container whose short id (its hostname)
+// is host.
+func (d *dockerTest) containerOf(host string) string {
+	d.t.Helper()
+	host = strings.TrimSpace(host)
+	for _, c := range d.containers("") {
+		if strings.HasPrefix(c.ID, host) && host != "" {
+			return c.ID
+		}
+	}
+	d.t.Fatalf("no container of this test has hostname %q", host)
+	return ""
+}
+
+// removeAll force-removes the test's containers, again until none is left
+// (after an engine restart a removal can fail once).
+func (d *dockerTest) removeAll() {
+	c, cancel := context.WithTimeout(context.Background(), dockerWait)
+	defer cancel()
+	f := filters.NewArgs(filters.Arg("label", providers.LabelGateway+"="+d.gatewayID))
+	var last error
+	for c.Err() == nil {
+		list, err := d.cli.ContainerList(c, container.ListOptions{All: true, Filters: f})
+		if err == nil && len(list) == 0 {
+			return
+		}
+		last = err
+		for _, ct := range list {
+			if err := d.cli.ContainerRemove(c, ct.ID, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil {
+				last = fmt.Errorf("remove container %s: %w", ct.ID, err)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	d.t.Errorf("containers of %s left after cleanup: %v", d.gatewayID, last)
+}
+
+// restartEngine stops dockerd (SIGTERM to the pid in /var/run/docker.pid,
+// waiting for it to exit) and starts it again with scripts/docker-up.sh.
+func (d *dockerTest) restartEngine() {
+	d.t.Helper()
+	b, err := os.ReadFile("/var/run/docker.pid")
+	require.NoError(d.t, err, "the engine's pid file (the Docker suites restart the engine that scripts/docker-up.sh started)")
+	var pid int
+	_, err = fmt.Sscanf(strings.TrimSpace(string(b)), "%d", &pid)
+	require.NoError(d.t, err)
+	proc, err := os.FindProcess(pid)
+	require.NoError(d.t, err)
+	require.NoError(d.t, proc.Signal(syscall.SIGTERM), "stop dockerd (pid %d)", pid)
+	eventually(d.t, dockerWait, "dockerd exits", func() error {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return nil // gone
+		}
+		// The state follows the command name in parentheses; Z is a zombie
+		// that its (foreign) parent has not reaped yet: it exited.
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(string(stat[i+1:]), " Z") {
+			return nil
+		}
+		return fmt.Errorf("dockerd (pid %d) still runs", pid)
+	})
+	cmd := exec.Command("../scripts/docker-up.sh")
+	out, err := cmd.CombinedOutput()
+	require.NoError(d.t, err, "restart dockerd: %s", out)
+}

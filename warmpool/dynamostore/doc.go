@@ -1,0 +1,23 @@
+// Package dynamostore is the lease store on DynamoDB: warmpool.Store for
+// many gateway replicas sharing two tables (tasks and leases). It passes
+// warmpool/storetest, like the embedded store.
+//
+// Every ownership decision is a conditional write: claiming a ready task
+// (its version and state must still match), reserving capacity (the pool's
+// sharded counters must stay within max_total), renewing (only the holder,
+// only before expiry), ending and expiring a lease. Where two items change
+// together (task and lease, task and capacity counter) the write is one
+// TransactWriteItems. Lease validity is decided by conditions on the
+// stored expiry; DynamoDB's TTL attribute only collects garbage, and reads
+// treat an item whose TTL has passed as gone.
+//
+// Hot keys are sharded: ready tasks, tasks by pool, capacity counters,
+// leases by owner, by expiry and by end time are spread over Config.Shards
+// partition keys each. docs/ARCHITECTURE.md ("DynamoDB table design")
+// describes the tables, the access patterns and the calls each path makes.
+//
+// The package talks to DynamoDB only through the API interface (a subset
+// of *dynamodb.Client), never reads the environment (cmd/ builds the SDK
+// client, which reads AWS_REGION and AWS_ENDPOINT_URL by itself), and must
+// not import the gateway, the providers or another store.
+package dynamostore

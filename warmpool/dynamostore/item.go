@@ -1,0 +1,279 @@
+package dynamostore
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// item is one DynamoDB item.
+type item = map[string]types.AttributeValue
+
+// Record attribute names (besides the key and index attributes in keys.go).
+// Times are Unix nanoseconds (numbers), so conditions compare them; a zero
+// time is an absent attribute, as is an empty string or map.
+const (
+	fID             = "id"
+	fPool           = "pool"
+	fProvider       = "provider"
+	fProviderID     = "provider_id"
+	fState          = "state"
+	fAgentURL       = "agent_url"
+	fAgentToken     = "agent_token"
+	fLeaseID        = "lease_id"
+	fGeneration     = "generation"
+	fReason         = "reason"
+	fCreatedAt      = "created_at"
+	fUpdatedAt      = "updated_at"
+	fLaunchDeadline = "launch_deadline"
+	fVersion        = "version"
+	fTaskID         = "task_id"
+	fOwner          = "owner"
+	fLabels         = "labels"
+	fEnv            = "env"
+	fIdemKey        = "idempotency_key"
+	fIdemForgotten  = "idempotency_forgotten"
+	fDuration       = "duration_ns"
+	fExpiresAt      = "expires_at"
+	fEndedAt        = "ended_at"
+	fHolder         = "holder"
+)
+
+// taskFields are the attributes UpdateTask writes (SET when the record has
+// a value, REMOVE when not); id and pool never change.
+var taskFields = []string{fProvider, fProviderID, fState, fAgentURL, fAgentToken, fLeaseID, fGeneration,
+	fReason, fCreatedAt, fUpdatedAt, fLaunchDeadline, fVersion}
+
+func avS(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
+func avN(v int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+}
+
+// avTime encodes t as Unix nanoseconds.
+func avTime(t time.Time) types.AttributeValue { return avN(t.UnixNano()) }
+
+func key(pk string) item { return item{attrPK: avS(pk)} }
+
+// putS, putTime and putMap set an attribute unless the value is empty.
+func putS(it item, name, v string) {
+	if v != "" {
+		it[name] = avS(v)
+	}
+}
+
+func putTime(it item, name string, t time.Time) {
+	if !t.IsZero() {
+		it[name] = avTime(t)
+	}
+}
+
+func putMap(it item, name string, m map[string]string) {
+	if len(m) == 0 {
+		return
+	}
+	av := make(map[string]types.AttributeValue, len(m))
+	for k, v := range m {
+		av[k] = avS(v)
+	}
+	it[name] = &types.AttributeValueMemberM{Value: av}
+}
+
+// taskAttrs encodes the contract fields of rec.
+func taskAttrs(rec warmpool.TaskRecord) item {
+	it := item{fID: avS(rec.ID), fPool: avS(rec.Pool), fState: avS(string(rec.State)),
+		fGeneration: avN(rec.Generation), fVersion: avN(rec.Version)}
+	putS(it, fProvider, rec.Provider)
+	putS(it, fProviderID, rec.ProviderID)
+	putS(it, fAgentURL, rec.AgentURL)
+	putS(it, fAgentToken, rec.AgentToken)
+	putS(it, fLeaseID, rec.LeaseID)
+	putS(it, fReason, rec.Reason)
+	putTime(it, fCreatedAt, rec.CreatedAt)
+	putTime(it, fUpdatedAt, rec.UpdatedAt)
+	putTime(it, fLaunchDeadline, rec.LaunchDeadline)
+	return it
+}
+
+// taskItem is the whole stored item of a new task record counted in
+// capacity shard cshard.
+func taskItem(rec warmpool.TaskRecord, shards, cshard int) item {
+	it := taskAttrs(rec)
+	it[attrPK] = avS(taskPK(rec.ID))
+	it[attrPoolPK] = avS(shardKey(rec.Pool, shardOf(rec.ID, shards)))
+	it[attrCShard] = avN(int64(cshard))
+	return it
+}
+
+// decoder reads attributes of one item, remembering the first error.
+type decoder struct {
+	it  item
+	err error
+}
+
+func (d *decoder) fail(name string, format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("attribute %s: %s", name, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *decoder) s(name string) string {
+	switch v := d.it[name].(type) {
+	case nil:
+		return ""
+	case *types.AttributeValueMemberS:
+		return v.Value
+	default:
+		d.fail(name, "want a string, got %T", v)
+		return ""
+	}
+}
+
+func (d *decoder) n(name string) int64 {
+	switch v := d.it[name].(type) {
+	case nil:
+		return 0
+	case *types.AttributeValueMemberN:
+		n, err := strconv.ParseInt(v.Value, 10, 64)
+		if err != nil {
+			d.fail(name, "%q is not an integer", v.Value)
+		}
+		return n
+	default:
+		d.fail(name, "want a number, got %T", v)
+		return 0
+	}
+}
+
+func (d *decoder) time(name string) time.Time {
+	if _, ok := d.it[name]; !ok {
+		return time.Time{}
+	}
+	return time.Unix(0, d.n(name)).UTC()
+}
+
+func (d *decoder) m(name string) map[string]string {
+	switch v := d.it[name].(type) {
+	case nil:
+		return nil
+	case *types.AttributeValueMemberM:
+		out := make(map[string]string, len(v.Value))
+		for k, av := range v.Value {
+			s, ok := av.(*types.AttributeValueMemberS)
+			if !ok {
+				d.fail(name, "value of %q: want a string, got %T", k, av)
+				continue
+			}
+			out[k] = s.Value
+		}
+		return out
+	default:
+		d.fail(name, "want a map, got %T", v)
+		return nil
+	}
+}
+
+func decodeTask(it item) (warmpool.TaskRecord, error) {
+	d := decoder{it: it}
+	rec := warmpool.TaskRecord{
+		ID: d.s(fID), Pool: d.s(fPool), Provider: d.s(fProvider), ProviderID: d.s(fProviderID),
+		State: warmpool.TaskState(d.s(fState)), AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken),
+		LeaseID: d.s(fLeaseID), Generation: d.n(fGeneration), Reason: d.s(fReason),
+		CreatedAt: d.time(fCreatedAt), UpdatedAt: d.time(fUpdatedAt), LaunchDeadline: d.time(fLaunchDeadline),
+		Version: d.n(fVersion),
+	}
+	return rec, d.done("task", rec.ID)
+}
+
+// done returns the first decoding error, or a missing id, as an error of
+// the record kind id.
+func (d *decoder) done(kind, id string) error {
+	if d.err == nil && id == "" {
+		d.fail(fID, "missing")
+	}
+	if d.err != nil {
+		return fmt.Errorf("decode %s %s: %w", kind, id, d.err)
+	}
+	return nil
+}
+
+// leaseItem is the whole stored item of l: its attributes plus the index
+// attributes its state calls for (expiry index while active, end index
+// and TTL once ended). forgotten marks a lease whose idempotency key was
+// freed (EndLease with ForgetIdempotencyKey).
+func leaseItem(l warmpool.Lease, shards int, endedTTL time.Duration, forgotten bool) item {
+	it := item{attrPK: avS(leasePK(l.ID)), fID: avS(l.ID), fPool: avS(l.Pool), fTaskID: avS(l.TaskID),
+		fOwner: avS(l.Owner), fState: avS(string(l.State)), fGeneration: avN(l.Generation),
+		fDuration: avN(int64(l.Duration)), fVersion: avN(l.Version)}
+	putS(it, fReason, l.Reason)
+	putS(it, fAgentURL, l.AgentURL)
+	putS(it, fAgentToken, l.AgentToken)
+	putS(it, fIdemKey, l.IdempotencyKey)
+	putMap(it, fLabels, l.Labels)
+	putMap(it, fEnv, l.Env)
+	putTime(it, fCreatedAt, l.CreatedAt)
+	putTime(it, fExpiresAt, l.ExpiresAt)
+	putTime(it, fEndedAt, l.EndedAt)
+	if forgotten {
+		it[fIdemForgotten] = &types.AttributeValueMemberBOOL{Value: true}
+	}
+	shard := shardOf(l.ID, shards)
+	it[attrOwnerPK] = avS(shardKey(l.Owner, shard))
+	it[attrOwnerSK] = avTime(l.CreatedAt)
+	if l.State == warmpool.LeaseActive {
+		it[attrExpiryPK] = avS(shardKey("x", shard))
+		it[attrExpirySK] = avTime(l.ExpiresAt)
+	} else {
+		it[attrEndedPK] = avS(shardKey("e", shard))
+		it[attrEndedSK] = avTime(l.EndedAt)
+		it[attrTTL] = avN(ttlOf(l.EndedAt, endedTTL))
+	}
+	return it
+}
+
+// ttlOf is the TTL attribute (Unix seconds) of an item ended at end.
+func ttlOf(end time.Time, after time.Duration) int64 {
+	return end.Add(after).Unix()
+}
+
+// ttlPassed reports whether it carries a TTL attribute at or before now:
+// DynamoDB may delete it any time (days later), and reads treat it as gone
+// already.
+func ttlPassed(it item, now time.Time) bool {
+	v, ok := it[attrTTL].(*types.AttributeValueMemberN)
+	if !ok {
+		return false
+	}
+	ttl, err := strconv.ParseInt(v.Value, 10, 64)
+	return err == nil && ttl <= now.Unix()
+}
+
+func decodeLease(it item) (warmpool.Lease, error) {
+	d := decoder{it: it}
+	l := warmpool.Lease{
+		ID: d.s(fID), Pool: d.s(fPool), TaskID: d.s(fTaskID), Owner: d.s(fOwner),
+		State: warmpool.LeaseState(d.s(fState)), Reason: d.s(fReason), Generation: d.n(fGeneration),
+		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), Labels: d.m(fLabels), Env: d.m(fEnv),
+		IdempotencyKey: d.s(fIdemKey), Duration: time.Duration(d.n(fDuration)),
+		CreatedAt: d.time(fCreatedAt), ExpiresAt: d.time(fExpiresAt), EndedAt: d.time(fEndedAt),
+		Version: d.n(fVersion),
+	}
+	return l, d.done("lease", l.ID)
+}
+
+// idemForgotten reports whether a lease item's idempotency key was freed.
+func idemForgotten(it item) bool {
+	v, ok := it[fIdemForgotten].(*types.AttributeValueMemberBOOL)
+	return ok && v.Value
+}
+
+// pkOf returns the partition key of it ("" when missing).
+func pkOf(it item) string {
+	if v, ok := it[attrPK].(*types.AttributeValueMemberS); ok {
+		return v.Value
+	}
+	return ""
+}
