@@ -28,7 +28,11 @@ start_emulator() {
 }
 if [ -z "${AWS_ENDPOINT_URL:-}" ]; then
   export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
-  start_emulator
+  if localstack/emulator.sh status; then
+    echo "== using the emulator already answering on 127.0.0.1:4566"
+  else
+    start_emulator
+  fi
 else
   echo "== AWS suites against AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL"
 fi
