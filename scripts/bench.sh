@@ -1,22 +1,43 @@
 #!/usr/bin/env bash
 # make bench: Quarry's benchmarks, measured in one run on this machine, with p50/p99 and ratios.
 #  1. quarrybench: real gateway, real agents (process provider), embedded store, over loopback
-#  2. Go micro-benchmarks of the store, the warm pool and the agent
-#  3. peers: SWE-ReX's swerex-remote and ROCK's rocklet beside Quarry's agent (scripts/bench-peers.sh)
-# Results are printed and written to .cache/bench/ (JSON + text).
+#  2. quarrybench -suite replicas: three gateways on DynamoDB (the local emulator, or AWS_ENDPOINT_URL)
+#  3. dockerbench: the Docker provider (cold and warm starts, refill of a pool of 50)
+#  4. relaybench: the model relay (memory and DynamoDB brokers, passthrough, 1,000 sandboxes)
+#  5. Go micro-benchmarks of the store, the warm pool and the agent
+#  6. peers: SWE-ReX's swerex-remote and ROCK's rocklet beside Quarry's agent (scripts/bench-peers.sh)
+# Results are printed and written to .cache/bench/ (JSON + text). Dependencies are set up as in
+# make test (Docker engine and images, the emulator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/deps.sh
 out=.cache/bench
 mkdir -p "$out"
 
-echo "== quarrybench (gateway + agents + embedded store, real processes on loopback)"
-go run ./bench/quarrybench -bin bin -json "$out/quarrybench.json" | tee "$out/quarrybench.txt"
+started_emulator=""
+cleanup() { if [ -n "$started_emulator" ]; then localstack/emulator.sh stop || true; fi; }
+trap cleanup EXIT
+scripts/docker-up.sh
+scripts/images/build.sh
+if [ -z "${AWS_ENDPOINT_URL:-}" ]; then
+  export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+  if ! localstack/emulator.sh status; then
+    localstack/emulator.sh start
+    started_emulator=1
+  fi
+fi
 
-echo
-echo "== Go micro-benchmarks"
-go test -run '^$' -bench 'BenchmarkStore_Claim|BenchmarkManager_AcquireWarm' -benchtime=2000x ./warmpool/... | tee "$out/warmpool.txt"
-go test -run '^$' -bench 'BenchmarkSession|BenchmarkExec|BenchmarkSpawnBash' -benchtime=3000x ./execagent/ | tee "$out/execagent.txt"
+run() { # run NAME CMD...: print a header, tee the output to $out/NAME.txt
+  local name="$1"; shift
+  echo
+  echo "== $name"
+  "$@" | tee "$out/$name.txt"
+}
 
-echo
-echo "== peers: swerex-remote and rocklet beside Quarry's agent (same Python client)"
-scripts/bench-peers.sh bin/execagent --json "$out/peers.json" | tee "$out/peers.txt"
+run quarrybench go run ./bench/quarrybench -bin bin -json "$out/quarrybench.json"
+run replicas go run ./bench/quarrybench -bin bin -suite replicas -json "$out/replicas.json"
+run dockerbench go run ./bench/dockerbench -bin bin -json "$out/dockerbench.json"
+run relaybench go run ./bench/relaybench -dynamodb -json "$out/relaybench.json"
+run warmpool go test -run '^$' -bench 'BenchmarkStore_Claim|BenchmarkManager_AcquireWarm' -benchtime=2000x ./warmpool/ ./warmpool/boltstore/
+run execagent go test -run '^$' -bench 'BenchmarkSession|BenchmarkExec|BenchmarkSpawnBash' -benchtime=3000x ./execagent/
+run peers scripts/bench-peers.sh bin/execagent --json "$out/peers.json"
