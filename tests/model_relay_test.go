@@ -153,38 +153,48 @@ func TestModelRelay_OpenAIClientInSandbox_TrainerAnswers(t *testing.T) {
 	stop()
 	reqs := answered()
 
+	assertAgentRun(t, out, reqs, transcriptOf(t, g.url(), g.key, sbx.ID), sbx.ID, "relay-e2e")
+}
+
+// assertAgentRun checks one run of agentScript in sandbox sandboxID
+// (leased with the label run=run) against trainerLoop: what the agent
+// printed, the requests the trainer answered and the sandbox's transcript.
+func assertAgentRun(t *testing.T, out string, reqs []modeltest.ClaimedRequest, transcript map[string]any, sandboxID, run string) {
+	t.Helper()
 	assert.Contains(t, out, "plain: answer to: hello relay\n")
 	assert.Contains(t, out, "stream: answer to: stream please\n", "stream=True gets chunks ending with [DONE]")
 	assert.Contains(t, out, "error: 429 trainer is busy\n", "an error answer reaches the agent as an HTTP error")
 	assert.Contains(t, out, "models: policy\n")
 	require.Len(t, reqs, 3)
 	for _, r := range reqs {
-		assert.Equal(t, sbx.ID, r.SandboxID)
-		assert.Equal(t, "relay-e2e", r.Labels["run"])
+		assert.Equal(t, sandboxID, r.SandboxID)
+		assert.Equal(t, run, r.Labels["run"])
 		assert.Equal(t, "chat/completions", r.Route)
 	}
 	assert.False(t, reqs[0].Stream)
 	assert.True(t, reqs[1].Stream)
 	assert.Contains(t, string(reqs[1].Body), `"be brief"`, "the trainer sees the prompt as the agent built it")
 
-	tr := transcriptOf(t, g.url(), g.key, sbx.ID)
-	exs, _ := tr["exchanges"].([]any)
+	exs, _ := transcript["exchanges"].([]any)
 	require.Len(t, exs, 3)
 	for i, want := range []string{"hello relay", "stream please", "fail please"} {
-		ex := exs[i].(map[string]any)
+		ex, ok := exs[i].(map[string]any)
+		require.True(t, ok, "exchange %d: %v", i, exs[i])
 		assert.Equal(t, "answered", ex["state"])
-		req, _ := json.Marshal(ex["request"])
+		req, err := json.Marshal(ex["request"])
+		require.NoError(t, err)
 		assert.Contains(t, string(req), want)
-		resp := ex["response"].(map[string]any)
 		_, timed := ex["latency_ms"]
 		assert.True(t, timed, "exchanges carry their timings")
 		assert.NotEmpty(t, ex["received_at"])
 		assert.NotEmpty(t, ex["ended_at"])
+		resp, ok := ex["response"].(map[string]any)
+		require.True(t, ok, "exchange %d has a response: %v", i, ex)
+		wantStatus := 200
 		if want == "fail please" {
-			assert.EqualValues(t, 429, resp["status"])
-		} else {
-			assert.EqualValues(t, 200, resp["status"])
+			wantStatus = 429
 		}
+		assert.EqualValues(t, wantStatus, resp["status"])
 	}
 }
 

@@ -5,6 +5,8 @@
 #   quarry-test/busybox   static busybox only: /bin/sh is busybox, there is no bash
 #   quarry-test/bash      busybox + /bin/bash and the shared libraries `ldd /bin/bash` lists
 #   quarry-test/nosh      no /bin/sh and no bash at all (a launch of it must fail fast)
+#   quarry-test/python    Debian bookworm with python3 and the openai package: built last, by
+#                         scripts/images/python.sh (debootstrap, cached under .cache/images)
 #
 # Each image is a root file system assembled in a temporary directory from the host's files and
 # loaded with `docker import` (no Dockerfile, no builder): busybox comes from Debian's
@@ -88,3 +90,6 @@ for name in busybox bash nosh; do
   trap - EXIT
   echo "== built $image"
 done
+
+# A real Debian userland with python3 and the openai package (the model relay's Docker test).
+scripts/images/python.sh ${force:+--force}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Build quarry-test/python:latest locally (no registry is reachable here), idempotently: a real
+# Debian userland for sandboxes that run Python programs (the model relay's Docker test runs the
+# official openai client in one).
+#
+#   quarry-test/python   Debian bookworm (debootstrap minbase) with python3, ca-certificates, bash
+#                        and /bin/sh (dash); the openai package and its dependencies
+#                        (scripts/python-deps.sh) baked into /usr/local/lib/python3.11/dist-packages,
+#                        which Debian's python3 has on sys.path: `import openai` works for any user,
+#                        with no mount and no PYTHONPATH.
+#
+# Two steps, each cached:
+#  1. debootstrap into .cache/images/python-bookworm (about 50 s and 270 MB, once; reused while the
+#     suite, package list and mirror stay the same — the stamp file in it records them);
+#  2. one tar stream of that tree plus .cache/python-deps (renamed to dist-packages on the fly)
+#     loaded with `docker import` (a few seconds). The image carries the label
+#     quarry-test.inputs, a hash of its inputs; the import is skipped when the label matches.
+# The mirror is the host's Debian mirror (/etc/apt/sources.list.d/debian.sources), else
+# deb.debian.org. Called by scripts/images/build.sh; usable on its own.
+# Usage: scripts/images/python.sh [--force]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/deps.sh
+
+force=""
+[ "${1:-}" = "--force" ] && force=1
+version=1 # bump when the layout below changes
+image=quarry-test/python:latest
+suite=bookworm
+include=python3,ca-certificates
+site=usr/local/lib/python3.11/dist-packages
+cache=.cache/images/python-$suite
+
+mirror="$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+mirror="${mirror:-http://deb.debian.org/debian}"
+
+ensure_apt debootstrap command -v debootstrap
+timeout 10 docker info >/dev/null 2>&1 || { echo "no Docker engine answers: run scripts/docker-up.sh first" >&2; exit 1; }
+deps="$(scripts/python-deps.sh)"
+
+# Step 1: the root file system, rebuilt only when its recipe changed or a build was interrupted.
+recipe="suite=$suite include=$include mirror=$mirror"
+stamp="$cache/.quarry-debootstrap"
+if [ -n "$force" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$recipe" ]; then
+  echo "== debootstrap $suite ($include) from $mirror into $cache"
+  as_root rm -rf "$cache" "$cache.tmp"
+  mkdir -p "$(dirname "$cache")"
+  as_root debootstrap --variant=minbase --include="$include" "$suite" "$cache.tmp" "$mirror" >"$cache.log" 2>&1 ||
+    { echo "debootstrap failed; last lines of $cache.log:" >&2; tail -n 20 "$cache.log" >&2; exit 1; }
+  as_root rm -rf "$cache.tmp/var/cache/apt/archives/"*.deb "$cache.tmp/var/lib/apt/lists/"*_Packages
+  echo "$recipe" | as_root tee "$cache.tmp/.quarry-debootstrap" >/dev/null
+  as_root mv "$cache.tmp" "$cache"
+fi
+
+# Step 2: the image. Its inputs: the recipe, this script, and the openai version that
+# python-deps.sh installed (its stamp file names it).
+want="$({ echo "version=$version $recipe"; sha256sum "$0"; basename -a "$deps"/.installed-*; } | sha256sum | cut -c1-32)"
+have="$(docker image inspect --format '{{ index .Config.Labels "quarry-test.inputs" }}' "$image" 2>/dev/null || true)"
+if [ -z "$force" ] && [ "$have" = "$want" ]; then
+  echo "== $image is up to date"
+  exit 0
+fi
+# /dev, /proc and /sys stay empty: the engine mounts its own. Debian's empty site directory makes
+# way for python-deps (the engine refuses a tar with a path twice); the host's console scripts
+# (bin/, whose shebangs name the host's python) are left out of it.
+as_root tar --numeric-owner -c \
+    --exclude=./dev/* --exclude=./proc/* --exclude=./sys/* --exclude=./.quarry-debootstrap --exclude="./$site" \
+    -C "$cache" . \
+    --exclude=python-deps/bin --transform="s,^python-deps,$site," \
+    -C "$(dirname "$deps")" "$(basename "$deps")" |
+  docker import --change "LABEL quarry-test.inputs=$want" --change 'CMD ["/bin/bash"]' - "$image" >/dev/null
+echo "== built $image"
