@@ -3,7 +3,11 @@
 // QUARRY_AGENT_* variables, serves package execagent on QUARRY_AGENT_ADDR and
 // stops, killing every process group it started, on SIGTERM or SIGINT.
 //
-// Variables: QUARRY_AGENT_TOKEN or QUARRY_AGENT_TOKEN_FILE (one is
+// Variables: QUARRY_AGENT_TOKEN, QUARRY_AGENT_TOKEN_FILE, or
+// QUARRY_AGENT_TOKEN_KEY (hex) with QUARRY_AGENT_TOKEN_NONCE, from which the
+// agent derives its token (agentapi.DeriveToken) and then re-executes
+// itself with the key removed and the token on a pipe (QUARRY_AGENT_TOKEN_FD,
+// internal), so that /proc/<pid>/environ never shows the key (one way is
 // required), QUARRY_AGENT_ADDR (default 127.0.0.1:8000; port 0 picks a free
 // port), QUARRY_AGENT_ADDR_FILE (optional: the bound address is written
 // there atomically once listening), QUARRY_AGENT_WORKDIR (default: the

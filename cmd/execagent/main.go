@@ -31,7 +31,16 @@ type cmdConfig struct {
 	AddrFile  string `split_words:"true"`
 	Token     string
 	TokenFile string `split_words:"true"`
-	LogLevel  string `split_words:"true" default:"info"`
+	// TokenKey (hex) and TokenNonce are the third way to get a token: the
+	// agent derives it as agentapi.DeriveToken(key, nonce), as the provider
+	// that launched it does (ECS: the key from a secret, the nonce in the
+	// task's overrides).
+	TokenKey   string `split_words:"true"`
+	TokenNonce string `split_words:"true"`
+	// TokenFD is set only by the agent itself: after deriving its token it
+	// re-executes with the key removed and the token on this pipe (hideKey).
+	TokenFD  int    `split_words:"true"`
+	LogLevel string `split_words:"true" default:"info"`
 	// Procs is the agent's GOMAXPROCS. One is right for an agent: its work
 	// is waiting on pipes and sockets, and with more, every wake-up of each
 	// sandbox's agent pays for the Go scheduler spinning up idle threads
@@ -75,6 +84,9 @@ func run(ctx context.Context) error {
 	token, err := loadToken(cc)
 	if err != nil {
 		return err
+	}
+	if cc.TokenKey != "" {
+		return hideKey(token) // the agent goes on in the new image, without the key
 	}
 	cfg.Token = token
 	if cfg.Workdir == "" {
@@ -122,11 +134,19 @@ func run(ctx context.Context) error {
 	return errors.Join(serveErr, closeErr)
 }
 
-// loadToken returns the token from QUARRY_AGENT_TOKEN or QUARRY_AGENT_TOKEN_FILE.
+// loadToken returns the token from QUARRY_AGENT_TOKEN, QUARRY_AGENT_TOKEN_FILE,
+// or derived from QUARRY_AGENT_TOKEN_KEY and QUARRY_AGENT_TOKEN_NONCE; exactly
+// one of the three ways must be set.
 func loadToken(cc cmdConfig) (string, error) {
+	ways := 0
+	for _, set := range []bool{cc.Token != "", cc.TokenFile != "", cc.TokenKey != "" || cc.TokenNonce != "", cc.TokenFD > 0} {
+		if set {
+			ways++
+		}
+	}
 	switch {
-	case cc.Token != "" && cc.TokenFile != "":
-		return "", errors.New("QUARRY_AGENT_TOKEN and QUARRY_AGENT_TOKEN_FILE are both set; set one")
+	case ways > 1:
+		return "", errors.New("two ways to get the token are both set (QUARRY_AGENT_TOKEN, QUARRY_AGENT_TOKEN_FILE, QUARRY_AGENT_TOKEN_KEY+_NONCE); set one")
 	case cc.Token != "":
 		return cc.Token, nil
 	case cc.TokenFile != "":
@@ -139,8 +159,19 @@ func loadToken(cc cmdConfig) (string, error) {
 			return "", fmt.Errorf("QUARRY_AGENT_TOKEN_FILE: %s is empty", cc.TokenFile)
 		}
 		return t, nil
+	case cc.TokenFD > 0:
+		return readTokenFD(cc.TokenFD)
+	case cc.TokenKey != "" || cc.TokenNonce != "":
+		if cc.TokenKey == "" || cc.TokenNonce == "" {
+			return "", errors.New("QUARRY_AGENT_TOKEN_KEY and QUARRY_AGENT_TOKEN_NONCE: set both or neither")
+		}
+		key, err := agentapi.ParseTokenKey(cc.TokenKey)
+		if err != nil {
+			return "", fmt.Errorf("QUARRY_AGENT_TOKEN_KEY: %w", err)
+		}
+		return agentapi.DeriveToken(key, cc.TokenNonce), nil
 	}
-	return "", errors.New("no token: set QUARRY_AGENT_TOKEN or QUARRY_AGENT_TOKEN_FILE; the agent refuses to start without one")
+	return "", errors.New("no token: set QUARRY_AGENT_TOKEN or QUARRY_AGENT_TOKEN_FILE (or QUARRY_AGENT_TOKEN_KEY and QUARRY_AGENT_TOKEN_NONCE); the agent refuses to start without one")
 }
 
 // scrubEnv removes every QUARRY_AGENT_* variable from the process environment

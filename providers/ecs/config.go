@@ -1,0 +1,226 @@
+package ecs
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+)
+
+// Defaults applied by Config.WithDefaults.
+const (
+	DefaultGatewayID        = "local"
+	DefaultCapacityProvider = "FARGATE"
+	DefaultPlatformVersion  = "LATEST"
+	DefaultAgentPort        = 8000
+	DefaultStartTimeout     = 5 * time.Minute
+	DefaultMaxStarting      = 200
+	// DefaultRunTaskRate and DefaultRunTaskBurst are RunTask calls per
+	// second (ECS's RunTask API limit is about 20/s sustained).
+	DefaultRunTaskRate  = 20
+	DefaultRunTaskBurst = 20
+	// DefaultLaunchRate and DefaultLaunchBurst are task launches per second
+	// (Fargate: a burst of 100, then about 20/s).
+	DefaultLaunchRate   = 20
+	DefaultLaunchBurst  = 100
+	DefaultMaxAttempts  = 8
+	DefaultRetryBase    = 250 * time.Millisecond
+	DefaultRetryMax     = 10 * time.Second
+	DefaultPollInterval = 2 * time.Second
+)
+
+// maxPerCall is the most tasks one RunTask call may start (an ECS limit).
+const maxPerCall = 10
+
+// Config configures the ECS provider. Zero values of the fields with a
+// default take it (WithDefaults); Validate names the first bad field of
+// each kind.
+type Config struct {
+	// Cluster is the ECS cluster's name or ARN. Required.
+	Cluster string
+	// GatewayID is attached to every task as providers.LabelGateway (a tag)
+	// and, hashed, as the tasks' startedBy; List, Describe and Stop only
+	// see tasks that carry it.
+	GatewayID string
+	// Subnets (private, of the cluster's VPC) and SecurityGroups are the
+	// tasks' awsvpc network; pools may override them (options "subnets",
+	// "security_groups"). At least one subnet is required.
+	Subnets        []string
+	SecurityGroups []string
+	// AssignPublicIP gives tasks a public IP (default off: private subnets
+	// reach registries through a NAT gateway or VPC endpoints).
+	AssignPublicIP bool
+	// ExecutionRoleARN is the task execution role (pull images, read the
+	// token key secret, write logs). Required unless every pool supplies
+	// its own task definition.
+	ExecutionRoleARN string
+	// TaskRoleARN is the role commands in the sandbox get; "" gives them
+	// none (the default, and the safe choice).
+	TaskRoleARN string
+	// AgentImage is an image with the static exec agent at /execagent and
+	// a cp command (e.g. busybox:musl with the agent copied in); the init
+	// container copies the agent from it into the shared volume. Required
+	// unless every pool supplies its own task definition.
+	AgentImage string
+	// TokenKey is the secret agent tokens are derived from
+	// (agentapi.DeriveToken); TokenKeySecretARN is the Secrets Manager
+	// secret (or SSM parameter) holding the same key, in hex, which ECS
+	// injects into the agent as QUARRY_AGENT_TOKEN_KEY. Both required.
+	TokenKey          []byte
+	TokenKeySecretARN string
+	// AgentPort is the agent's port in the task (default 8000).
+	AgentPort int
+	// LogGroup, when set, sends the containers' output to this CloudWatch
+	// Logs group (awslogs driver) in LogRegion (required with LogGroup).
+	LogGroup  string
+	LogRegion string
+	// CapacityProvider is the default capacity provider strategy:
+	// "FARGATE", "FARGATE_SPOT", or weighted "FARGATE_SPOT:3,FARGATE:1"
+	// (name[:weight[:base]]). Pools override it with "capacity_provider".
+	CapacityProvider string
+	// PlatformVersion is the Fargate platform version (default LATEST).
+	PlatformVersion string
+	// StartTimeout bounds each task from its RunTask until it runs with an
+	// IP; a task past it is stopped and reported with the reason.
+	StartTimeout time.Duration
+	// MaxStarting caps the tasks between RunTask and running (or stopped)
+	// at once, over all Launch calls of the provider.
+	MaxStarting int
+	// RunTaskRate/RunTaskBurst bound RunTask calls per second;
+	// LaunchRate/LaunchBurst bound tasks launched per second.
+	RunTaskRate  float64
+	RunTaskBurst int
+	LaunchRate   float64
+	LaunchBurst  int
+	// MaxAttempts bounds the tries of a throttled call (ThrottlingException,
+	// or InvalidParameterException "Rate exceeded"), with jittered
+	// exponential backoff from RetryBase up to RetryMax between them.
+	MaxAttempts int
+	RetryBase   time.Duration
+	RetryMax    time.Duration
+	// PollInterval is how often DescribeTasks polls the starting tasks.
+	PollInterval time.Duration
+}
+
+// WithDefaults returns c with every unset field that has a default set to it.
+func (c Config) WithDefaults() Config {
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&c.GatewayID, DefaultGatewayID)
+	def(&c.CapacityProvider, DefaultCapacityProvider)
+	def(&c.PlatformVersion, DefaultPlatformVersion)
+	defInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defInt(&c.AgentPort, DefaultAgentPort)
+	defInt(&c.MaxStarting, DefaultMaxStarting)
+	defInt(&c.RunTaskBurst, DefaultRunTaskBurst)
+	defInt(&c.LaunchBurst, DefaultLaunchBurst)
+	defInt(&c.MaxAttempts, DefaultMaxAttempts)
+	defDur := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defDur(&c.StartTimeout, DefaultStartTimeout)
+	defDur(&c.RetryBase, DefaultRetryBase)
+	defDur(&c.RetryMax, DefaultRetryMax)
+	defDur(&c.PollInterval, DefaultPollInterval)
+	if c.RunTaskRate == 0 {
+		c.RunTaskRate = DefaultRunTaskRate
+	}
+	if c.LaunchRate == 0 {
+		c.LaunchRate = DefaultLaunchRate
+	}
+	return c
+}
+
+// awsIDPattern matches subnet and security group ids.
+var (
+	subnetPattern = regexp.MustCompile(`^subnet-[0-9a-f]{8,17}$`)
+	sgPattern     = regexp.MustCompile(`^sg-[0-9a-f]{8,17}$`)
+)
+
+// Validate reports every invalid field of c (after defaults), each error
+// naming its field. It makes no AWS call.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if c.Cluster == "" {
+		bad("Cluster", "must be set")
+	}
+	if c.GatewayID == "" {
+		bad("GatewayID", "must be set")
+	}
+	if len(c.Subnets) == 0 {
+		bad("Subnets", "at least one subnet is required")
+	}
+	if err := checkIDs(c.Subnets, subnetPattern); err != nil {
+		bad("Subnets", "%s", err)
+	}
+	if err := checkIDs(c.SecurityGroups, sgPattern); err != nil {
+		bad("SecurityGroups", "%s", err)
+	}
+	if len(c.TokenKey) < agentapi.MinTokenKeyBytes {
+		bad("TokenKey", "want at least %d bytes, got %d", agentapi.MinTokenKeyBytes, len(c.TokenKey))
+	}
+	if c.TokenKeySecretARN == "" {
+		bad("TokenKeySecretARN", "must be set (the secret ECS injects as QUARRY_AGENT_TOKEN_KEY)")
+	} else if !strings.HasPrefix(c.TokenKeySecretARN, "arn:") {
+		bad("TokenKeySecretARN", "want the secret's full ARN, got %q", c.TokenKeySecretARN)
+	}
+	if c.AgentPort < 1 || c.AgentPort > 65535 {
+		bad("AgentPort", "must be a port number, got %d", c.AgentPort)
+	}
+	if c.LogGroup != "" && c.LogRegion == "" {
+		bad("LogRegion", "must be set with LogGroup")
+	}
+	if _, err := parseStrategy(c.CapacityProvider); err != nil {
+		bad("CapacityProvider", "%s", err)
+	}
+	if c.StartTimeout <= 0 {
+		bad("StartTimeout", "must be positive, got %s", c.StartTimeout)
+	}
+	if c.MaxStarting < 1 {
+		bad("MaxStarting", "must be at least 1, got %d", c.MaxStarting)
+	}
+	if c.RunTaskRate <= 0 || c.RunTaskBurst < 1 {
+		bad("RunTaskRate", "rate and burst must be positive, got %g/s burst %d", c.RunTaskRate, c.RunTaskBurst)
+	}
+	if c.LaunchRate <= 0 || c.LaunchBurst < maxPerCall {
+		bad("LaunchRate", "rate must be positive and burst at least %d, got %g/s burst %d", maxPerCall, c.LaunchRate, c.LaunchBurst)
+	}
+	if c.MaxAttempts < 1 {
+		bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
+	}
+	if c.RetryBase <= 0 || c.RetryMax < c.RetryBase {
+		bad("RetryBase", "want 0 < RetryBase <= RetryMax, got %s and %s", c.RetryBase, c.RetryMax)
+	}
+	if c.PollInterval <= 0 {
+		bad("PollInterval", "must be positive, got %s", c.PollInterval)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("ecs provider config: %w", err)
+	}
+	return nil
+}
+
+// checkIDs reports the first id that does not match pattern.
+func checkIDs(ids []string, pattern *regexp.Regexp) error {
+	for i, id := range ids {
+		if !pattern.MatchString(id) {
+			return fmt.Errorf("[%d] %q is not an id of the form %s", i, id, pattern)
+		}
+	}
+	return nil
+}

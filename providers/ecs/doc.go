@@ -1,0 +1,29 @@
+// Package ecs is the provider that runs each sandbox task as an AWS ECS
+// task on Fargate (or Fargate Spot), in private subnets of the cluster's VPC
+// (awsvpc, no public IP by default). Any image works: the task definition
+// of a pool adds an init container that copies the static exec agent from
+// Config.AgentImage into a volume shared with the sandbox container, whose
+// entry point is the agent. Task definitions are registered once per pool
+// content (the family is named by a hash of the rendered definition and
+// looked up before registering), or supplied by the pool
+// ("task_definition" option, e.g. from Terraform).
+//
+// Launches go through a launch controller: token buckets keep RunTask
+// calls and task launches within ECS's rates, throttles (including
+// InvalidParameterException "Rate exceeded") are retried with jittered
+// backoff, a semaphore caps the tasks starting at once, and the starting
+// tasks are polled with DescribeTasks in batches of 100 until each runs
+// with a private IP, stops (it is reported with ECS's stopped reason) or
+// passes its deadline (it is stopped).
+//
+// The provider keeps nothing in memory that matters: every task carries
+// the quarry.* tags and a startedBy derived from the gateway id, so List
+// (ListTasks by startedBy, then DescribeTasks) finds the tasks of an
+// earlier gateway. The agent's token is never in the task's definition,
+// overrides or tags: ECS injects a per-deployment key from Secrets Manager
+// (QUARRY_AGENT_TOKEN_KEY) and the overrides carry a random per-task nonce
+// (QUARRY_AGENT_TOKEN_NONCE); the agent and the provider both derive the
+// token with agentapi.DeriveToken. docs/ECS.md has the whole story.
+//
+// This package must not import gateway, warmpool or another provider.
+package ecs

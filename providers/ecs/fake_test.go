@@ -1,0 +1,244 @@
+package ecs
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ecs"
+	"github.com/aws/aws-sdk-go-v2/service/ecs/types"
+	"github.com/aws/smithy-go"
+	"golang.org/x/time/rate"
+)
+
+// fakeECS is an in-memory ECS that enforces AWS's limits: RunTask count
+// 1..10, DescribeTasks at most 100 ids, a RunTask call rate (refused with
+// ThrottlingException) and a task launch rate (refused, as Fargate does,
+// with InvalidParameterException "Rate exceeded"). Tasks start PENDING and
+// run after runAfter DescribeTasks calls see them (with a private IP),
+// unless their name is in neverRun or failStart. runErrs scripts errors
+// that the next RunTask calls return first.
+type fakeECS struct {
+	mu          sync.Mutex
+	calls       *rate.Limiter
+	launches    *rate.Limiter
+	runAfter    int
+	neverRun    map[string]bool
+	failStart   map[string]string        // name → stopped reason
+	failures    map[string]types.Failure // name → RunTask failure
+	runErrs     []error
+	loseAnswers int // the next RunTask calls start their tasks, then answer with a server fault
+	tasks       map[string]*fakeTask
+	order       []string
+	taskDefs    map[string]*types.TaskDefinition
+	seq         int
+	runCalls    int
+	tasksRun    int
+	throttled   int
+	registers   int
+	starting    int
+	maxStarting int
+	firstRun    time.Time
+	lastRun     time.Time
+}
+
+type fakeTask struct {
+	t           types.Task
+	name        string
+	clientToken string
+	describe    int
+}
+
+func newFake() *fakeECS {
+	return &fakeECS{
+		calls:     rate.NewLimiter(rate.Inf, 1),
+		launches:  rate.NewLimiter(rate.Inf, 1),
+		runAfter:  1,
+		neverRun:  map[string]bool{},
+		failStart: map[string]string{},
+		failures:  map[string]types.Failure{},
+		tasks:     map[string]*fakeTask{},
+		taskDefs:  map[string]*types.TaskDefinition{},
+	}
+}
+
+func apiErr(code, msg string) error { return &smithy.GenericAPIError{Code: code, Message: msg} }
+
+func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ecs.Options)) (*ecs.RunTaskOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.runCalls++
+	if len(f.runErrs) > 0 {
+		err := f.runErrs[0]
+		f.runErrs = f.runErrs[1:]
+		return nil, err
+	}
+	count := int(aws.ToInt32(in.Count))
+	if count < 1 || count > 10 {
+		return nil, apiErr("InvalidParameterException", fmt.Sprintf("count must be between 1 and 10, got %d", count))
+	}
+	if !f.calls.Allow() {
+		f.throttled++
+		return nil, apiErr("ThrottlingException", "Rate exceeded")
+	}
+	if !f.launches.AllowN(time.Now(), count) {
+		f.throttled++
+		return nil, apiErr("InvalidParameterException", "Rate exceeded")
+	}
+	now := time.Now()
+	if f.firstRun.IsZero() {
+		f.firstRun = now
+	}
+	f.lastRun = now
+	if tok := aws.ToString(in.ClientToken); tok != "" { // idempotent, as ECS is
+		for _, arn := range f.order {
+			if f.tasks[arn].clientToken == tok {
+				return &ecs.RunTaskOutput{Tasks: []types.Task{f.tasks[arn].t}}, nil
+			}
+		}
+	}
+	tags := tagMap(in.Tags)
+	if fl, ok := f.failures[tags["quarry.task"]]; ok {
+		return &ecs.RunTaskOutput{Failures: []types.Failure{fl}}, nil
+	}
+	out := &ecs.RunTaskOutput{}
+	for range count {
+		f.seq++
+		arn := fmt.Sprintf("arn:aws:ecs:us-east-1:123456789012:task/%s/%032x", aws.ToString(in.Cluster), f.seq)
+		t := types.Task{
+			TaskArn: aws.String(arn), LastStatus: aws.String("PROVISIONING"), DesiredStatus: aws.String("RUNNING"),
+			Tags: in.Tags, Overrides: in.Overrides, StartedBy: in.StartedBy, CreatedAt: aws.Time(now),
+			TaskDefinitionArn: in.TaskDefinition,
+		}
+		f.tasks[arn] = &fakeTask{t: t, name: tags["quarry.task"], clientToken: aws.ToString(in.ClientToken)}
+		f.order = append(f.order, arn)
+		f.tasksRun++
+		f.starting++
+		f.maxStarting = max(f.maxStarting, f.starting)
+		out.Tasks = append(out.Tasks, t)
+	}
+	if f.loseAnswers > 0 {
+		f.loseAnswers--
+		return nil, &smithy.GenericAPIError{Code: "ServerException", Message: "answer lost", Fault: smithy.FaultServer}
+	}
+	return out, nil
+}
+
+func (f *fakeECS) DescribeTasks(_ context.Context, in *ecs.DescribeTasksInput, _ ...func(*ecs.Options)) (*ecs.DescribeTasksOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(in.Tasks) > 100 {
+		return nil, apiErr("InvalidParameterException", "tasks can have at most 100 items")
+	}
+	out := &ecs.DescribeTasksOutput{}
+	for _, id := range in.Tasks {
+		ft, ok := f.tasks[id]
+		if !ok {
+			out.Failures = append(out.Failures, types.Failure{Arn: aws.String(id), Reason: aws.String("MISSING")})
+			continue
+		}
+		ft.describe++
+		if aws.ToString(ft.t.LastStatus) == "PROVISIONING" {
+			switch {
+			case f.failStart[ft.name] != "":
+				f.starting--
+				ft.t.LastStatus, ft.t.DesiredStatus = aws.String("STOPPED"), aws.String("STOPPED")
+				ft.t.StopCode, ft.t.StoppedReason = types.TaskStopCodeTaskFailedToStart, aws.String(f.failStart[ft.name])
+			case !f.neverRun[ft.name] && ft.describe >= f.runAfter:
+				f.starting--
+				ft.t.LastStatus = aws.String("RUNNING")
+				ft.t.Attachments = []types.Attachment{{Type: aws.String("ElasticNetworkInterface"), Details: []types.KeyValuePair{
+					{Name: aws.String("privateIPv4Address"), Value: aws.String(fmt.Sprintf("10.0.%d.%d", f.seq/250, f.seq%250+1))},
+				}}}
+			}
+		}
+		out.Tasks = append(out.Tasks, ft.t)
+	}
+	return out, nil
+}
+
+func (f *fakeECS) StopTask(_ context.Context, in *ecs.StopTaskInput, _ ...func(*ecs.Options)) (*ecs.StopTaskOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ft, ok := f.tasks[aws.ToString(in.Task)]
+	if !ok {
+		return nil, apiErr("InvalidParameterException", "The referenced task was not found.")
+	}
+	if aws.ToString(ft.t.LastStatus) == "PROVISIONING" {
+		f.starting--
+	}
+	ft.t.LastStatus, ft.t.DesiredStatus = aws.String("STOPPED"), aws.String("STOPPED")
+	ft.t.StopCode, ft.t.StoppedReason = types.TaskStopCodeUserInitiated, in.Reason
+	return &ecs.StopTaskOutput{Task: &ft.t}, nil
+}
+
+func (f *fakeECS) ListTasks(_ context.Context, in *ecs.ListTasksInput, _ ...func(*ecs.Options)) (*ecs.ListTasksOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	want := in.DesiredStatus
+	if want == "" {
+		want = types.DesiredStatusRunning
+	}
+	out := &ecs.ListTasksOutput{}
+	for _, arn := range f.order {
+		t := f.tasks[arn].t
+		if in.StartedBy != nil && aws.ToString(t.StartedBy) != aws.ToString(in.StartedBy) {
+			continue
+		}
+		if aws.ToString(t.DesiredStatus) == string(want) {
+			out.TaskArns = append(out.TaskArns, arn)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeECS) RegisterTaskDefinition(_ context.Context, in *ecs.RegisterTaskDefinitionInput, _ ...func(*ecs.Options)) (*ecs.RegisterTaskDefinitionOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.registers++
+	fam := aws.ToString(in.Family)
+	td := &types.TaskDefinition{
+		Family: in.Family, Status: types.TaskDefinitionStatusActive, ContainerDefinitions: in.ContainerDefinitions,
+		TaskDefinitionArn: aws.String(fmt.Sprintf("arn:aws:ecs:us-east-1:123456789012:task-definition/%s:%d", fam, f.registers)),
+	}
+	f.taskDefs[fam] = td
+	return &ecs.RegisterTaskDefinitionOutput{TaskDefinition: td}, nil
+}
+
+func (f *fakeECS) DescribeTaskDefinition(_ context.Context, in *ecs.DescribeTaskDefinitionInput, _ ...func(*ecs.Options)) (*ecs.DescribeTaskDefinitionOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	td, ok := f.taskDefs[aws.ToString(in.TaskDefinition)]
+	if !ok {
+		return nil, apiErr("ClientException", "Unable to describe task definition.")
+	}
+	return &ecs.DescribeTaskDefinitionOutput{TaskDefinition: td}, nil
+}
+
+// task returns the fake's task of a name.
+func (f *fakeECS) task(name string) (types.Task, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, arn := range f.order {
+		if f.tasks[arn].name == name {
+			return f.tasks[arn].t, true
+		}
+	}
+	return types.Task{}, false
+}
+
+// clientToken returns the idempotency token t was started with.
+func (f *fakeECS) clientToken(t types.Task) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tasks[aws.ToString(t.TaskArn)].clientToken
+}
+
+// stats returns a snapshot of the counters.
+func (f *fakeECS) stats() (runCalls, tasksRun, throttled, registers, maxStarting int, first, last time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.runCalls, f.tasksRun, f.throttled, f.registers, f.maxStarting, f.firstRun, f.lastRun
+}

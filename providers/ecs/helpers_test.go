@@ -1,0 +1,5 @@
+package ecs
+
+import "log/slog"
+
+func nopLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -1,0 +1,203 @@
+package ecs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ecs"
+	"github.com/aws/aws-sdk-go-v2/service/ecs/types"
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
+
+	"github.com/quarryhq/quarry/providers"
+)
+
+// describeBatch is the most task ids one DescribeTasks call takes.
+const describeBatch = 100
+
+// launcher is the launch controller: it keeps RunTask within ECS's call
+// and task-launch rates (two token buckets shared by every Launch of the
+// provider), retries throttled calls with jittered backoff, caps the tasks
+// starting at once, and watches starting tasks with batched DescribeTasks.
+type launcher struct {
+	api      API
+	cfg      Config
+	calls    *rate.Limiter       // RunTask calls
+	launches *rate.Limiter       // tasks launched
+	starting *semaphore.Weighted // tasks between RunTask and running/stopped
+	logger   *slog.Logger
+}
+
+func newLauncher(api API, cfg Config, logger *slog.Logger) *launcher {
+	return &launcher{
+		api:      api,
+		cfg:      cfg,
+		calls:    rate.NewLimiter(rate.Limit(cfg.RunTaskRate), cfg.RunTaskBurst),
+		launches: rate.NewLimiter(rate.Limit(cfg.LaunchRate), cfg.LaunchBurst),
+		starting: semaphore.NewWeighted(int64(cfg.MaxStarting)),
+		logger:   logger,
+	}
+}
+
+// retry calls fn until it succeeds, fails with an error that is not a
+// throttle (or transient), MaxAttempts tries are spent, or ctx ends. wait
+// runs before every try (the token buckets). A throttle that outlasts the
+// tries is returned wrapped with providers.ErrThrottled.
+func (l *launcher) retry(ctx context.Context, what string, wait func(context.Context) error, fn func(context.Context) error) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		if wait != nil {
+			if werr := wait(ctx); werr != nil {
+				return fmt.Errorf("%s: wait for the rate limit: %w", what, errors.Join(werr, err))
+			}
+		}
+		if err = fn(ctx); err == nil || !isRetryable(err) {
+			return err
+		}
+		if attempt >= l.cfg.MaxAttempts {
+			break
+		}
+		d := min(l.cfg.RetryMax, l.cfg.RetryBase<<min(attempt-1, 20))
+		d = d/2 + rand.N(d/2+1) // jitter: [d/2, d]
+		l.logger.Debug("ecs call throttled; retrying", "call", what, "attempt", attempt, "backoff", d, "err", err)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: %w (last error: %w)", what, ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+	if isThrottled(err) {
+		return fmt.Errorf("%s: throttled %d times: %w: %w", what, l.cfg.MaxAttempts, providers.ErrThrottled, err)
+	}
+	return fmt.Errorf("%s: %d tries: %w", what, l.cfg.MaxAttempts, err)
+}
+
+// runTask starts count (1..10) tasks from in, within the rate limits, with
+// retries. ECS's per-task failures (no capacity) come back as failures.
+func (l *launcher) runTask(ctx context.Context, in ecs.RunTaskInput, count int) ([]types.Task, []types.Failure, error) {
+	if count < 1 || count > maxPerCall {
+		return nil, nil, fmt.Errorf("run task: count %d outside 1..%d", count, maxPerCall)
+	}
+	in.Count = aws.Int32(int32(count))
+	var out *ecs.RunTaskOutput
+	err := l.retry(ctx, "run task", func(ctx context.Context) error {
+		if err := l.calls.Wait(ctx); err != nil {
+			return err
+		}
+		return l.launches.WaitN(ctx, count)
+	}, func(ctx context.Context) error {
+		var err error
+		out, err = l.api.RunTask(ctx, &in)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return out.Tasks, out.Failures, nil
+}
+
+// describe returns the tasks of ids (with tags) in batches of 100, and the
+// ids ECS reported missing.
+func (l *launcher) describe(ctx context.Context, ids []string) (map[string]types.Task, map[string]string, error) {
+	found := make(map[string]types.Task, len(ids))
+	missing := map[string]string{}
+	for start := 0; start < len(ids); start += describeBatch {
+		batch := ids[start:min(start+describeBatch, len(ids))]
+		var out *ecs.DescribeTasksOutput
+		err := l.retry(ctx, "describe tasks", nil, func(ctx context.Context) error {
+			var err error
+			out, err = l.api.DescribeTasks(ctx, &ecs.DescribeTasksInput{
+				Cluster: aws.String(l.cfg.Cluster), Tasks: batch, Include: []types.TaskField{types.TaskFieldTags},
+			})
+			return err
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, t := range out.Tasks {
+			found[aws.ToString(t.TaskArn)] = t
+		}
+		for _, f := range out.Failures {
+			missing[aws.ToString(f.Arn)] = aws.ToString(f.Reason)
+		}
+	}
+	return found, missing, nil
+}
+
+// watcher polls the starting tasks of one Launch with batched
+// DescribeTasks every PollInterval and hands each waiter its task.
+type watcher struct {
+	l       *launcher
+	mu      sync.Mutex
+	waiting map[string]chan types.Task // task ARN → latest description (buffer 1)
+}
+
+func newWatcher(l *launcher) *watcher {
+	return &watcher{l: l, waiting: map[string]chan types.Task{}}
+}
+
+// add registers arn and returns the channel its latest description
+// arrives on. (A task ECS reports missing right after RunTask is only not
+// visible yet: it is polled again until its deadline.)
+func (w *watcher) add(arn string) <-chan types.Task {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch := make(chan types.Task, 1)
+	w.waiting[arn] = ch
+	return ch
+}
+
+func (w *watcher) remove(arn string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.waiting, arn)
+}
+
+// run polls until ctx ends. Describe errors are logged and the poll
+// repeated at the next tick.
+func (w *watcher) run(ctx context.Context) {
+	t := time.NewTicker(w.l.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		ids := make([]string, 0, len(w.waiting))
+		for arn := range w.waiting {
+			ids = append(ids, arn)
+		}
+		w.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		found, _, err := w.l.describe(ctx, ids)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.l.logger.Warn("describe starting tasks", "tasks", len(ids), "err", err)
+			}
+			continue
+		}
+		w.mu.Lock()
+		for arn, task := range found {
+			if ch, ok := w.waiting[arn]; ok {
+				select { // replace a description not yet read
+				case <-ch:
+				default:
+				}
+				ch <- task
+			}
+		}
+		w.mu.Unlock()
+	}
+}
