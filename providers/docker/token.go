@@ -1,9 +1,7 @@
 package docker
 
 import (
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,24 +9,23 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
 const (
 	// keyBytes is the size of the token key (hex encoded in its file).
-	keyBytes = 32
+	keyBytes = agentapi.MinTokenKeyBytes
 	// nonceBytes is the size of a container's nonce (hex encoded in its label).
 	nonceBytes = 16
-	// tokenDomain separates these tokens from any other use of the key.
-	tokenDomain = "quarry docker agent token v1"
 	// maxKeyFile bounds what is read from the key file.
 	maxKeyFile = 4 << 10
 )
 
-// tokenKey derives agent tokens. A token is HMAC-SHA256 of the gateway id,
-// the task name and the container's nonce under the key: the engine keeps
-// the inputs (labels), the key file keeps the secret, and nothing needs to
-// be remembered per task.
+// tokenKey derives agent tokens: agentapi.DeriveToken under the key of the
+// gateway id, the task name and the container's nonce, so a token is bound
+// to the container it was made for. The engine keeps the inputs (labels),
+// the key file keeps the secret, and nothing needs to be remembered per task.
 type tokenKey []byte
 
 // token returns the agent token of a container, or "" without a nonce.
@@ -36,12 +33,7 @@ func (k tokenKey) token(gatewayID, name, nonce string) string {
 	if nonce == "" {
 		return ""
 	}
-	m := hmac.New(sha256.New, k)
-	for _, part := range []string{tokenDomain, gatewayID, name, nonce} {
-		m.Write([]byte(part))
-		m.Write([]byte{0})
-	}
-	return hex.EncodeToString(m.Sum(nil))
+	return agentapi.DeriveToken(k, gatewayID+"\x00"+name+"\x00"+nonce)
 }
 
 // newNonce returns a random nonce for one container.
@@ -93,9 +85,9 @@ func readKey(path string) (tokenKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read token key %s: %w", path, err)
 	}
-	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil || len(key) < keyBytes {
-		return nil, fmt.Errorf("token key %s: want at least %d hex characters; delete the file to generate a new key (running sandboxes then lose their tokens)", path, 2*keyBytes)
+	key, err := agentapi.ParseTokenKey(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w; delete the file to generate a new key (running sandboxes then lose their tokens)", path, err)
 	}
 	return key, nil
 }
