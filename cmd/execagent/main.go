@@ -89,9 +89,16 @@ func run(ctx context.Context) error {
 		return hideKey(token) // the agent goes on in the new image, without the key
 	}
 	cfg.Token = token
-	if cfg.Workdir == "" {
+	switch {
+	case cfg.Workdir == "":
 		if cfg.Workdir, err = os.Getwd(); err != nil {
 			return fmt.Errorf("QUARRY_AGENT_WORKDIR: not set and the current directory is unknown: %w", err)
+		}
+	case filepath.IsAbs(cfg.Workdir):
+		// Created when missing (e.g. under /tmp by an unprivileged user in
+		// an image that has no directory for it); Validate rejects the rest.
+		if err := os.MkdirAll(cfg.Workdir, 0o755); err != nil {
+			return fmt.Errorf("QUARRY_AGENT_WORKDIR: create %s: %w", cfg.Workdir, err)
 		}
 	}
 	cfg.Env = scrubEnv()

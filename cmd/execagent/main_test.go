@@ -133,7 +133,8 @@ func TestRun_RefusesToStartWithoutToken(t *testing.T) {
 		{"short key", []string{"QUARRY_AGENT_TOKEN_KEY=abcd", "QUARRY_AGENT_TOKEN_NONCE=n"}, "QUARRY_AGENT_TOKEN_KEY"},
 		{"token and key", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_TOKEN_KEY=" + strings.Repeat("5a", 32), "QUARRY_AGENT_TOKEN_NONCE=n"}, "both set"},
 		{"bad limit", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_MAX_TIMEOUT=soon"}, "MAX_TIMEOUT"},
-		{"bad workdir", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_WORKDIR=/no/such/dir"}, "QUARRY_AGENT_WORKDIR"},
+		{"workdir is a file", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_WORKDIR=" + writeTemp(t, "x")}, "QUARRY_AGENT_WORKDIR"},
+		{"relative workdir", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_WORKDIR=work"}, "QUARRY_AGENT_WORKDIR"},
 		{"bad address", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_ADDR=nope"}, "QUARRY_AGENT_ADDR"},
 	}
 	for _, tt := range tests {
@@ -268,4 +269,12 @@ func BenchmarkAgent_IdleRSS(b *testing.B) {
 		}
 	}
 	b.ReportMetric(kb/1024, "idle-rss-MB")
+}
+
+func TestRun_CreatesMissingWorkdir(t *testing.T) {
+	work := filepath.Join(t.TempDir(), "a", "work")
+	p := startAgent(t, "QUARRY_AGENT_TOKEN=tok", "QUARRY_AGENT_WORKDIR="+work)
+	res, err := agentapi.New("http://"+p.addr, "tok", nil).Exec(context.Background(), agentapi.ExecRequest{Command: "pwd"})
+	require.NoError(t, err)
+	assert.Equal(t, work+"\n", res.Stdout, "commands run in the created work dir")
 }

@@ -41,11 +41,32 @@ const (
 	envTokenKey    = "QUARRY_AGENT_TOKEN_KEY"
 	envTokenNonce  = "QUARRY_AGENT_TOKEN_NONCE"
 	envAgentAddr   = "QUARRY_AGENT_ADDR"
+	envAgentWork   = "QUARRY_AGENT_WORKDIR"
 	agentEnvPrefix = "QUARRY_AGENT_"
 	// tagCreated records the launch time (Unix seconds) in case the backend
 	// reports no createdAt.
 	tagCreated = "quarry.created"
 )
+
+// Sandboxes run unprivileged by default: as nobody, without the
+// capabilities a root user would need to change the container, in a work
+// directory the agent creates (/tmp is writable for every user in
+// practically every image).
+const (
+	// DefaultUser is the sandbox container's user unless the pool's
+	// options.user names another ("0" runs as root).
+	DefaultUser = "65534:65534"
+	// sandboxWorkdir is the agent's work directory in the sandbox.
+	sandboxWorkdir = "/tmp/quarry-work"
+)
+
+// droppedCapabilities are dropped from every sandbox container: Docker's
+// default set minus those a root user needs to install software (chown,
+// file permissions, setuid for package scripts, kill). With DefaultUser
+// no capability is effective anyway.
+func droppedCapabilities() []string {
+	return []string{"AUDIT_WRITE", "MKNOD", "NET_RAW", "SETFCAP", "SETPCAP", "SYS_CHROOT"}
+}
 
 // Pool options (providers.Spec.Options) this provider reads.
 const (
@@ -73,7 +94,8 @@ type settings struct {
 	arch    types.CPUArchitecture
 	cpu     int // CPU units
 	memory  int // MiB
-	// user is the sandbox container's user ("" = the image's USER).
+	// user is the sandbox container's user (DefaultUser unless the pool
+	// names one).
 	user string
 }
 
@@ -85,7 +107,7 @@ func invalidSpec(spec providers.Spec, reason string) error {
 // resolve checks spec against cfg and returns the pool's settings, or a
 // LaunchError (ErrInvalidSpec) naming the bad field.
 func resolve(cfg Config, spec providers.Spec) (settings, error) {
-	s := settings{subnets: cfg.Subnets, sgs: cfg.SecurityGroups, publicIP: cfg.AssignPublicIP, arch: types.CPUArchitectureX8664}
+	s := settings{subnets: cfg.Subnets, sgs: cfg.SecurityGroups, publicIP: cfg.AssignPublicIP, arch: types.CPUArchitectureX8664, user: DefaultUser}
 	for k := range spec.Options {
 		if !slices.Contains(knownOptions(), k) {
 			return s, invalidSpec(spec, fmt.Sprintf("options.%s: unknown option (known: %s)", k, strings.Join(knownOptions(), ", ")))
@@ -250,7 +272,10 @@ func fargateSize(cpu float64, memMB int) (units, mem int, err error) {
 // by a hash of everything else, so equal pools share one definition and a
 // changed pool gets a new one.
 func renderTaskDef(cfg Config, spec providers.Spec, s settings) *ecs.RegisterTaskDefinitionInput {
-	env := []types.KeyValuePair{{Name: aws.String(envAgentAddr), Value: aws.String(fmt.Sprintf("0.0.0.0:%d", cfg.AgentPort))}}
+	env := []types.KeyValuePair{
+		{Name: aws.String(envAgentAddr), Value: aws.String(fmt.Sprintf("0.0.0.0:%d", cfg.AgentPort))},
+		{Name: aws.String(envAgentWork), Value: aws.String(sandboxWorkdir)},
+	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		env = append(env, types.KeyValuePair{Name: aws.String(k), Value: aws.String(spec.Env[k])})
 	}
@@ -297,14 +322,13 @@ func renderTaskDef(cfg Config, spec providers.Spec, s settings) *ecs.RegisterTas
 				Secrets:           []types.Secret{{Name: aws.String(envTokenKey), ValueFrom: aws.String(cfg.TokenKeySecretARN)}},
 				MemoryReservation: aws.Int32(int32(s.memory - initReservationMB)),
 				LogConfiguration:  logs("sandbox"),
+				User:              aws.String(s.user),
+				LinuxParameters:   &types.LinuxParameters{Capabilities: &types.KernelCapabilities{Drop: droppedCapabilities()}},
 			},
 		},
 	}
 	if cfg.TaskRoleARN != "" {
 		in.TaskRoleArn = aws.String(cfg.TaskRoleARN)
-	}
-	if s.user != "" {
-		in.ContainerDefinitions[1].User = aws.String(s.user)
 	}
 	b, _ := json.Marshal(in) // plain data: cannot fail
 	sum := sha256.Sum256(b)

@@ -95,7 +95,9 @@ func TestRenderTaskDef(t *testing.T) {
 	assert.Equal(t, "1024", aws.ToString(in.Memory))
 	assert.Equal(t, cfg.ExecutionRoleARN, aws.ToString(in.ExecutionRoleArn))
 	assert.Nil(t, in.TaskRoleArn, "sandboxes get no AWS role by default")
-	assert.Nil(t, in.ContainerDefinitions[1].User, "the image's USER by default")
+	assert.Equal(t, DefaultUser, aws.ToString(in.ContainerDefinitions[1].User), "unprivileged by default")
+	require.NotNil(t, in.ContainerDefinitions[1].LinuxParameters)
+	assert.Contains(t, in.ContainerDefinitions[1].LinuxParameters.Capabilities.Drop, "NET_RAW")
 	require.Len(t, in.Volumes, 1)
 	assert.Equal(t, "quarry-agent", aws.ToString(in.Volumes[0].Name))
 	require.Len(t, in.ContainerDefinitions, 2)
@@ -121,7 +123,7 @@ func TestRenderTaskDef(t *testing.T) {
 	for _, kv := range box.Environment {
 		env[aws.ToString(kv.Name)] = aws.ToString(kv.Value)
 	}
-	assert.Equal(t, map[string]string{"QUARRY_AGENT_ADDR": "0.0.0.0:8000", "A": "1"}, env)
+	assert.Equal(t, map[string]string{"QUARRY_AGENT_ADDR": "0.0.0.0:8000", "QUARRY_AGENT_WORKDIR": sandboxWorkdir, "A": "1"}, env)
 	require.NotNil(t, box.LogConfiguration)
 	assert.Equal(t, types.LogDriverAwslogs, box.LogConfiguration.LogDriver)
 	assert.Equal(t, map[string]string{"awslogs-group": "/quarry/sandboxes", "awslogs-region": "us-east-1", "awslogs-stream-prefix": "sandbox"}, box.LogConfiguration.Options)
