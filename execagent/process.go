@@ -29,9 +29,12 @@ type process struct {
 	id      string
 	cmd     *exec.Cmd
 	pgid    int
+	name    string // "" when unnamed
 	command string
 	argv    []string
 	started time.Time
+
+	rpc *rpcPipe // nil unless started with rpc
 
 	stdinMu     sync.Mutex
 	stdin       *os.File // nil without a stdin pipe
@@ -51,24 +54,29 @@ type process struct {
 
 // processTable holds the background processes until they are deleted.
 type processTable struct {
-	srv *Server
-	mu  sync.Mutex
-	m   map[string]*process
+	srv   *Server
+	mu    sync.Mutex
+	m     map[string]*process
+	names map[string]*process // named processes, by name
 }
 
 func newProcessTable(s *Server) *processTable {
-	return &processTable{srv: s, m: map[string]*process{}}
+	return &processTable{srv: s, m: map[string]*process{}, names: map[string]*process{}}
 }
 
 // start starts spec as a background process.
-func (t *processTable) start(spec cmdSpec, command string, argv []string, withStdin bool) (*process, error) {
+func (t *processTable) start(spec cmdSpec, command string, argv []string, withStdin bool, opts procOptions) (*process, error) {
 	s := t.srv
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.m) >= s.cfg.MaxProcesses {
+	replaced, err := t.checkNameLocked(opts.name)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(t.m); n >= s.cfg.MaxProcesses && (replaced == nil || n > s.cfg.MaxProcesses) {
 		return nil, fmt.Errorf("too many processes (the maximum is %d, exited ones included); delete some first: %w", s.cfg.MaxProcesses, errConflict)
 	}
-	p := &process{id: newID("proc-"), command: command, argv: argv, out: newRing(s.cfg.ProcessOutputBytes),
+	p := &process{id: newID("proc-"), name: opts.name, command: command, argv: argv, out: newRing(s.cfg.ProcessOutputBytes),
 		changed: make(chan struct{}), done: make(chan struct{}), readDone: make(chan struct{})}
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -76,11 +84,25 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 	}
 	cmd := newCmd(spec)
 	cmd.Stdout, cmd.Stderr = outW, outW
+	var rpcW *os.File
+	if opts.rpc {
+		withStdin = true
+		var rpcR *os.File
+		if rpcR, rpcW, err = os.Pipe(); err != nil {
+			_ = outR.Close()
+			_ = outW.Close()
+			return nil, fmt.Errorf("create process reply pipe: %w", err)
+		}
+		p.rpc = newRPCPipe(rpcR)
+		cmd.Stdout = rpcW
+	}
 	var inR *os.File
 	if withStdin {
 		if inR, p.stdin, err = os.Pipe(); err != nil {
 			_ = outR.Close()
 			_ = outW.Close()
+			p.rpc.close()
+			closeFile(rpcW)
 			return nil, fmt.Errorf("create process stdin pipe: %w", err)
 		}
 		cmd.Stdin = inR
@@ -88,11 +110,13 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 	p.started = time.Now()
 	err = s.procs.start(cmd)
 	_ = outW.Close()
+	closeFile(rpcW)
 	if inR != nil {
 		_ = inR.Close()
 	}
 	if err != nil {
 		_ = outR.Close()
+		p.rpc.close()
 		if p.stdin != nil {
 			_ = p.stdin.Close()
 		}
@@ -102,7 +126,13 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 		return nil, fmt.Errorf("start process: %w", err)
 	}
 	p.cmd, p.pgid, p.outR = cmd, cmd.Process.Pid, outR
+	if replaced != nil {
+		t.forgetLocked(replaced)
+	}
 	t.m[p.id] = p
+	if p.name != "" {
+		t.names[p.name] = p
+	}
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); p.readOutput() }()
 	go func() { defer s.wg.Done(); p.wait(s) }()
@@ -169,7 +199,7 @@ func (p *process) info() agentapi.ProcessInfo {
 
 func (p *process) infoLocked() agentapi.ProcessInfo {
 	pi := agentapi.ProcessInfo{
-		ID: p.id, PID: p.pgid, Command: p.command, Argv: p.argv,
+		ID: p.id, Name: p.name, RPC: p.rpc != nil, PID: p.pgid, Command: p.command, Argv: p.argv,
 		State: agentapi.ProcessRunning, StartedAt: p.started, OutputBytes: p.out.total,
 	}
 	if p.exited {
@@ -179,10 +209,14 @@ func (p *process) infoLocked() agentapi.ProcessInfo {
 	return pi
 }
 
+// get returns the process with this id or name.
 func (t *processTable) get(id string) (*process, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p, ok := t.m[id]
+	if !ok {
+		p, ok = t.names[id]
+	}
 	if !ok {
 		return nil, fmt.Errorf("process %q: %w", id, errNotFound)
 	}
@@ -209,7 +243,7 @@ func (t *processTable) kill(p *process) agentapi.ProcessInfo {
 	t.srv.procs.killGroup(p.pgid, unix.SIGKILL)
 	waitDone(p.done, t.srv.cfg.DrainTimeout+10*time.Second)
 	t.mu.Lock()
-	delete(t.m, p.id)
+	t.forgetLocked(p)
 	t.mu.Unlock()
 	return p.info()
 }
@@ -234,7 +268,11 @@ func (s *Server) handleProcessStart(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	p, err := s.processes.start(spec, req.Command, req.Argv, req.Stdin)
+	opts, err := processOptions(req)
+	if err != nil {
+		return err
+	}
+	p, err := s.processes.start(spec, req.Command, req.Argv, req.Stdin, opts)
 	if err != nil {
 		return err
 	}

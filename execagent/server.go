@@ -189,6 +189,7 @@ func (s *Server) routes() http.Handler {
 	fenced("GET "+agentapi.RouteProcessOutput, s.handleProcessOutput)
 	fenced("POST "+agentapi.RouteProcessSignal, s.handleProcessSignal)
 	fenced("POST "+agentapi.RouteProcessStdin, s.handleProcessStdin)
+	fenced("POST "+agentapi.RouteProcessCall, s.handleProcessCall)
 	fenced("GET "+agentapi.RouteFiles, s.handleFileRead)
 	fenced("PUT "+agentapi.RouteFiles, s.handleFileWrite)
 	fenced("GET "+agentapi.RouteFileStat, s.handleFileStat)

@@ -15,7 +15,8 @@
 // (ServeTLS) and, later, a Lambda adapter (App).
 //
 // It depends on the warmpool, providers, agentapi and modelservice
-// contracts only. It must
+// contracts and the envs service (envs.go: the env API's routes, with
+// envs.Sandboxes implemented over the gateway's own lease checks) only. It must
 // not import a concrete provider (providers/...), a concrete store
 // (warmpool/boltstore, ...) or cmd/.
 package gateway

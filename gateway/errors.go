@@ -11,6 +11,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/providers"
@@ -122,6 +123,9 @@ func describe(err error) answer {
 	if a, ok := describeModel(subject, err); ok {
 		return a
 	}
+	if a, ok := describeEnv(subject, err); ok {
+		return a
+	}
 	switch {
 	case errors.As(err, &api):
 		return answer{status: api.Status, code: api.Code, message: api.Message}
@@ -193,6 +197,39 @@ func describeModel(subject string, err error) (answer, bool) {
 	case errors.Is(err, modelservice.ErrFull), errors.Is(err, modelservice.ErrUnavailable), errors.Is(err, modelservice.ErrClosed):
 		return answer{status: http.StatusServiceUnavailable, code: agentapi.CodeUnavailable, retry: true,
 			message: "the model relay is unavailable (" + err.Error() + "); retry later"}, true
+	}
+	return answer{}, false
+}
+
+// describeEnv maps the env API's errors (envs); ok is false for any other
+// error.
+func describeEnv(subject string, err error) (answer, bool) {
+	var (
+		bad *envs.ValidationError
+		ee  *envs.Error
+	)
+	switch {
+	case errors.Is(err, errEnvsOff):
+		return answer{status: http.StatusNotFound, code: agentapi.CodeNotFound, message: err.Error()}, true
+	case errors.As(err, &bad):
+		return answer{status: http.StatusBadRequest, code: agentapi.CodeBadRequest, message: bad.Error()}, true
+	case errors.Is(err, envs.ErrNotEnv):
+		msg := err.Error()
+		if sbx := (*sandboxError)(nil); errors.As(err, &sbx) {
+			msg = sbx.Err.Error()
+		}
+		return answer{status: http.StatusConflict, code: agentapi.CodeConflict, message: msg}, true
+	case errors.As(err, &ee):
+		status := http.StatusBadGateway
+		switch ee.Kind {
+		case envs.KindInvalidAction:
+			status = http.StatusBadRequest
+		case envs.KindNotRunning:
+			status = http.StatusConflict
+		case envs.KindTimeout:
+			status = http.StatusGatewayTimeout
+		}
+		return answer{status: status, code: string(ee.Kind), message: subject + ": " + ee.Message}, true
 	}
 	return answer{}, false
 }

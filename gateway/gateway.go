@@ -15,7 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/modelservice"
+	"github.com/quarryhq/quarry/rockcompat"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -65,6 +67,12 @@ type Deps struct {
 	// Model is the model relay (docs/MODELSERVICE.md); nil: its routes
 	// answer 404.
 	Model *modelservice.Service
+	// Envs is the env registry of the env API (docs/ENVS.md); nil: its
+	// routes answer 404.
+	Envs *envs.Registry
+	// RockImages maps ROCK image names to pools for ROCK's routes
+	// (docs/ROCK.md); nil: images map to pools by name or image.
+	RockImages map[string]string
 }
 
 // Gateway is the REST API. Build it with New; serve it with Serve or
@@ -74,6 +82,7 @@ type Gateway struct {
 	cfg     Config
 	mgr     Manager
 	model   *modelservice.Service
+	envs    *envs.Service // nil without Deps.Envs
 	log     *slog.Logger
 	clock   warmpool.Clock
 	keys    keyring
@@ -82,6 +91,8 @@ type Gateway struct {
 	app     *fiber.App
 	routes  map[string]bool // registered route templates (metrics labels)
 	conns   *connSet        // connections accepted by Serve and ServeTLS
+
+	rock *rockcompat.Service // ROCK's routes (rock.go)
 }
 
 type systemClock struct{}
@@ -125,6 +136,12 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	if g.rock, err = g.newRock(deps.RockImages); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if g.envs, err = newEnvService(g, deps.Envs); err != nil {
+		return nil, err
+	}
 
 	g.app = fiber.New(fiber.Config{
 		AppName:                      "quarry-gateway",
@@ -200,6 +217,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		}
 	}
 	g.agents.closeIdle()
+	g.rock.CloseIdle()
 	if err != nil {
 		return fmt.Errorf("shut down gateway: %w", err)
 	}
@@ -245,6 +263,7 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodGet, path: sbx + "/processes/:pid/output", auth: true, proxy: kindOutput},
 		{method: fiber.MethodPost, path: sbx + "/processes/:pid/signal", auth: true, proxy: kindJSON},
 		{method: fiber.MethodPost, path: sbx + "/processes/:pid/stdin", auth: true, proxy: kindUpload},
+		{method: fiber.MethodPost, path: sbx + "/processes/:pid/call", auth: true, proxy: kindCommand},
 		{method: fiber.MethodGet, path: sbx + "/files", auth: true, proxy: kindDownload},
 		{method: fiber.MethodPut, path: sbx + "/files", auth: true, proxy: kindUpload},
 		{method: fiber.MethodGet, path: sbx + "/files/stat", auth: true, proxy: kindJSON},
@@ -260,6 +279,13 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodGet, path: sbx + "/model/transcript", auth: true, handler: g.modelTranscript},
 		{method: fiber.MethodGet, path: "/v1/model/requests", auth: true, handler: g.claimModelRequests},
 		{method: fiber.MethodPost, path: "/v1/model/requests/:rid/response", auth: true, handler: g.answerModelRequest},
+
+		// The env API (envs.go, docs/ENVS.md).
+		{method: fiber.MethodGet, path: "/v1/envs", auth: true, handler: g.listEnvs},
+		{method: fiber.MethodPost, path: "/v1/envs", auth: true, handler: g.makeEnv},
+		{method: fiber.MethodPost, path: sbx + "/env/reset", auth: true, handler: g.resetEnv},
+		{method: fiber.MethodPost, path: sbx + "/env/step", auth: true, handler: g.stepEnv},
+		{method: fiber.MethodPost, path: sbx + "/env/close", auth: true, handler: g.closeEnv},
 	}
 }
 
@@ -277,6 +303,7 @@ func (g *Gateway) register() {
 		}
 		g.routes[rt.path] = true
 	}
+	g.registerRock()
 }
 
 // observe wraps every request: it maps a handler's error to its answer,
@@ -316,6 +343,9 @@ func isUpload(method, uri []byte) bool {
 	}
 	if i := bytes.IndexByte(uri, '?'); i >= 0 {
 		uri = uri[:i]
+	}
+	if bytes.Equal(uri, rockUploadPath) {
+		return m == fiber.MethodPost
 	}
 	rest, ok := bytes.CutPrefix(uri, []byte("/v1/sandboxes/"))
 	i := bytes.IndexByte(rest, '/')

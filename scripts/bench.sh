@@ -4,8 +4,11 @@
 #  2. quarrybench -suite replicas: three gateways on DynamoDB (the local emulator, or AWS_ENDPOINT_URL)
 #  3. dockerbench: the Docker provider (cold and warm starts, refill of a pool of 50)
 #  4. relaybench: the model relay (memory and DynamoDB brokers, passthrough, 1,000 sandboxes)
-#  5. Go micro-benchmarks of the store, the warm pool and the agent
-#  6. peers: SWE-ReX's swerex-remote and ROCK's rocklet beside Quarry's agent (scripts/bench-peers.sh)
+#  5. envbench: the env API (episodes of reset + 20 steps + close on the terminal task, 1 and 64
+#     clients, step overhead over a session run)
+#  6. the ECS launch controller against a fake that enforces AWS's limits
+#  7. Go micro-benchmarks of the store, the warm pool and the agent
+#  8. peers: SWE-ReX's swerex-remote and ROCK's rocklet beside Quarry's agent (scripts/bench-peers.sh)
 # Results are printed and written to .cache/bench/ (JSON + text). Dependencies are set up as in
 # make test (Docker engine and images, the emulator).
 set -euo pipefail
@@ -38,6 +41,8 @@ run quarrybench go run ./bench/quarrybench -bin bin -json "$out/quarrybench.json
 run replicas go run ./bench/quarrybench -bin bin -suite replicas -json "$out/replicas.json"
 run dockerbench go run ./bench/dockerbench -bin bin -json "$out/dockerbench.json"
 run relaybench go run ./bench/relaybench -dynamodb -json "$out/relaybench.json"
+run envbench go run ./bench/envbench -bin bin -json "$out/envbench.json"
+run ecs go test -run '^$' -bench . -benchtime 50x ./providers/ecs/
 run warmpool go test -run '^$' -bench 'BenchmarkStore_Claim|BenchmarkManager_AcquireWarm' -benchtime=2000x ./warmpool/ ./warmpool/boltstore/
 run execagent go test -run '^$' -bench 'BenchmarkSession|BenchmarkExec|BenchmarkSpawnBash' -benchtime=3000x ./execagent/
 run peers scripts/bench-peers.sh bin/execagent --json "$out/peers.json"

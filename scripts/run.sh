@@ -12,11 +12,19 @@ if [ "$QUARRY_PROVIDER" = docker ]; then
   # Docker sandboxes: an engine and the locally built images (no registry is needed).
   scripts/docker-up.sh
   scripts/images/build.sh
-  export QUARRY_POOLS_FILE="${QUARRY_POOLS_FILE:-$PWD/scripts/images/pools.yaml}"
+  if [ -z "${QUARRY_POOLS_FILE:-}" ]; then
+    export QUARRY_POOLS_FILE="$PWD/scripts/images/pools.yaml"
+    export QUARRY_ENVS_FILE="${QUARRY_ENVS_FILE:-$PWD/scripts/images/envs.yaml}"
+  fi
 fi
 export QUARRY_POOLS_FILE="${QUARRY_POOLS_FILE:-$PWD/config/pools.yaml}"
 export QUARRY_AGENT_BINARY="${QUARRY_AGENT_BINARY:-$PWD/bin/execagent}"
 mkdir -p "$QUARRY_DATA_DIR"
+if [ -z "${QUARRY_ENVS_FILE:-}" ] && [ "$QUARRY_POOLS_FILE" = "$PWD/config/pools.yaml" ]; then
+  # The example envs (examples/envs) on the default pool, with their paths on this machine.
+  sed "s|@QUARRY_ROOT@|$PWD|g" config/envs.yaml >"$QUARRY_DATA_DIR/envs.yaml"
+  export QUARRY_ENVS_FILE="$QUARRY_DATA_DIR/envs.yaml"
+fi
 
 scheme=http
 [ -n "${QUARRY_TLS_CERT_FILE:-}" ] && scheme=https
@@ -44,6 +52,10 @@ cat <<MSG
     curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"command":"uname -a"}' \$QUARRY_URL/v1/sandboxes/<id>/exec
   or with the CLI:
     ./bin/quarry sandbox create && ./bin/quarry sandbox ls
+  a Gym-style env (reset / step; envs in \$QUARRY_ENVS_FILE, docs/ENVS.md):
+    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"env_id":"guess"}' \$QUARRY_URL/v1/envs
+    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"seed":42}' \$QUARRY_URL/v1/sandboxes/<id>/env/reset
+    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"action":50}' \$QUARRY_URL/v1/sandboxes/<id>/env/step
 
   Ctrl-C stops the gateway (sandboxes keep running; 'make clean' stops them).
 

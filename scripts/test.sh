@@ -2,7 +2,7 @@
 # make test: every suite, against real dependencies, which this script installs or starts:
 #   - busybox-static (POSIX-shell sessions), Docker engine + locally built images (Docker provider),
 #     the AWS API emulator on 127.0.0.1:4566 (DynamoDB lease store and relay broker), Python's
-#     openai package (run inside sandboxes by the relay tests).
+#     openai package (run inside sandboxes by the relay tests), ROCK's SDK rl-rock (ROCK compatibility).
 # A missing dependency is a failure, never a skip. Set AWS_ENDPOINT_URL (and credentials, region)
 # to run the AWS suites against LocalStack or real AWS instead of the local emulator.
 set -euo pipefail
@@ -20,6 +20,8 @@ scripts/docker-up.sh
 scripts/images/build.sh
 QUARRY_TEST_PYTHONPATH="$(scripts/python-deps.sh)"
 export QUARRY_TEST_PYTHONPATH
+QUARRY_ROCK_PYTHON="$(scripts/rock-sdk.sh)"
+export QUARRY_ROCK_PYTHON
 
 start_emulator() {
   localstack/emulator.sh stop >/dev/null 2>&1 || true
@@ -45,8 +47,8 @@ go vet -tags integration ./tests/...
 echo "== unit and component tests (race detector; Docker, busybox; AWS suites run next)"
 QUARRY_TEST_AWS= go test -race -count=1 ./...
 
-echo "== AWS suites: DynamoDB lease store and relay broker (conformance, 10,000-claim race)"
-go test -race -count=1 -p 1 -timeout 30m ./warmpool/dynamostore/ ./modelservice/dynamobroker/
+echo "== AWS suites: DynamoDB lease store and relay broker (conformance, 10,000-claim race), ECS provider, Lambda mode"
+go test -race -count=1 -p 1 -timeout 30m ./warmpool/dynamostore/ ./modelservice/dynamobroker/ ./providers/ecs/ ./cmd/gateway/
 
 # The emulator's memory grows with every table it ever held; a fresh one keeps the next suite fast.
 [ -n "$started_emulator" ] && start_emulator

@@ -372,19 +372,6 @@ func TestE2E_BadInput(t *testing.T) {
 	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})
 	require.NoError(t, err)
 
-	raw := func(method, path, key, body string) (int, string) {
-		req, err := http.NewRequestWithContext(ctx, method, g.url()+path, strings.NewReader(body))
-		require.NoError(t, err)
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
 	cases := []struct {
 		name, method, path, key, body string
 		status                        int
@@ -407,7 +394,7 @@ func TestE2E_BadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			status, body := raw(tc.method, tc.path, tc.key, tc.body)
+			status, body := g.raw(ctx, t, tc.method, tc.path, tc.key, tc.body)
 			assert.Equal(t, tc.status, status, body)
 			assert.Contains(t, body, tc.contains)
 			assert.Contains(t, body, `"error"`)

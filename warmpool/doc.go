@@ -17,7 +17,9 @@
 // restarted gateway (or another replica on the same store) serves every
 // live lease. Background work runs in goroutines that Start starts and
 // Close stops and waits for: one reconciler per pool, the reaper, the
-// orphan sweep, and the launches the reconcilers start.
+// orphan sweep, and the launches the reconcilers start. Where no process
+// lives between requests (AWS Lambda), RunOnce runs the same passes once
+// instead, lock-gated the same way, and returns when they are done.
 //
 // Many replicas may share one store. Each background pass runs only on the
 // replica that holds its lock (Store.TryLock: an expiring lease in the

@@ -228,6 +228,7 @@ type Manager struct {
 	mu      sync.Mutex // guards started, closed and wg.Add
 	started bool
 	closed  bool
+	runOnce sync.Mutex // serializes RunOnce
 }
 
 // New validates cfg and deps and builds a Manager. It starts nothing (see

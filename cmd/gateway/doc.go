@@ -18,4 +18,14 @@
 // QUARRY_SHUTDOWN_TIMEOUT) and closes the manager (which hands its locks to
 // the other replicas) and the store; sandboxes keep running, and the next
 // start serves their leases again.
+//
+// Inside AWS Lambda (AWS_LAMBDA_RUNTIME_API is set; lambda.go,
+// docs/DEPLOY.md) the same gateway app answers API Gateway HTTP API and
+// Function URL events through an adapter to fasthttp, with buffered
+// answers, and a scheduled EventBridge event runs one lock-gated pass of
+// the warm pool's background work (warmpool.Manager.RunOnce); no loop runs
+// between invocations. QUARRY_POOLS carries the pools document inline, and
+// QUARRY_SECRET_ARNS names Secrets Manager secrets whose values become
+// variables at start-up (secrets.go), so that no secret value is in the
+// function's configuration.
 package main

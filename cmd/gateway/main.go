@@ -49,6 +49,8 @@ type Config struct {
 	Addr        string `envconfig:"QUARRY_ADDR" default:"127.0.0.1:8080"`
 	DataDir     string `envconfig:"QUARRY_DATA_DIR" default:".quarry"`
 	PoolsFile   string `envconfig:"QUARRY_POOLS_FILE"`
+	Pools       string `envconfig:"QUARRY_POOLS"`       // the pools document itself (Lambda has no file); exclusive with PoolsFile
+	RockImages  string `envconfig:"QUARRY_ROCK_IMAGES"` // image=pool pairs for ROCK's routes (docs/ROCK.md)
 	Provider    string `envconfig:"QUARRY_PROVIDER" default:"process"`
 	Store       string `envconfig:"QUARRY_STORE" default:"embedded"`
 	AgentBinary string `envconfig:"QUARRY_AGENT_BINARY"`
@@ -95,6 +97,7 @@ func providerMakers() map[string]func(cfg Config, log *slog.Logger) (providers.P
 	return map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error){
 		"process": newProcessProvider,
 		"docker":  makeDockerProvider,
+		"ecs":     makeECSProvider,
 	}
 }
 
@@ -149,40 +152,107 @@ func parseLevel(s string) (slog.Level, error) {
 // run starts the gateway and serves until ctx is done, then shuts down:
 // in-flight requests finish (bounded), the manager and the store close. The
 // sandboxes keep running: leases outlive the process. It writes one line to
-// out once serving: the URL and where the API key is.
+// out once serving: the URL and where the API key is. Inside AWS Lambda
+// (AWS_LAMBDA_RUNTIME_API is set) it serves Lambda invocations instead
+// (lambda.go).
 func run(ctx context.Context, out io.Writer) error {
+	if err := loadSecrets(ctx); err != nil {
+		return err
+	}
+	cfg, log, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	if inLambda(os.Getenv) {
+		return runLambda(ctx, cfg, log)
+	}
+	st, err := build(ctx, cfg, log, true)
+	if err != nil {
+		return err
+	}
+	defer st.close(ctx)
+	return serve(ctx, st.cfg, st.gw, st.keySource, out, log)
+}
+
+// loadConfig reads and validates the QUARRY_* configuration and builds the
+// logger it asks for.
+func loadConfig() (Config, *slog.Logger, error) {
 	var cfg Config
 	if err := envconfig.Process("", &cfg); err != nil {
-		return fmt.Errorf("read QUARRY_* configuration: %w", err)
+		return cfg, nil, fmt.Errorf("read QUARRY_* configuration: %w", err)
 	}
 	cfg.ManagerConfig = cfg.ManagerConfig.WithDefaults() // once: the default replica id is random
 	if err := cfg.Validate(); err != nil {
-		return err
+		return cfg, nil, err
 	}
 	level, _ := parseLevel(cfg.LogLevel)
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("QUARRY_DATA_DIR: create %s: %w", cfg.DataDir, err)
+	return cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})), nil
+}
+
+// stack is the gateway with everything it runs on, built by build; close
+// tears it down in reverse order.
+type stack struct {
+	cfg       Config
+	gw        *gateway.Gateway
+	mgr       *warmpool.Manager
+	keySource string // where the API key comes from, for the start-up line
+	log       *slog.Logger
+	closers   []func(ctx context.Context) // run in reverse order by close
+}
+
+// close stops what build started, last first, each step bounded by
+// QUARRY_SHUTDOWN_TIMEOUT. It never stops sandboxes.
+func (s *stack) close(ctx context.Context) {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+		s.closers[i](cctx)
+		cancel()
 	}
-	keySource := "QUARRY_API_KEYS"
+}
+
+// build opens the lease store, the providers, the model relay and the
+// manager, and builds the gateway on them. With background, the manager's
+// loops start (a long-lived server); without, nothing runs between calls
+// and the background work is Manager.RunOnce's (Lambda). On error, what was
+// opened is closed again.
+func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (_ *stack, err error) {
+	st := &stack{cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			st.close(ctx)
+		}
+	}()
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("QUARRY_DATA_DIR: create %s: %w", cfg.DataDir, err)
+	}
+	st.keySource = "QUARRY_API_KEYS"
 	if len(cfg.APIKeys) == 0 {
 		key, path, err := loadOrCreateKey(cfg.DataDir)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		cfg.APIKeys, keySource = []string{key}, path
+		cfg.APIKeys, st.keySource = []string{key}, path
 		log.Info("no QUARRY_API_KEYS: using the generated key", "file", path)
 	}
 	pools, err := loadPools(cfg)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	envReg, err := loadEnvs(pools)
+	if err != nil {
+		return nil, err
+	}
+	rockImages, err := parseRockImages(cfg.RockImages, pools)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.DefaultPool == "" && !hasPool(pools, "default") {
 		cfg.DefaultPool = pools[0].Name
 	}
 	if err := cfg.GatewayConfig.Validate(); err != nil { // now with its keys
-		return err
+		return nil, err
 	}
+	st.cfg = cfg
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -190,18 +260,18 @@ func run(ctx context.Context, out io.Writer) error {
 	store, err := storeOpeners()[cfg.Store](openCtx, cfg, storeDeps{log: log, metrics: reg})
 	cancel()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() {
+	st.closers = append(st.closers, func(context.Context) {
 		if err := store.Close(); err != nil {
 			log.Error("close lease store", "err", err)
 		}
-	}()
+	})
 	provs, err := makeProviders(cfg, pools, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer closeProviders(provs, log)
+	st.closers = append(st.closers, func(context.Context) { closeProviders(provs, log) })
 
 	agentHTTP := &http.Client{
 		Timeout:   30 * time.Second,
@@ -209,41 +279,40 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	relay, closeRelay, err := newModelRelay(ctx, cfg.DataDir, cfg.Addr, pools, store, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-		defer cancel()
-		if err := closeRelay(cctx); err != nil {
+	st.closers = append(st.closers, func(ctx context.Context) {
+		if err := closeRelay(ctx); err != nil {
 			log.Error("close model relay", "err", err)
 		}
-	}()
+	})
 	mgr, err := warmpool.New(cfg.ManagerConfig.WithDefaults(), warmpool.Deps{
 		Store: store, Providers: provs, Pools: pools, Agents: warmpool.NewHTTPAgents(agentHTTP),
 		Logger: log, Metrics: reg, LeaseEnv: relay.LeaseEnv,
 	})
 	if err != nil {
-		return fmt.Errorf("create manager: %w", err)
+		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	startCtx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
-	err = mgr.Start(startCtx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("start manager: %w", err)
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-		defer cancel()
-		if err := mgr.Close(cctx); err != nil {
+	st.mgr = mgr
+	st.closers = append(st.closers, func(ctx context.Context) {
+		if err := mgr.Close(ctx); err != nil {
 			log.Error("close manager", "err", err)
 		}
-	}()
-
-	gw, err := gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg, Model: relay})
-	if err != nil {
-		return err
+	})
+	if background {
+		startCtx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+		err = mgr.Start(startCtx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("start manager: %w", err)
+		}
 	}
-	return serve(ctx, cfg, gw, keySource, out, log)
+
+	st.gw, err = gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg, Model: relay, Envs: envReg, RockImages: rockImages})
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // serve listens on QUARRY_ADDR until ctx is done, then shuts the gateway down.
@@ -316,29 +385,43 @@ func defaultPool() warmpool.PoolConfig {
 	return warmpool.PoolConfig{Name: "default", Image: "host", MinWarm: 2, MaxTotal: 16}.WithDefaults()
 }
 
-// loadPools reads QUARRY_POOLS_FILE (or uses the built-in default pool) and
-// gives pools that name no provider QUARRY_PROVIDER.
+// loadPools reads QUARRY_POOLS or QUARRY_POOLS_FILE (or uses the built-in
+// default pool) and gives pools that name no provider QUARRY_PROVIDER.
 func loadPools(cfg Config) ([]warmpool.PoolConfig, error) {
 	pools := []warmpool.PoolConfig{defaultPool()}
-	if cfg.PoolsFile != "" {
-		var err error
+	source := "QUARRY_POOLS_FILE"
+	if cfg.Pools != "" {
+		source = "QUARRY_POOLS"
+	}
+	var err error
+	switch {
+	case cfg.PoolsFile != "" && cfg.Pools != "":
+		return nil, errors.New("QUARRY_POOLS and QUARRY_POOLS_FILE: set one, not both")
+	case cfg.Pools != "":
+		if pools, err = warmpool.ParsePools([]byte(cfg.Pools)); err != nil {
+			return nil, fmt.Errorf("QUARRY_POOLS: %w", err)
+		}
+		if len(pools) == 0 {
+			return nil, errors.New("QUARRY_POOLS: defines no pool")
+		}
+	case cfg.PoolsFile != "":
 		if pools, err = warmpool.LoadPools(cfg.PoolsFile); err != nil {
 			return nil, fmt.Errorf("QUARRY_POOLS_FILE: %w", err)
 		}
-	}
-	if len(pools) == 0 {
-		return nil, fmt.Errorf("QUARRY_POOLS_FILE: %s defines no pool", cfg.PoolsFile)
+		if len(pools) == 0 {
+			return nil, fmt.Errorf("QUARRY_POOLS_FILE: %s defines no pool", cfg.PoolsFile)
+		}
 	}
 	for i := range pools {
 		if pools[i].Provider == "" {
 			pools[i].Provider = cfg.Provider
 		}
 		if _, ok := providerMakers()[pools[i].Provider]; !ok {
-			return nil, fmt.Errorf("QUARRY_POOLS_FILE: pool %q: unknown provider %q (known: %s)", pools[i].Name, pools[i].Provider, knownProviders())
+			return nil, fmt.Errorf("%s: pool %q: unknown provider %q (known: %s)", source, pools[i].Name, pools[i].Provider, knownProviders())
 		}
 	}
 	if err := warmpool.ValidatePools(pools); err != nil {
-		return nil, fmt.Errorf("QUARRY_POOLS_FILE: %w", err)
+		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	return pools, nil
 }

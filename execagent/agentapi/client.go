@@ -267,6 +267,15 @@ func (c *Client) WriteProcessStdin(ctx context.Context, id string, body io.Reade
 	return res.Bytes, err
 }
 
+// CallProcess calls POST /v1/processes/{id}/call (id may be the process's
+// name): one request line to an rpc process, its reply line back. The
+// http.Client's Timeout, if any, must exceed req.TimeoutMS.
+func (c *Client) CallProcess(ctx context.Context, id string, req ProcessCallRequest) (ProcessCallResult, error) {
+	var res ProcessCallResult
+	err := c.Do(ctx, http.MethodPost, processPath(id)+"/call", req, &res)
+	return res, err
+}
+
 // KillProcess calls DELETE /v1/processes/{id}: kills the process group (if
 // running) and forgets the process. It returns the final ProcessInfo.
 func (c *Client) KillProcess(ctx context.Context, id string) (ProcessInfo, error) {

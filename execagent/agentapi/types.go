@@ -1,6 +1,9 @@
 package agentapi
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Version is the wire-protocol version of the exec agent. It is reported by
 // /healthz; the gateway refuses agents with a different major version.
@@ -28,6 +31,7 @@ const (
 	RouteProcessOutput = "/v1/processes/{id}/output" // GET (JSON page or SSE)
 	RouteProcessSignal = "/v1/processes/{id}/signal" // POST
 	RouteProcessStdin  = "/v1/processes/{id}/stdin"  // POST raw bytes (?close=true)
+	RouteProcessCall   = "/v1/processes/{id}/call"   // POST one JSON line in, one line out (rpc processes)
 	RouteFiles         = "/v1/files"                 // GET read, PUT write (?path=)
 	RouteFileStat      = "/v1/files/stat"            // GET (?path=)
 	RouteFileList      = "/v1/files/list"            // GET (?path=)
@@ -50,6 +54,19 @@ const (
 	CodeUnavailable      = "unavailable"
 	CodeNoCapacity       = "no_capacity"
 	CodeInternal         = "internal"
+	// CodeProcessExited: an rpc process had exited before the call (409;
+	// nothing was written); the message carries its exit status and stderr
+	// tail.
+	CodeProcessExited = "process_exited"
+	// CodeNoReply: an rpc process exited (or closed its stdout) during a
+	// call, before it replied (409); the message carries its exit status
+	// and stderr tail.
+	CodeNoReply = "no_reply"
+	// CodeNameInUse: a process start named a running process's name (409).
+	CodeNameInUse = "name_in_use"
+	// CodeProtocolError: an rpc process wrote a reply line that is not one
+	// JSON value or is over the size limit (409); the agent killed it.
+	CodeProtocolError = "protocol_error"
 )
 
 // ErrorBody is the one JSON shape of every error response, from the agent and
@@ -182,6 +199,40 @@ type ProcessStartRequest struct {
 	Env     map[string]string `json:"env,omitempty"`
 	Cwd     string            `json:"cwd,omitempty"`
 	Stdin   bool              `json:"stdin,omitempty"`
+	// Name, when set, names the process: every /v1/processes/{id} route
+	// accepts it in place of the id. It is 1 to 63 letters, digits, '.', '_'
+	// or '-', starting with a letter or digit and not with "proc-". It is
+	// unique among running processes (a start with the name of a running
+	// process is refused with 409 name_in_use); an exited process of the
+	// same name is forgotten and replaced.
+	Name string `json:"name,omitempty"`
+	// RPC (implies Stdin) keeps the process's stdout for protocol replies,
+	// read one line per POST .../call; only stderr goes to the output ring.
+	RPC bool `json:"rpc,omitempty"`
+}
+
+// ProcessCallRequest is one call of an rpc process: Request (one JSON value)
+// is written to its stdin as one line, and the next line of its stdout is
+// the reply. One call runs at a time per process (another is refused with
+// 409 busy). When the process had exited the answer is 409
+// process_exited, when it exits before replying 409 no_reply; when the reply is not one JSON value or is over
+// MaxReplyBytes, or no reply comes within TimeoutMS, the agent kills the
+// process (its replies could no longer be matched to calls) and answers 409
+// protocol_error or 504 timeout.
+type ProcessCallRequest struct {
+	Request json.RawMessage `json:"request"`
+	// TimeoutMS bounds the wait for the reply; 0 means the agent's default
+	// timeout, above its maximum is refused.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// MaxReplyBytes bounds the reply line; 0 means 1 MiB, above the agent's
+	// MaxOutputBytes is refused.
+	MaxReplyBytes int64 `json:"max_reply_bytes,omitempty"`
+}
+
+// ProcessCallResult is the answer of a successful call.
+type ProcessCallResult struct {
+	Reply      json.RawMessage `json:"reply"`
+	DurationMS int64           `json:"duration_ms"`
 }
 
 // Process states.
@@ -193,6 +244,8 @@ const (
 // ProcessInfo describes a background process.
 type ProcessInfo struct {
 	ID          string     `json:"id"`
+	Name        string     `json:"name,omitempty"`
+	RPC         bool       `json:"rpc,omitempty"`
 	PID         int        `json:"pid"`
 	Command     string     `json:"command,omitempty"`
 	Argv        []string   `json:"argv,omitempty"`

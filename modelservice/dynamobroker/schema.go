@@ -44,10 +44,15 @@ const (
 // DefaultTable is the table's default name (QUARRY_RELAY_DYNAMODB_TABLE).
 const DefaultTable = "quarry-model-relay"
 
-// CreateTables creates the relay's table (on-demand capacity, two global
-// secondary indexes, expiry on the "ttl" attribute) and waits until it is
-// active (bounded by ctx). A table that exists already is left as it is.
-func CreateTables(ctx context.Context, api API, table string) error {
+// TTLAttribute is the attribute whose epoch seconds DynamoDB's TTL reads on
+// the relay's table.
+const TTLAttribute = attrTTL
+
+// TableDefinition returns the definition CreateTables creates: key schema,
+// attribute types, global secondary indexes and their projections. It is
+// for tools that create the table another way (the Terraform module in
+// infra/ is checked against it).
+func TableDefinition(table string) *dynamodb.CreateTableInput {
 	str := func(name string) types.AttributeDefinition {
 		return types.AttributeDefinition{AttributeName: aws.String(name), AttributeType: types.ScalarAttributeTypeS}
 	}
@@ -58,7 +63,7 @@ func CreateTables(ctx context.Context, api API, table string) error {
 		}
 	}
 	all := &types.Projection{ProjectionType: types.ProjectionTypeAll}
-	_, err := api.CreateTable(ctx, &dynamodb.CreateTableInput{
+	return &dynamodb.CreateTableInput{
 		TableName:            aws.String(table),
 		BillingMode:          types.BillingModePayPerRequest,
 		AttributeDefinitions: []types.AttributeDefinition{str(attrPK), str(attrSK), str("lease"), str("rid"), str("qo"), str("qk")},
@@ -68,7 +73,15 @@ func CreateTables(ctx context.Context, api API, table string) error {
 			{IndexName: aws.String(indexQueue), KeySchema: key("qo", "qk"), Projection: all},
 		},
 		Tags: []types.Tag{{Key: aws.String("quarry.managed"), Value: aws.String("true")}},
-	})
+	}
+}
+
+// CreateTables creates the relay's table (TableDefinition: on-demand
+// capacity, two global secondary indexes, expiry on the "ttl" attribute)
+// and waits until it is active (bounded by ctx). A table that exists
+// already is left as it is.
+func CreateTables(ctx context.Context, api API, table string) error {
+	_, err := api.CreateTable(ctx, TableDefinition(table))
 	var inUse *types.ResourceInUseException
 	if err != nil && !errors.As(err, &inUse) {
 		return fmt.Errorf("create table %s: %w", table, err)

@@ -7,7 +7,8 @@
 #                        and /bin/sh (dash); the openai package and its dependencies
 #                        (scripts/python-deps.sh) baked into /usr/local/lib/python3.11/dist-packages,
 #                        which Debian's python3 has on sys.path: `import openai` works for any user,
-#                        with no mount and no PYTHONPATH.
+#                        with no mount and no PYTHONPATH. The example envs of docs/ENVS.md are in
+#                        /opt/quarry/envs.
 #
 # Two steps, each cached:
 #  1. debootstrap into .cache/images/python-bookworm (about 50 s and 270 MB, once; reused while the
@@ -54,7 +55,7 @@ fi
 
 # Step 2: the image. Its inputs: the recipe, this script, and the openai version that
 # python-deps.sh installed (its stamp file names it).
-want="$({ echo "version=$version $recipe"; sha256sum "$0"; basename -a "$deps"/.installed-*; } | sha256sum | cut -c1-32)"
+want="$({ echo "version=$version $recipe"; sha256sum "$0"; basename -a "$deps"/.installed-*; sha256sum examples/envs/*.py; } | sha256sum | cut -c1-32)"
 have="$(docker image inspect --format '{{ index .Config.Labels "quarry-test.inputs" }}' "$image" 2>/dev/null || true)"
 if [ -z "$force" ] && [ "$have" = "$want" ]; then
   echo "== $image is up to date"
@@ -62,11 +63,13 @@ if [ -z "$force" ] && [ "$have" = "$want" ]; then
 fi
 # /dev, /proc and /sys stay empty: the engine mounts its own. Debian's empty site directory makes
 # way for python-deps (the engine refuses a tar with a path twice); the host's console scripts
-# (bin/, whose shebangs name the host's python) are left out of it.
+# (bin/, whose shebangs name the host's python) are left out of it. The example envs
+# (examples/envs, docs/ENVS.md) go to /opt/quarry/envs.
 as_root tar --numeric-owner -c \
     --exclude=./dev/* --exclude=./proc/* --exclude=./sys/* --exclude=./.quarry-debootstrap --exclude="./$site" \
     -C "$cache" . \
     --exclude=python-deps/bin --transform="s,^python-deps,$site," \
-    -C "$(dirname "$deps")" "$(basename "$deps")" |
+    -C "$(dirname "$deps")" "$(basename "$deps")" \
+    --exclude=__pycache__ --transform="s,^envs,opt/quarry/envs," -C "$PWD/examples" envs |
   docker import --change "LABEL quarry-test.inputs=$want" --change 'CMD ["/bin/bash"]' - "$image" >/dev/null
 echo "== built $image"

@@ -329,3 +329,27 @@ func cliJSON(in *dynamodb.CreateTableInput) (string, error) {
 	}
 	return string(js), nil
 }
+
+// TTLAttribute is the attribute whose epoch seconds DynamoDB's TTL reads on
+// the TTLTable (ended leases, their idempotency keys, locks).
+const TTLAttribute = attrTTL
+
+// TableDefinitions returns the definitions CreateTables creates for cfg
+// (defaults applied): key schemas, attribute types, global secondary
+// indexes and their projections. It is for tools that create the tables
+// another way (the Terraform module in infra/ is checked against it) and
+// must not be modified by them.
+func TableDefinitions(cfg Config) []*dynamodb.CreateTableInput {
+	return tableDefs(cfg.withDefaults())
+}
+
+// TTLTable returns the name of the table on which CreateTables enables TTL
+// on TTLAttribute (defaults applied).
+func TTLTable(cfg Config) string { return ttlTable(cfg.withDefaults()) }
+
+// SchemaItem returns the item CreateTables records in the tasks table:
+// the shard count the tables were made with (defaults applied). A table
+// created another way must hold it too.
+func SchemaItem(cfg Config) map[string]types.AttributeValue {
+	return schemaItem(cfg.withDefaults())
+}

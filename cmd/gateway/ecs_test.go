@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/providers/ecs"
+)
+
+// setECSEnv sets a complete ECS configuration (no AWS call is made to build
+// the provider when the key is given directly).
+func setECSEnv(t *testing.T) {
+	t.Setenv("AWS_REGION", "us-east-1")
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("QUARRY_ECS_CLUSTER", "quarry")
+	t.Setenv("QUARRY_ECS_SUBNETS", "subnet-0123456789abcdef0,subnet-0123456789abcdef1")
+	t.Setenv("QUARRY_ECS_SECURITY_GROUPS", "sg-0123456789abcdef0")
+	t.Setenv("QUARRY_ECS_EXECUTION_ROLE_ARN", "arn:aws:iam::123456789012:role/quarry-exec")
+	t.Setenv("QUARRY_ECS_AGENT_IMAGE", "123456789012.dkr.ecr.us-east-1.amazonaws.com/quarry-agent:1")
+	t.Setenv("QUARRY_ECS_TOKEN_KEY_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:123456789012:secret:quarry-key")
+	t.Setenv("QUARRY_ECS_TOKEN_KEY", strings.Repeat("ab", 32))
+	t.Setenv("QUARRY_ECS_CAPACITY_PROVIDER", "FARGATE_SPOT:3,FARGATE:1")
+}
+
+func TestMakeECSProvider_ReadsQuarryECSVariables(t *testing.T) {
+	setECSEnv(t)
+	p, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	assert.IsType(t, &ecs.Provider{}, p)
+}
+
+func TestMakeECSProvider_BadValueNamesTheVariable(t *testing.T) {
+	tests := []struct {
+		name, variable, value, want string
+	}{
+		{"no subnets", "QUARRY_ECS_SUBNETS", "", "Subnets"},
+		{"bad security group", "QUARRY_ECS_SECURITY_GROUPS", "default", "SecurityGroups"},
+		{"short key", "QUARRY_ECS_TOKEN_KEY", "abcd", "QUARRY_ECS_TOKEN_KEY"},
+		{"bad strategy", "QUARRY_ECS_CAPACITY_PROVIDER", "FARGATE:many", "CapacityProvider"},
+		{"bad duration", "QUARRY_ECS_START_TIMEOUT", "soon", "QUARRY_ECS"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			setECSEnv(t)
+			t.Setenv(tt.variable, tt.value)
+			_, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+// fakeSecrets is a secretReader with a scriptable answer.
+type fakeSecrets struct {
+	get func(in *secretsmanager.GetSecretValueInput) (*secretsmanager.GetSecretValueOutput, error)
+}
+
+func (f fakeSecrets) GetSecretValue(_ context.Context, in *secretsmanager.GetSecretValueInput, _ ...func(*secretsmanager.Options)) (*secretsmanager.GetSecretValueOutput, error) {
+	return f.get(in)
+}
+
+func TestReadSecret(t *testing.T) {
+	arn := "arn:aws:secretsmanager:us-east-1:123456789012:secret:k"
+	got, err := readSecret(context.Background(), fakeSecrets{get: func(in *secretsmanager.GetSecretValueInput) (*secretsmanager.GetSecretValueOutput, error) {
+		assert.Equal(t, arn, aws.ToString(in.SecretId))
+		return &secretsmanager.GetSecretValueOutput{SecretString: aws.String("abab")}, nil
+	}}, arn)
+	require.NoError(t, err)
+	assert.Equal(t, "abab", got)
+
+	_, err = readSecret(context.Background(), fakeSecrets{get: func(*secretsmanager.GetSecretValueInput) (*secretsmanager.GetSecretValueOutput, error) {
+		return &secretsmanager.GetSecretValueOutput{SecretBinary: []byte{1}}, nil
+	}}, arn)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no string value")
+
+	_, err = readSecret(context.Background(), fakeSecrets{get: func(*secretsmanager.GetSecretValueInput) (*secretsmanager.GetSecretValueOutput, error) {
+		return nil, assert.AnError
+	}}, arn)
+	require.ErrorIs(t, err, assert.AnError)
+	assert.Contains(t, err.Error(), "QUARRY_ECS_TOKEN_KEY_SECRET_ARN")
+}

@@ -1,0 +1,329 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fasthttp"
+
+	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// errEnvsOff: the gateway was built without an env registry (404).
+var errEnvsOff = errors.New("the env API is not configured on this gateway (QUARRY_ENVS_FILE)")
+
+// makeEnvRequest is the body of POST /v1/envs.
+type makeEnvRequest struct {
+	EnvID        string            `json:"env_id"`
+	LeaseSeconds int               `json:"lease_seconds"`
+	Env          map[string]string `json:"env"`
+	Labels       map[string]string `json:"labels"`
+}
+
+var makeEnvFields = []string{"env_id", "lease_seconds", "env", "labels"}
+
+// madeEnv is the answer of POST /v1/envs.
+type madeEnv struct {
+	SandboxID string `json:"sandbox_id"`
+	EnvID     string `json:"env_id"`
+}
+
+// resetEnvRequest is the body of POST /v1/sandboxes/{id}/env/reset.
+type resetEnvRequest struct {
+	Seed    *int64          `json:"seed"`
+	Options json.RawMessage `json:"options"`
+}
+
+var resetEnvFields = []string{"seed", "options"}
+
+// stepEnvRequest is the body of POST /v1/sandboxes/{id}/env/step.
+type stepEnvRequest struct {
+	Action json.RawMessage `json:"action"`
+}
+
+var stepEnvFields = []string{"action"}
+
+// envInfo is one env of GET /v1/envs.
+type envInfo struct {
+	ID             string `json:"id"`
+	Pool           string `json:"pool"`
+	StepTimeoutMS  int64  `json:"step_timeout_ms"`
+	ResetTimeoutMS int64  `json:"reset_timeout_ms"`
+}
+
+// Envs returns the env service the env routes call (nil when the gateway
+// has no registry), for other route sets built on it.
+func (g *Gateway) Envs() *envs.Service { return g.envs }
+
+// newEnvService builds the env service over the gateway's own lease
+// handling; nil without a registry.
+func newEnvService(g *Gateway, reg *envs.Registry) (*envs.Service, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	svc, err := envs.New(reg, envSandboxes{g: g})
+	if err != nil {
+		return nil, fmt.Errorf("build env service: %w", err)
+	}
+	return svc, nil
+}
+
+// listEnvs handles GET /v1/envs.
+func (g *Gateway) listEnvs(c *fiber.Ctx) error {
+	if g.envs == nil {
+		return errEnvsOff
+	}
+	specs := g.envs.Registry().List()
+	out := make([]envInfo, 0, len(specs))
+	for _, s := range specs {
+		out = append(out, envInfo{ID: s.ID, Pool: s.Pool,
+			StepTimeoutMS: s.StepTimeout().Milliseconds(), ResetTimeoutMS: s.ResetTimeout().Milliseconds()})
+	}
+	return c.JSON(fiber.Map{"envs": out})
+}
+
+// makeEnv handles POST /v1/envs: 201 with the new sandbox's id.
+func (g *Gateway) makeEnv(c *fiber.Ctx) error {
+	if g.envs == nil {
+		return errEnvsOff
+	}
+	idem := string(c.Request().Header.Peek("Idempotency-Key"))
+	if len(idem) > maxIdempotencyLen || !printable(idem) {
+		return warmpool.Invalid("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
+	}
+	var req makeEnvRequest
+	if err := g.decodeEnvBody(c, &req, makeEnvFields); err != nil {
+		return err
+	}
+	if req.EnvID == "" {
+		return warmpool.Invalid("env_id", "required: one of GET /v1/envs")
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.CreateTimeout)
+	defer cancel()
+	id, err := g.envs.Make(ctx, ownerOf(c), req.EnvID, envs.MakeOptions{
+		LeaseSeconds: req.LeaseSeconds, Env: req.Env, Labels: req.Labels, IdempotencyKey: idem,
+	})
+	if err != nil {
+		return err
+	}
+	return c.Status(http.StatusCreated).JSON(madeEnv{SandboxID: id, EnvID: req.EnvID})
+}
+
+// envSandboxID returns the sandbox id of an env route and, when fields is
+// not nil, decodes its body strictly into req.
+func (g *Gateway) envSandboxID(c *fiber.Ctx, req any, fields []string) (string, error) {
+	if g.envs == nil {
+		return "", errEnvsOff
+	}
+	id, err := pathID(c, "id")
+	if err != nil {
+		return "", err
+	}
+	if fields != nil {
+		if err := g.decodeEnvBody(c, req, fields); err != nil {
+			return "", err
+		}
+	}
+	return id, nil
+}
+
+// resetEnv handles POST /v1/sandboxes/{id}/env/reset.
+func (g *Gateway) resetEnv(c *fiber.Ctx) error {
+	var req resetEnvRequest
+	id, err := g.envSandboxID(c, &req, resetEnvFields)
+	if err != nil {
+		return err
+	}
+	res, err := g.envs.Reset(c.UserContext(), ownerOf(c), id, req.Seed, req.Options)
+	if err != nil {
+		return &sandboxError{ID: id, Err: err}
+	}
+	return c.JSON(res)
+}
+
+// stepEnv handles POST /v1/sandboxes/{id}/env/step.
+func (g *Gateway) stepEnv(c *fiber.Ctx) error {
+	var req stepEnvRequest
+	id, err := g.envSandboxID(c, &req, stepEnvFields)
+	if err != nil {
+		return err
+	}
+	res, err := g.envs.Step(c.UserContext(), ownerOf(c), id, req.Action)
+	if err != nil {
+		return &sandboxError{ID: id, Err: err}
+	}
+	return c.JSON(res)
+}
+
+// closeEnv handles POST /v1/sandboxes/{id}/env/close.
+func (g *Gateway) closeEnv(c *fiber.Ctx) error {
+	id, err := g.envSandboxID(c, nil, nil)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout+10*time.Second)
+	defer cancel()
+	if err := g.envs.Close(ctx, ownerOf(c), id); err != nil {
+		return &sandboxError{ID: id, Err: err}
+	}
+	return c.JSON(fiber.Map{"sandbox_id": id, "closed": true})
+}
+
+// decodeEnvBody reads a bounded JSON body strictly into v.
+func (g *Gateway) decodeEnvBody(c *fiber.Ctx, v any, fields []string) error {
+	bb, err := readBody(c, g.cfg.MaxJSONBody)
+	if err != nil {
+		return err
+	}
+	defer bytebufferpool.Put(bb)
+	return decodeStrict(bb.B, v, fields)
+}
+
+// envSandboxes adapts the gateway's lease handling to envs.Sandboxes: the
+// same validation as POST /v1/sandboxes, the same lease checks and agent
+// clients as proxied calls, and errors the gateway maps as it maps theirs.
+type envSandboxes struct{ g *Gateway }
+
+var _ envs.Sandboxes = envSandboxes{}
+
+// Acquire leases a sandbox as POST /v1/sandboxes does.
+func (e envSandboxes) Acquire(ctx context.Context, req envs.AcquireRequest) (string, error) {
+	cr := createRequest{Pool: req.Pool, LeaseSeconds: req.LeaseSeconds, Env: req.Env, Labels: req.Labels}
+	if err := cr.validate(); err != nil {
+		return "", err
+	}
+	lease, _, err := e.g.mgr.Acquire(ctx, warmpool.AcquireRequest{
+		Pool: req.Pool, Owner: req.Owner, LeaseSeconds: req.LeaseSeconds,
+		Env: req.Env, Labels: req.Labels, IdempotencyKey: req.IdempotencyKey,
+	})
+	if errors.Is(err, warmpool.ErrNotFound) {
+		return "", warmpool.Invalid("env_id", "the env's pool %q does not exist on this gateway", req.Pool)
+	}
+	if err != nil {
+		return "", err
+	}
+	return lease.ID, nil
+}
+
+// Open reads the lease (active, unexpired, owned by owner) and returns a
+// client of its agent.
+func (e envSandboxes) Open(ctx context.Context, owner, id string) (envs.Sandbox, error) {
+	mctx, cancel := context.WithTimeout(ctx, e.g.cfg.ManagerTimeout)
+	defer cancel()
+	lease, err := e.g.mgr.Get(mctx, id, owner)
+	if err != nil {
+		return envs.Sandbox{}, err
+	}
+	if gone := e.g.leaseGone(lease); gone != nil {
+		return envs.Sandbox{}, gone
+	}
+	ac, err := e.g.agents.get(lease.AgentURL)
+	if err != nil {
+		return envs.Sandbox{}, err
+	}
+	return envs.Sandbox{Labels: lease.Labels, Agent: &envAgent{g: e.g, lease: lease, ac: ac}}, nil
+}
+
+// Release ends the lease as DELETE /v1/sandboxes/{id} does.
+func (e envSandboxes) Release(ctx context.Context, owner, id string) error {
+	mctx, cancel := context.WithTimeout(ctx, e.g.cfg.ManagerTimeout)
+	defer cancel()
+	l, err := e.g.mgr.Release(mctx, id, owner)
+	if err == nil {
+		e.g.leaseGone(l) // drops the agent's client
+	}
+	return err
+}
+
+// envAgent calls one sandbox's agent on the gateway's pooled agent client,
+// with the lease's token and generation.
+type envAgent struct {
+	g     *Gateway
+	lease warmpool.Lease
+	ac    *agentClient
+}
+
+var _ envs.Agent = (*envAgent)(nil)
+
+// StartProcess calls POST /v1/processes.
+func (a *envAgent) StartProcess(ctx context.Context, req agentapi.ProcessStartRequest) (agentapi.ProcessInfo, error) {
+	var info agentapi.ProcessInfo
+	err := a.do(ctx, agentapi.RouteProcesses, req, &info)
+	return info, err
+}
+
+// CallProcess calls POST /v1/processes/{id}/call.
+func (a *envAgent) CallProcess(ctx context.Context, id string, req agentapi.ProcessCallRequest) (agentapi.ProcessCallResult, error) {
+	var res agentapi.ProcessCallResult
+	err := a.do(ctx, agentapi.RouteProcesses+"/"+id+"/call", req, &res)
+	return res, err
+}
+
+// do POSTs in to path and decodes a 2xx answer into out. The agent's
+// refusals are *agentapi.Error; a failed call is an *agentCallError, or the
+// lease's end when the manager finds the task dead. The call is bounded by
+// ctx's deadline (RequestTimeout without one).
+func (a *envAgent) do(ctx context.Context, path string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return fmt.Errorf("encode agent request: %w", err)
+	}
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(a.ac.base + path)
+	req.Header.SetMethod(fiber.MethodPost)
+	req.Header.Set(fiber.HeaderAuthorization, "Bearer "+a.lease.AgentToken)
+	req.Header.Set(agentapi.HeaderGeneration, strconv.FormatInt(a.lease.Generation, 10))
+	req.Header.SetContentType(fiber.MIMEApplicationJSON)
+	req.SetBodyRaw(body)
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(a.g.cfg.RequestTimeout)
+	}
+	if err := a.ac.unary.DoDeadline(req, resp, deadline); err != nil {
+		return a.failed(ctx, err)
+	}
+	if status := resp.StatusCode(); status < 200 || status > 299 {
+		var eb agentapi.ErrorBody
+		_ = json.Unmarshal(resp.Body(), &eb)
+		if eb.Error.Code == agentapi.CodeStaleGeneration {
+			a.g.agents.evict(a.lease.AgentURL)
+		}
+		return &agentapi.Error{Status: status, Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	if err := json.Unmarshal(resp.Body(), out); err != nil {
+		return fmt.Errorf("decode agent answer to %s: %w", path, err)
+	}
+	return nil
+}
+
+// failed turns a failed agent call into its error: when the agent may be
+// down the manager checks the task, and a dead task's lease is gone.
+func (a *envAgent) failed(ctx context.Context, err error) error {
+	ce := newAgentCallError(err)
+	if !ce.agentDown() {
+		return ce
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.g.cfg.ManagerTimeout)
+	defer cancel()
+	l, cerr := a.g.mgr.CheckTask(mctx, a.lease)
+	if cerr != nil {
+		a.g.log.Warn("check task after agent failure", "lease", a.lease.ID, "task", a.lease.TaskID, "err", cerr)
+		return ce
+	}
+	if gone := a.g.leaseGone(l); gone != nil {
+		return gone
+	}
+	return ce
+}

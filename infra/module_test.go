@@ -1,0 +1,318 @@
+package infra
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclparse"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/hashicorp/hcl/v2/hclwrite"
+	"github.com/hashicorp/terraform-config-inspect/tfconfig"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/convert"
+	"github.com/zclconf/go-cty/cty/function"
+	"github.com/zclconf/go-cty/cty/function/stdlib"
+	"github.com/zclconf/go-cty/cty/gocty"
+	ctyjson "github.com/zclconf/go-cty/cty/json"
+
+	"github.com/quarryhq/quarry/modelservice/dynamobroker"
+	"github.com/quarryhq/quarry/warmpool/dynamostore"
+)
+
+// moduleDirs are the Terraform configurations checked here.
+var moduleDirs = []string{"modules/quarry", "examples/basic"}
+
+func tfFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.tf"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files, "no .tf files in %s", dir)
+	return files
+}
+
+func TestModule_ParsesAndIsFormatted(t *testing.T) {
+	for _, dir := range moduleDirs {
+		for _, file := range tfFiles(t, dir) {
+			t.Run(file, func(t *testing.T) {
+				src, err := os.ReadFile(file)
+				require.NoError(t, err)
+				_, diags := hclparse.NewParser().ParseHCL(src, file)
+				require.False(t, diags.HasErrors(), "parse: %s", diags.Error())
+				assert.Equal(t, string(hclwrite.Format(src)), string(src), "not formatted as `terraform fmt` would")
+			})
+		}
+	}
+}
+
+func TestModule_LoadsWithEveryVariableAndOutputDescribed(t *testing.T) {
+	for _, dir := range moduleDirs {
+		t.Run(dir, func(t *testing.T) {
+			mod, diags := tfconfig.LoadModule(dir)
+			require.Empty(t, diags, "load module: %v", diags)
+			require.NotEmpty(t, mod.Variables)
+			for name, v := range mod.Variables {
+				assert.NotEmpty(t, strings.TrimSpace(v.Description), "variable %q has no description", name)
+				assert.NotEmpty(t, v.Type, "variable %q has no type", name)
+			}
+			for name, o := range mod.Outputs {
+				assert.NotEmpty(t, strings.TrimSpace(o.Description), "output %q has no description", name)
+			}
+		})
+	}
+	mod, diags := tfconfig.LoadModule("examples/basic")
+	require.Empty(t, diags)
+	require.Contains(t, mod.ModuleCalls, "quarry")
+	assert.Equal(t, "../../modules/quarry", mod.ModuleCalls["quarry"].Source)
+}
+
+// table is a DynamoDB table's schema in comparable form.
+type table struct {
+	Name        string
+	BillingMode string
+	HashKey     string
+	RangeKey    string
+	Attributes  map[string]string // name -> S/N/B
+	Indexes     map[string]index
+	TTL         string // the TTL attribute, "" when TTL is off
+}
+
+type index struct {
+	HashKey, RangeKey, Projection string
+	NonKey                        []string
+}
+
+// fromGo converts a definition of the Go stores.
+func fromGo(def *dynamodb.CreateTableInput, ttl string) table {
+	t := table{Name: aws.ToString(def.TableName), BillingMode: string(def.BillingMode),
+		Attributes: map[string]string{}, Indexes: map[string]index{}, TTL: ttl}
+	keys := func(ks []types.KeySchemaElement) (hash, rng string) {
+		for _, k := range ks {
+			if k.KeyType == types.KeyTypeHash {
+				hash = aws.ToString(k.AttributeName)
+			} else {
+				rng = aws.ToString(k.AttributeName)
+			}
+		}
+		return hash, rng
+	}
+	t.HashKey, t.RangeKey = keys(def.KeySchema)
+	for _, a := range def.AttributeDefinitions {
+		t.Attributes[aws.ToString(a.AttributeName)] = string(a.AttributeType)
+	}
+	for _, g := range def.GlobalSecondaryIndexes {
+		ix := index{Projection: string(g.Projection.ProjectionType), NonKey: slices.Sorted(slices.Values(g.Projection.NonKeyAttributes))}
+		ix.HashKey, ix.RangeKey = keys(g.KeySchema)
+		t.Indexes[aws.ToString(g.IndexName)] = ix
+	}
+	return t
+}
+
+// evalContext resolves var.* to the module's defaults and offers the
+// functions the checked expressions use.
+func evalContext(t *testing.T) *hcl.EvalContext {
+	t.Helper()
+	mod, diags := tfconfig.LoadModule("modules/quarry")
+	require.Empty(t, diags)
+	vars := map[string]cty.Value{}
+	for name, v := range mod.Variables {
+		if v.Default == nil {
+			continue
+		}
+		b, err := json.Marshal(v.Default)
+		require.NoError(t, err, "variable %s", name)
+		ty, err := ctyjson.ImpliedType(b)
+		require.NoError(t, err, "variable %s", name)
+		val, err := ctyjson.Unmarshal(b, ty)
+		require.NoError(t, err, "variable %s", name)
+		vars[name] = val
+	}
+	return &hcl.EvalContext{
+		Variables: map[string]cty.Value{"var": cty.ObjectVal(vars)},
+		Functions: map[string]function.Function{"jsonencode": stdlib.JSONEncodeFunc, "merge": stdlib.MergeFunc, "tostring": toString},
+	}
+}
+
+// toString is Terraform's tostring: a number or bool as a string.
+var toString = function.New(&function.Spec{
+	Params: []function.Parameter{{Name: "v", Type: cty.DynamicPseudoType}},
+	Type:   function.StaticReturnType(cty.String),
+	Impl: func(args []cty.Value, _ cty.Type) (cty.Value, error) {
+		return convert.Convert(args[0], cty.String)
+	},
+})
+
+// resources returns the module's resource blocks of a type by name.
+func resources(t *testing.T, typ string) map[string]*hclsyntax.Block {
+	t.Helper()
+	out := map[string]*hclsyntax.Block{}
+	for _, file := range tfFiles(t, "modules/quarry") {
+		src, err := os.ReadFile(file)
+		require.NoError(t, err)
+		f, diags := hclsyntax.ParseConfig(src, file, hcl.InitialPos)
+		require.False(t, diags.HasErrors(), diags.Error())
+		for _, b := range f.Body.(*hclsyntax.Body).Blocks {
+			if b.Type == "resource" && len(b.Labels) == 2 && b.Labels[0] == typ {
+				out[b.Labels[1]] = b
+			}
+		}
+	}
+	return out
+}
+
+// str evaluates attribute name of body as a string ("" when absent).
+func str(t *testing.T, ctx *hcl.EvalContext, body *hclsyntax.Body, name string) string {
+	t.Helper()
+	attr, ok := body.Attributes[name]
+	if !ok {
+		return ""
+	}
+	v, diags := attr.Expr.Value(ctx)
+	require.False(t, diags.HasErrors(), "%s: %s", name, diags.Error())
+	if v.Type() == cty.Bool {
+		if v.True() {
+			return "true"
+		}
+		return "false"
+	}
+	var s string
+	require.NoError(t, gocty.FromCtyValue(v, &s), "%s", name)
+	return s
+}
+
+// fromHCL reads an aws_dynamodb_table block.
+func fromHCL(t *testing.T, ctx *hcl.EvalContext, b *hclsyntax.Block) table {
+	t.Helper()
+	body := b.Body
+	tb := table{
+		Name: str(t, ctx, body, "name"), BillingMode: str(t, ctx, body, "billing_mode"),
+		HashKey: str(t, ctx, body, "hash_key"), RangeKey: str(t, ctx, body, "range_key"),
+		Attributes: map[string]string{}, Indexes: map[string]index{},
+	}
+	for _, nb := range body.Blocks {
+		switch nb.Type {
+		case "attribute":
+			tb.Attributes[str(t, ctx, nb.Body, "name")] = str(t, ctx, nb.Body, "type")
+		case "global_secondary_index":
+			ix := index{HashKey: str(t, ctx, nb.Body, "hash_key"), RangeKey: str(t, ctx, nb.Body, "range_key"),
+				Projection: str(t, ctx, nb.Body, "projection_type")}
+			if attr, ok := nb.Body.Attributes["non_key_attributes"]; ok {
+				v, diags := attr.Expr.Value(ctx)
+				require.False(t, diags.HasErrors(), diags.Error())
+				list, err := convert.Convert(v, cty.List(cty.String))
+				require.NoError(t, err)
+				require.NoError(t, gocty.FromCtyValue(list, &ix.NonKey))
+				sort.Strings(ix.NonKey)
+			}
+			tb.Indexes[str(t, ctx, nb.Body, "name")] = ix
+		case "ttl":
+			if str(t, ctx, nb.Body, "enabled") == "true" {
+				tb.TTL = str(t, ctx, nb.Body, "attribute_name")
+			}
+		}
+	}
+	return tb
+}
+
+// The tables the module creates are the ones the gateway's stores create
+// and query: same names (by default), keys, attribute types, indexes,
+// projections and TTL attribute.
+func TestModule_TablesMatchTheGoStores(t *testing.T) {
+	ctx := evalContext(t)
+	got := resources(t, "aws_dynamodb_table")
+	storeCfg := dynamostore.Config{}
+	defs := dynamostore.TableDefinitions(storeCfg)
+	require.Len(t, defs, 2)
+	ttlFor := func(name, ttlTable, attr string) string {
+		if name == ttlTable {
+			return attr
+		}
+		return ""
+	}
+	want := map[string]table{
+		"tasks":       fromGo(defs[0], ttlFor(aws.ToString(defs[0].TableName), dynamostore.TTLTable(storeCfg), dynamostore.TTLAttribute)),
+		"leases":      fromGo(defs[1], ttlFor(aws.ToString(defs[1].TableName), dynamostore.TTLTable(storeCfg), dynamostore.TTLAttribute)),
+		"model_relay": fromGo(dynamobroker.TableDefinition(dynamobroker.DefaultTable), dynamobroker.TTLAttribute),
+	}
+	require.Equal(t, slices.Sorted(maps(want)), slices.Sorted(maps(got)), "the module's tables")
+	for name, w := range want {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, w, fromHCL(t, ctx, got[name]))
+		})
+	}
+}
+
+func maps[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// The schema item records the shard count the gateway is configured with,
+// in the item CreateTables writes.
+func TestModule_SchemaItemMatchesTheStore(t *testing.T) {
+	ctx := evalContext(t)
+	items := resources(t, "aws_dynamodb_table_item")
+	require.Contains(t, items, "schema")
+	v, diags := items["schema"].Body.Attributes["item"].Expr.Value(ctx)
+	require.False(t, diags.HasErrors(), diags.Error())
+	var got map[string]map[string]string
+	require.NoError(t, json.Unmarshal([]byte(v.AsString()), &got))
+
+	shards := ctx.Variables["var"].GetAttr("dynamodb_shards")
+	var n int
+	require.NoError(t, gocty.FromCtyValue(shards, &n))
+	want := map[string]map[string]string{}
+	for k, av := range dynamostore.SchemaItem(dynamostore.Config{Shards: n}) {
+		switch av := av.(type) {
+		case *types.AttributeValueMemberS:
+			want[k] = map[string]string{"S": av.Value}
+		case *types.AttributeValueMemberN:
+			want[k] = map[string]string{"N": av.Value}
+		default:
+			require.Failf(t, "unexpected attribute type", "%s: %T", k, av)
+		}
+	}
+	assert.Equal(t, want, got)
+}
+
+// Every QUARRY_* variable the module sets is one the docs describe: a
+// renamed variable fails here rather than in a deployment.
+func TestModule_SetsOnlyDocumentedVariables(t *testing.T) {
+	var docs strings.Builder
+	for _, name := range []string{"CONFIG.md", "ECS.md", "DEPLOY.md", "MODELSERVICE.md"} {
+		b, err := os.ReadFile(filepath.Join("..", "docs", name))
+		if err == nil {
+			docs.Write(b)
+		}
+	}
+	pattern := regexp.MustCompile(`\bQUARRY_[A-Z0-9_]*[A-Z0-9]\b`)
+	seen := map[string]bool{}
+	for _, file := range tfFiles(t, "modules/quarry") {
+		src, err := os.ReadFile(file)
+		require.NoError(t, err)
+		for _, name := range pattern.FindAllString(string(src), -1) {
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			assert.True(t, strings.Contains(docs.String(), name), "%s sets %s, which no doc describes", file, name)
+		}
+	}
+	assert.NotEmpty(t, seen)
+}

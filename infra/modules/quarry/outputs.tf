@@ -1,0 +1,50 @@
+output "gateway_url" {
+  description = "The gateway's HTTPS URL: the HTTP API's endpoint (Lambda mode) or the load balancer's (ECS mode; point a DNS name covered by certificate_arn at it)."
+  value       = local.lambda ? aws_apigatewayv2_api.gateway[0].api_endpoint : "https://${aws_lb.gateway[0].dns_name}"
+}
+
+output "function_url" {
+  description = "The Lambda Function URL (enable_function_url), or null."
+  value       = try(aws_lambda_function_url.gateway[0].function_url, null)
+}
+
+output "cluster_name" {
+  description = "The sandboxes' ECS cluster."
+  value       = aws_ecs_cluster.this.name
+}
+
+output "table_names" {
+  description = "The DynamoDB tables: lease store (tasks, leases) and model relay."
+  value = {
+    tasks       = aws_dynamodb_table.tasks.name
+    leases      = aws_dynamodb_table.leases.name
+    model_relay = aws_dynamodb_table.model_relay.name
+  }
+}
+
+output "secret_arns" {
+  description = "The secrets to fill (aws secretsmanager put-secret-value) before the first request: API keys, relay secret, agent token key."
+  value = {
+    api_keys  = local.api_keys_secret_arn
+    relay     = local.relay_secret_arn
+    token_key = local.token_key_secret_arn
+  }
+}
+
+output "pool_task_definitions" {
+  description = "The task definition ARN of each pool."
+  value       = { for name, td in aws_ecs_task_definition.pool : name => td.arn }
+}
+
+output "security_group_ids" {
+  description = "The gateway's and the sandboxes' security groups."
+  value = {
+    gateway = aws_security_group.gateway.id
+    sandbox = aws_security_group.sandbox.id
+  }
+}
+
+output "gateway_environment" {
+  description = "The QUARRY_* variables the gateway runs with (no secret values), e.g. to run a gateway elsewhere against the same deployment."
+  value       = local.gateway_environment
+}

@@ -1,0 +1,117 @@
+package rockcompat
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// sdkNohup is the start command of the SDK's nohup mode (rl-rock 1.11.0,
+// Sandbox.start_nohup_process).
+func sdkNohup(cmd, out string) string {
+	return "nohup " + cmd + " < /dev/null > " + out + " 2>&1 & echo PIDSTART${!}PIDEND;disown"
+}
+
+func TestRewriteNohup_Shapes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		cmd       string
+		rewritten bool
+	}{
+		{name: "sdk start", cmd: sdkNohup("python train.py --x 1", "/tmp/tmp_1.out"), rewritten: true},
+		{name: "multi-line command", cmd: sdkNohup("sh -c 'a\nb'", "/tmp/o.out"), rewritten: true},
+		{name: "output path needing quotes", cmd: sdkNohup("true", "/tmp/a b.out")},
+		{name: "plain command", cmd: "echo hi"},
+		{name: "nohup of another shape", cmd: "nohup sleep 1 &"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := rewriteNohup(tc.cmd, "/state")
+			if !tc.rewritten {
+				assert.Equal(t, tc.cmd, got)
+				return
+			}
+			assert.NotEqual(t, tc.cmd, got)
+			assert.Contains(t, got, "echo PIDSTART${!}PIDEND")
+			assert.Contains(t, got, "/state/rc/")
+		})
+	}
+}
+
+func TestNohupRead_Shapes(t *testing.T) {
+	for _, tc := range []struct {
+		name, cmd, out string
+	}{
+		{name: "cat", cmd: "cat /tmp/tmp_1.out", out: "/tmp/tmp_1.out"},
+		{name: "head", cmd: "head -c 1024 /tmp/x.out", out: "/tmp/x.out"},
+		{name: "cat of two files", cmd: "cat /a /b"},
+		{name: "other", cmd: "tail /tmp/x.out"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc, out := nohupRead(tc.cmd, "/state")
+			assert.Equal(t, tc.out, out)
+			if tc.out == "" {
+				assert.Empty(t, rc)
+				return
+			}
+			assert.Equal(t, rcFile("/state", tc.out), rc)
+		})
+	}
+}
+
+var pidPattern = regexp.MustCompile(`PIDSTART([0-9]+)PIDEND`)
+
+// The rewritten start command keeps the SDK's contract (it prints the PID of
+// a process that lives until the command ends, the output goes to the file)
+// and records the exit status, in a real bash.
+func TestRewriteNohup_RealBashKeepsExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cmd    string
+		output string
+		code   string
+	}{
+		{name: "success", cmd: "sh -c 'echo done; sleep 0.2'", output: "done\n", code: "0"},
+		{name: "failure", cmd: "sh -c 'echo failing >&2; exit 3'", output: "failing\n", code: "3"},
+		{name: "command not found", cmd: "no-such-command-xyz", code: "127"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			out := filepath.Join(dir, "job.out")
+			state := filepath.Join(dir, "state")
+			res, err := exec.Command("bash", "-c", rewriteNohup(sdkNohup(tc.cmd, out), state)).CombinedOutput()
+			require.NoError(t, err, string(res))
+			m := pidPattern.FindStringSubmatch(string(res))
+			require.NotNil(t, m, "no PID in %q", res)
+			pid, err := strconv.Atoi(m[1])
+			require.NoError(t, err)
+			rc := rcFile(state, out)
+			deadline := time.Now().Add(30 * time.Second)
+			for syscall.Kill(pid, 0) == nil || !fileExists(rc) {
+				require.True(t, time.Now().Before(deadline), "the job did not end")
+				time.Sleep(20 * time.Millisecond)
+			}
+			code, err := os.ReadFile(rc)
+			require.NoError(t, err)
+			assert.Equal(t, tc.code, strings.TrimSpace(string(code)))
+			if tc.output != "" {
+				got, err := os.ReadFile(out)
+				require.NoError(t, err)
+				assert.Equal(t, tc.output, string(got))
+			}
+		})
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

@@ -1,0 +1,288 @@
+package rockcompat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// Prefix is the path prefix of ROCK's sandbox routes.
+const Prefix = "/apis/envs/sandbox/v1"
+
+// Leases is what the compatibility layer needs of the warm pool;
+// *warmpool.Manager (and the gateway's Manager) implement it. Errors are the
+// warmpool sentinels and *warmpool.ValidationError. Implementations must be
+// safe for concurrent use.
+type Leases interface {
+	// Acquire leases a sandbox; replayed is true when req.IdempotencyKey was
+	// used before by the same owner.
+	Acquire(ctx context.Context, req warmpool.AcquireRequest) (lease warmpool.Lease, replayed bool, err error)
+	// Get returns the lease in any state; warmpool.ErrNotFound when unknown
+	// or owned by another owner.
+	Get(ctx context.Context, id, owner string) (warmpool.Lease, error)
+	// Heartbeat extends an active lease; warmpool.ErrLeaseEnded once ended.
+	Heartbeat(ctx context.Context, id, owner string) (warmpool.Lease, error)
+	// Release ends the lease; warmpool.ErrLeaseEnded when it had ended.
+	Release(ctx context.Context, id, owner string) (warmpool.Lease, error)
+	// List returns the leases matching f.
+	List(ctx context.Context, f warmpool.LeaseFilter) ([]warmpool.Lease, error)
+	// Pools returns every pool's configuration and counts.
+	Pools(ctx context.Context) ([]warmpool.PoolStatus, error)
+}
+
+// Config is the compatibility layer's configuration; zero fields take the
+// defaults stated on each. The gateway fills it from its own Config.
+type Config struct {
+	// Images maps a ROCK image name to a Quarry pool. An image not listed
+	// goes to the pool of that name, else to the pool whose image it is,
+	// else — when it is empty or the SDK's default image — to DefaultPool.
+	Images map[string]string
+	// DefaultPool serves ROCK's default image (default "default").
+	DefaultPool string
+	// MaxJSONBody bounds a JSON body (default 8 MiB); MaxUploadBody an
+	// upload's multipart body (default 1 GiB); MaxReadFile what read_file
+	// returns (default 64 MiB).
+	MaxJSONBody   int64
+	MaxUploadBody int64
+	MaxReadFile   int64
+	// CreateTimeout bounds start and start_async (default 5m);
+	// ManagerTimeout every other lease-store call (default 10s);
+	// RequestTimeout an agent call that is not a command (default 30s).
+	CreateTimeout  time.Duration
+	ManagerTimeout time.Duration
+	RequestTimeout time.Duration
+	// MaxCommandTimeout caps a command's timeout (default 24h); the agent
+	// call is bounded by the command's timeout plus TimeoutMargin (default
+	// 10s).
+	MaxCommandTimeout time.Duration
+	TimeoutMargin     time.Duration
+	// StateDir is the directory inside each sandbox where session names and
+	// nohup exit codes are kept (default /tmp/.quarry-rock).
+	StateDir string
+}
+
+// Defaults of Config.
+const (
+	DefaultStateDir = "/tmp/.quarry-rock"
+	// SDKDefaultImage is the image the ROCK SDK asks for when its user names
+	// none (SandboxConfig.image).
+	SDKDefaultImage = "python:3.11"
+)
+
+func (c Config) withDefaults() Config {
+	setDefault(&c.DefaultPool, "default")
+	setDefault(&c.MaxJSONBody, 8<<20)
+	setDefault(&c.MaxUploadBody, 1<<30)
+	setDefault(&c.MaxReadFile, 64<<20)
+	setDefault(&c.CreateTimeout, 5*time.Minute)
+	setDefault(&c.ManagerTimeout, 10*time.Second)
+	setDefault(&c.RequestTimeout, 30*time.Second)
+	setDefault(&c.MaxCommandTimeout, 24*time.Hour)
+	setDefault(&c.TimeoutMargin, 10*time.Second)
+	setDefault(&c.StateDir, DefaultStateDir)
+	return c
+}
+
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// Validate reports the first bad value, naming its field.
+func (c Config) Validate() error {
+	for image, pool := range c.Images {
+		if image == "" || pool == "" {
+			return fmt.Errorf("rockcompat: Images: empty image or pool in %q=%q", image, pool)
+		}
+	}
+	if c.MaxJSONBody < 0 || c.MaxUploadBody < 0 || c.MaxReadFile < 0 {
+		return errors.New("rockcompat: body limits must not be negative")
+	}
+	if c.StateDir != "" && (c.StateDir[0] != '/' || !safePath(c.StateDir)) {
+		return fmt.Errorf("rockcompat: StateDir %q must be an absolute path of letters, digits, '.', '_', '-' and '/'", c.StateDir)
+	}
+	return nil
+}
+
+// ParseImages parses an image-to-pool table written as comma-separated
+// image=pool pairs ("python:3.11=py,swe/django:1=swe"; empty: none), the
+// format of QUARRY_ROCK_IMAGES. An image contains no ',' and its last '='
+// separates the pool.
+func ParseImages(s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := make(map[string]string)
+	for _, pair := range strings.Split(s, ",") {
+		pair = strings.TrimSpace(pair)
+		i := strings.LastIndexByte(pair, '=')
+		if i <= 0 || i == len(pair)-1 {
+			return nil, fmt.Errorf("rock images: %q is not image=pool", pair)
+		}
+		image, pool := pair[:i], pair[i+1:]
+		if _, dup := out[image]; dup {
+			return nil, fmt.Errorf("rock images: image %q is mapped twice", image)
+		}
+		out[image] = pool
+	}
+	return out, nil
+}
+
+// Deps are the compatibility layer's dependencies.
+type Deps struct {
+	// Leases serves leases (required).
+	Leases Leases
+	// Owner returns the authenticated caller's lease owner (required); the
+	// gateway's ROCK middleware sets it.
+	Owner func(c *fiber.Ctx) string
+	// Body returns a reader of the request body bounded by limit (nil: the
+	// body fasthttp read).
+	Body func(c *fiber.Ctx, limit int64) (io.Reader, error)
+	// HTTP calls the exec agents (nil: a pooled client without a total
+	// timeout; every call carries its own deadline).
+	HTTP *http.Client
+	// Logger receives server-side failures (nil: discard).
+	Logger *slog.Logger
+	// Clock decides whether a lease has expired (nil: the system clock).
+	Clock warmpool.Clock
+}
+
+// PoolConfigs is an optional capability of Leases: the configured pools
+// without their counts, answered from memory. Without it the service reads
+// Pools (which counts every pool's tasks in the store) at most once per
+// poolsTTL.
+type PoolConfigs interface {
+	PoolConfigs() []warmpool.PoolConfig
+}
+
+// poolsTTL is how long a Pools answer serves image lookups. Pool
+// configurations change only when the gateway restarts; the counts are not
+// used.
+const poolsTTL = 30 * time.Second
+
+// Service holds ROCK's routes. Safe for concurrent use; its only mutable
+// state is a cache of the pools' configurations.
+type Service struct {
+	cfg    Config
+	leases Leases
+	owner  func(*fiber.Ctx) string
+	body   func(*fiber.Ctx, int64) (io.Reader, error)
+	http   *http.Client
+	log    *slog.Logger
+	clock  warmpool.Clock
+
+	poolsMu sync.Mutex
+	pools   []warmpool.PoolConfig
+	poolsAt time.Time
+}
+
+// poolList returns the configured pools (cached for poolsTTL).
+func (s *Service) poolList(ctx context.Context) ([]warmpool.PoolConfig, error) {
+	if pc, ok := s.leases.(PoolConfigs); ok {
+		return pc.PoolConfigs(), nil
+	}
+	s.poolsMu.Lock()
+	defer s.poolsMu.Unlock()
+	if s.pools != nil && time.Since(s.poolsAt) < poolsTTL {
+		return s.pools, nil
+	}
+	ps, err := s.leases.Pools(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list pools: %w", err)
+	}
+	out := make([]warmpool.PoolConfig, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.PoolConfig)
+	}
+	s.pools, s.poolsAt = out, time.Now()
+	return out, nil
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// New validates cfg and returns the service. It fails on a bad Config or a
+// missing required dependency.
+func New(cfg Config, deps Deps) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Leases == nil || deps.Owner == nil {
+		return nil, errors.New("rockcompat: Deps.Leases and Deps.Owner are required")
+	}
+	s := &Service{cfg: cfg.withDefaults(), leases: deps.Leases, owner: deps.Owner, body: deps.Body,
+		http: deps.HTTP, log: deps.Logger, clock: deps.Clock}
+	if s.body == nil {
+		s.body = func(c *fiber.Ctx, limit int64) (io.Reader, error) {
+			return io.LimitReader(bytesReader(c.Body()), limit+1), nil
+		}
+	}
+	if s.http == nil {
+		dialer := &net.Dialer{Timeout: 5 * time.Second}
+		s.http = &http.Client{Transport: &http.Transport{
+			DialContext: dialer.DialContext, MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second,
+			DisableCompression: true, ResponseHeaderTimeout: 0,
+		}}
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if s.clock == nil {
+		s.clock = systemClock{}
+	}
+	return s, nil
+}
+
+// CloseIdle closes the idle connections to agents (call on shutdown).
+func (s *Service) CloseIdle() { s.http.CloseIdleConnections() }
+
+// Route is one ROCK route: method, full path and handler. Every route needs
+// an authenticated caller (Deps.Owner).
+type Route struct {
+	Method  string
+	Path    string
+	Handler fiber.Handler
+	// Upload is true for the multipart route: its body takes upload limits.
+	Upload bool
+}
+
+// Routes returns ROCK's sandbox routes served by Quarry.
+func (s *Service) Routes() []Route {
+	post := func(name string, fn handlerFunc) Route {
+		return Route{Method: fiber.MethodPost, Path: Prefix + "/" + name, Handler: s.handle(name, fn)}
+	}
+	get := func(name string, fn handlerFunc) Route {
+		return Route{Method: fiber.MethodGet, Path: Prefix + "/" + name, Handler: s.handle(name, fn)}
+	}
+	up := post("upload", s.upload)
+	up.Upload = true
+	return []Route{
+		post("start", s.start),
+		post("start_async", s.start),
+		get("get_status", s.getStatus),
+		get("is_alive", s.isAlive),
+		post("execute", s.execute),
+		post("create_session", s.createSession),
+		post("run_in_session", s.runInSession),
+		post("close_session", s.closeSession),
+		post("read_file", s.readFile),
+		post("write_file", s.writeFile),
+		up,
+		post("stop", s.stop),
+		post("delete", s.stop),
+	}
+}
