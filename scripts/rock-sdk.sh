@@ -27,4 +27,4 @@ if ! installed; then
 	"$py" -m pip install --quiet --disable-pip-version-check "rl-rock==$version" >&2
 	installed || { echo "rl-rock==$version installed but does not import" >&2; exit 1; }
 fi
-echo "$py"
+echo "$(cd "$venv" && pwd)/bin/python" # absolute: the tests run in other directories

@@ -11,6 +11,8 @@
 #                        /opt/quarry/envs.
 #
 # Two steps, each cached:
+# Nothing is done when the image's label already matches its inputs (a fresh clone with the image
+# in the engine skips debootstrap too). Otherwise:
 #  1. debootstrap into .cache/images/python-bookworm (about 50 s and 270 MB, once; reused while the
 #     suite, package list and mirror stay the same — the stamp file in it records them);
 #  2. one tar stream of that tree plus .cache/python-deps (renamed to dist-packages on the fly)
@@ -39,8 +41,17 @@ ensure_apt debootstrap command -v debootstrap
 timeout 10 docker info >/dev/null 2>&1 || { echo "no Docker engine answers: run scripts/docker-up.sh first" >&2; exit 1; }
 deps="$(scripts/python-deps.sh)"
 
-# Step 1: the root file system, rebuilt only when its recipe changed or a build was interrupted.
 recipe="suite=$suite include=$include mirror=$mirror"
+# The image's inputs: the recipe, this script, and the openai version that
+# python-deps.sh installed (its stamp file names it).
+want="$({ echo "version=$version $recipe"; sha256sum "$0"; basename -a "$deps"/.installed-*; sha256sum examples/envs/*.py; } | sha256sum | cut -c1-32)"
+have="$(docker image inspect --format '{{ index .Config.Labels "quarry-test.inputs" }}' "$image" 2>/dev/null || true)"
+if [ -z "$force" ] && [ "$have" = "$want" ]; then
+  echo "== $image is up to date"
+  exit 0
+fi
+
+# Step 1: the root file system, rebuilt only when its recipe changed or a build was interrupted.
 stamp="$cache/.quarry-debootstrap"
 if [ -n "$force" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$recipe" ]; then
   echo "== debootstrap $suite ($include) from $mirror into $cache"
@@ -53,14 +64,7 @@ if [ -n "$force" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$recipe" ]; t
   as_root mv "$cache.tmp" "$cache"
 fi
 
-# Step 2: the image. Its inputs: the recipe, this script, and the openai version that
-# python-deps.sh installed (its stamp file names it).
-want="$({ echo "version=$version $recipe"; sha256sum "$0"; basename -a "$deps"/.installed-*; sha256sum examples/envs/*.py; } | sha256sum | cut -c1-32)"
-have="$(docker image inspect --format '{{ index .Config.Labels "quarry-test.inputs" }}' "$image" 2>/dev/null || true)"
-if [ -z "$force" ] && [ "$have" = "$want" ]; then
-  echo "== $image is up to date"
-  exit 0
-fi
+# Step 2: the image, from the tree.
 # /dev, /proc and /sys stay empty: the engine mounts its own. Debian's empty site directory makes
 # way for python-deps (the engine refuses a tar with a path twice); the host's console scripts
 # (bin/, whose shebangs name the host's python) are left out of it. The example envs
