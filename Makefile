@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 
-.PHONY: all build run test unit bench lint clean
+.PHONY: all build lambda run test unit bench lint clean
 
 all: build
 
@@ -12,6 +12,12 @@ build: ## build the gateway, the exec agent (static) and the CLI into bin/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/execagent ./cmd/execagent
 	$(GO) build -o $(BIN)/gateway ./cmd/gateway
 	$(GO) build -o $(BIN)/quarry ./cmd/quarry
+
+lambda: ## the gateway for AWS Lambda (provided.al2023): bin/lambda/gateway.zip with a static bootstrap (GOARCH=arm64 by default)
+	@mkdir -p $(BIN)/lambda
+	GOOS=linux GOARCH=$${GOARCH:-arm64} CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o $(BIN)/lambda/bootstrap ./cmd/gateway
+	cd $(BIN)/lambda && rm -f gateway.zip && python3 -m zipfile -c gateway.zip bootstrap
+	@echo "$(BIN)/lambda/gateway.zip: use it as the module's lambda_zip (docs/DEPLOY.md)"
 
 run: build ## start the gateway on embedded defaults (process provider, embedded store in ./.quarry)
 	./scripts/run.sh
