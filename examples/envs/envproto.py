@@ -20,7 +20,7 @@ def invalid_action(message):
     return EnvError(message, "invalid_action")
 
 
-def not_running(message="no episode is running: call reset"):
+def not_running(message="the episode has ended or was never started"):
     return EnvError(message, "episode_not_running")
 
 
