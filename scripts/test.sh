@@ -50,6 +50,9 @@ QUARRY_TEST_AWS= go test -race -count=1 ./...
 echo "== AWS suites: DynamoDB lease store and relay broker (conformance, 10,000-claim race), ECS provider, Lambda mode"
 go test -race -count=1 -p 1 -timeout 30m ./warmpool/dynamostore/ ./modelservice/dynamobroker/ ./providers/ecs/ ./cmd/gateway/
 
+echo "== LocalStack init hooks against the emulator (tables, ECS cluster, secret, task definition; idempotent)"
+localstack/check-hooks.sh
+
 # The emulator's memory grows with every table it ever held; a fresh one keeps the next suite fast.
 [ -n "$started_emulator" ] && start_emulator
 

@@ -118,3 +118,12 @@ func (c *cli) noArgs(fs *flag.FlagSet, args []string, usage string) error {
 	}
 	return nil
 }
+
+// localStackHook renders the LocalStack init hook committed as
+// localstack/init/ready.d/10-quarry-tables.sh: every table `quarry tables
+// create` makes, with the default names.
+func localStackHook() (string, error) {
+	return dynamostore.RenderLocalStackInit(dynamostore.Config{}, dynamostore.ExtraTable{
+		Def: dynamobroker.TableDefinition(dynamobroker.DefaultTable), TTLAttribute: dynamobroker.TTLAttribute,
+	})
+}

@@ -248,12 +248,21 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// ExtraTable is another component's table for RenderLocalStackInit (the
+// model relay's): its definition and its TTL attribute ("" for none).
+type ExtraTable struct {
+	Def          *dynamodb.CreateTableInput
+	TTLAttribute string
+}
+
 // RenderLocalStackInit returns the LocalStack init hook (a bash script for
-// /etc/localstack/init/ready.d/) that creates cfg's tables with awslocal
-// exactly as CreateTables does: the same definitions, rendered as the
-// CLI's --cli-input-json. localstack/init/ready.d/ holds it rendered with
-// the default Config; a unit test fails when the two differ.
-func RenderLocalStackInit(cfg Config) (string, error) {
+// /etc/localstack/init/ready.d/) that creates cfg's tables, and extra's,
+// with awslocal exactly as CreateTables does: the same definitions,
+// rendered as the CLI's --cli-input-json, TTL enabled, the schema item
+// written. localstack/init/ready.d/10-quarry-tables.sh holds it rendered
+// with the default Config and the relay's table (`quarry tables
+// localstack-hook`); a unit test in cmd/quarry fails when the two differ.
+func RenderLocalStackInit(cfg Config, extra ...ExtraTable) (string, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return "", fmt.Errorf("render LocalStack init: %w", err)
@@ -261,8 +270,8 @@ func RenderLocalStackInit(cfg Config) (string, error) {
 	var b bytes.Buffer
 	b.WriteString(`#!/usr/bin/env bash
 # Creates Quarry's DynamoDB tables in LocalStack (run from /etc/localstack/init/ready.d/).
-# Generated from warmpool/dynamostore's table definitions (RenderLocalStackInit, default Config);
-# do not edit: go test ./warmpool/dynamostore -run TestRenderLocalStackInit -update rewrites it.
+# Generated from the Go table definitions (warmpool/dynamostore, modelservice/dynamobroker);
+# do not edit: go test ./cmd/quarry -run TestLocalStackHook -update rewrites it.
 set -euo pipefail
 
 create_table() { # name cli-input-json
@@ -275,20 +284,35 @@ create_table() { # name cli-input-json
   echo "quarry: created table $1"
 }
 
+enable_ttl() { # table attribute
+  if [ "$(awslocal dynamodb describe-time-to-live --table-name "$1" --query TimeToLiveDescription.TimeToLiveStatus --output text)" != ENABLED ]; then
+    awslocal dynamodb update-time-to-live --table-name "$1" --time-to-live-specification "Enabled=true,AttributeName=$2" >/dev/null
+  fi
+}
+
 `)
+	tables := []ExtraTable{}
 	for _, def := range tableDefs(cfg) {
-		js, err := cliJSON(def)
+		ttl := ""
+		if *def.TableName == ttlTable(cfg) {
+			ttl = attrTTL
+		}
+		tables = append(tables, ExtraTable{Def: def, TTLAttribute: ttl})
+	}
+	tables = append(tables, extra...)
+	for _, t := range tables {
+		js, err := cliJSON(t.Def)
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintf(&b, "create_table %s '%s'\n", *def.TableName, js)
+		fmt.Fprintf(&b, "create_table %s '%s'\n", *t.Def.TableName, js)
 	}
-	table := ttlTable(cfg)
-	fmt.Fprintf(&b, `
-if [ "$(awslocal dynamodb describe-time-to-live --table-name %[1]s --query TimeToLiveDescription.TimeToLiveStatus --output text)" != ENABLED ]; then
-  awslocal dynamodb update-time-to-live --table-name %[1]s --time-to-live-specification Enabled=true,AttributeName=%[2]s >/dev/null
-fi
-`, table, attrTTL)
+	b.WriteString("\n")
+	for _, t := range tables {
+		if t.TTLAttribute != "" {
+			fmt.Fprintf(&b, "enable_ttl %s %s\n", *t.Def.TableName, t.TTLAttribute)
+		}
+	}
 	fmt.Fprintf(&b, `awslocal dynamodb put-item --table-name %s \
   --item '{"%s":{"S":"%s"},"%s":{"N":"%d"}}' \
   --condition-expression 'attribute_not_exists(%s) OR %s = :n' \
