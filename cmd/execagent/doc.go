@@ -4,8 +4,10 @@
 // stops, killing every process group it started, on SIGTERM or SIGINT.
 //
 // Variables: QUARRY_AGENT_TOKEN, QUARRY_AGENT_TOKEN_FILE, or
-// QUARRY_AGENT_TOKEN_KEY (hex) with QUARRY_AGENT_TOKEN_NONCE, from which the
-// agent derives its token (agentapi.DeriveToken) and then re-executes
+// QUARRY_AGENT_TOKEN_KEY (hex) with either QUARRY_AGENT_TOKEN_NONCE or
+// QUARRY_AGENT_TOKEN_NONCE_FROM=ecs-task-arn (the nonce is the task's ARN,
+// read from $ECS_CONTAINER_METADATA_URI_V4/task, which ECS sets), from
+// which the agent derives its token (agentapi.DeriveToken) and then re-executes
 // itself with the key removed and the token on a pipe (QUARRY_AGENT_TOKEN_FD,
 // internal), so that /proc/<pid>/environ never shows the key (one way is
 // required), QUARRY_AGENT_ADDR (default 127.0.0.1:8000; port 0 picks a free

@@ -33,10 +33,14 @@ type cmdConfig struct {
 	TokenFile string `split_words:"true"`
 	// TokenKey (hex) and TokenNonce are the third way to get a token: the
 	// agent derives it as agentapi.DeriveToken(key, nonce), as the provider
-	// that launched it does (ECS: the key from a secret, the nonce in the
-	// task's overrides).
-	TokenKey   string `split_words:"true"`
-	TokenNonce string `split_words:"true"`
+	// that launched it does (ECS: the key from a secret). Instead of
+	// TokenNonce, TokenNonceFrom names where to read the nonce:
+	// "ecs-task-arn" is the task's ARN from the ECS task metadata endpoint
+	// (ECS_CONTAINER_METADATA_URI_V4), so the tasks of one RunTask call
+	// share their definition and overrides yet each has its own token.
+	TokenKey       string `split_words:"true"`
+	TokenNonce     string `split_words:"true"`
+	TokenNonceFrom string `split_words:"true"`
 	// TokenFD is set only by the agent itself: after deriving its token it
 	// re-executes with the key removed and the token on this pipe (hideKey).
 	TokenFD  int    `split_words:"true"`
@@ -81,7 +85,7 @@ func run(ctx context.Context) error {
 	if err := envconfig.Process("QUARRY_AGENT", &cfg); err != nil {
 		return fmt.Errorf("read QUARRY_AGENT_* configuration: %w", err)
 	}
-	token, err := loadToken(cc)
+	token, err := loadToken(ctx, cc, os.Getenv(envMetadataURI), defaultMetadataClient())
 	if err != nil {
 		return err
 	}
@@ -142,18 +146,21 @@ func run(ctx context.Context) error {
 }
 
 // loadToken returns the token from QUARRY_AGENT_TOKEN, QUARRY_AGENT_TOKEN_FILE,
-// or derived from QUARRY_AGENT_TOKEN_KEY and QUARRY_AGENT_TOKEN_NONCE; exactly
-// one of the three ways must be set.
-func loadToken(cc cmdConfig) (string, error) {
+// or derived from QUARRY_AGENT_TOKEN_KEY and a nonce: QUARRY_AGENT_TOKEN_NONCE,
+// or the one QUARRY_AGENT_TOKEN_NONCE_FROM names (ecs-task-arn: read with
+// meta from metadataURI, the value of ECS_CONTAINER_METADATA_URI_V4).
+// Exactly one of the three ways must be set, and one nonce with the key.
+func loadToken(ctx context.Context, cc cmdConfig, metadataURI string, meta metadataClient) (string, error) {
 	ways := 0
-	for _, set := range []bool{cc.Token != "", cc.TokenFile != "", cc.TokenKey != "" || cc.TokenNonce != "", cc.TokenFD > 0} {
+	derived := cc.TokenKey != "" || cc.TokenNonce != "" || cc.TokenNonceFrom != ""
+	for _, set := range []bool{cc.Token != "", cc.TokenFile != "", derived, cc.TokenFD > 0} {
 		if set {
 			ways++
 		}
 	}
 	switch {
 	case ways > 1:
-		return "", errors.New("two ways to get the token are both set (QUARRY_AGENT_TOKEN, QUARRY_AGENT_TOKEN_FILE, QUARRY_AGENT_TOKEN_KEY+_NONCE); set one")
+		return "", errors.New("two ways to get the token are both set (QUARRY_AGENT_TOKEN, QUARRY_AGENT_TOKEN_FILE, QUARRY_AGENT_TOKEN_KEY+_NONCE or _NONCE_FROM); set one")
 	case cc.Token != "":
 		return cc.Token, nil
 	case cc.TokenFile != "":
@@ -168,17 +175,36 @@ func loadToken(cc cmdConfig) (string, error) {
 		return t, nil
 	case cc.TokenFD > 0:
 		return readTokenFD(cc.TokenFD)
-	case cc.TokenKey != "" || cc.TokenNonce != "":
-		if cc.TokenKey == "" || cc.TokenNonce == "" {
-			return "", errors.New("QUARRY_AGENT_TOKEN_KEY and QUARRY_AGENT_TOKEN_NONCE: set both or neither")
-		}
-		key, err := agentapi.ParseTokenKey(cc.TokenKey)
-		if err != nil {
-			return "", fmt.Errorf("QUARRY_AGENT_TOKEN_KEY: %w", err)
-		}
-		return agentapi.DeriveToken(key, cc.TokenNonce), nil
+	case derived:
+		return deriveToken(ctx, cc, metadataURI, meta)
 	}
-	return "", errors.New("no token: set QUARRY_AGENT_TOKEN or QUARRY_AGENT_TOKEN_FILE (or QUARRY_AGENT_TOKEN_KEY and QUARRY_AGENT_TOKEN_NONCE); the agent refuses to start without one")
+	return "", errors.New("no token: set QUARRY_AGENT_TOKEN or QUARRY_AGENT_TOKEN_FILE (or QUARRY_AGENT_TOKEN_KEY and QUARRY_AGENT_TOKEN_NONCE or _NONCE_FROM); the agent refuses to start without one")
+}
+
+// deriveToken is loadToken's third way: the key and one nonce.
+func deriveToken(ctx context.Context, cc cmdConfig, metadataURI string, meta metadataClient) (string, error) {
+	switch {
+	case cc.TokenNonce != "" && cc.TokenNonceFrom != "":
+		return "", errors.New("QUARRY_AGENT_TOKEN_NONCE and QUARRY_AGENT_TOKEN_NONCE_FROM are both set; set one")
+	case cc.TokenKey == "" || cc.TokenNonce == "" && cc.TokenNonceFrom == "":
+		return "", errors.New("QUARRY_AGENT_TOKEN_KEY and QUARRY_AGENT_TOKEN_NONCE (or _NONCE_FROM): set both or neither")
+	case cc.TokenNonceFrom != "" && cc.TokenNonceFrom != nonceFromTaskARN:
+		return "", fmt.Errorf("QUARRY_AGENT_TOKEN_NONCE_FROM: want %q, got %q", nonceFromTaskARN, cc.TokenNonceFrom)
+	}
+	key, err := agentapi.ParseTokenKey(cc.TokenKey)
+	if err != nil {
+		return "", fmt.Errorf("QUARRY_AGENT_TOKEN_KEY: %w", err)
+	}
+	nonce := cc.TokenNonce
+	if cc.TokenNonceFrom != "" {
+		if metadataURI == "" {
+			return "", fmt.Errorf("QUARRY_AGENT_TOKEN_NONCE_FROM=%s: %s is not set (ECS sets it in every task's containers)", nonceFromTaskARN, envMetadataURI)
+		}
+		if nonce, err = meta.taskARN(ctx, metadataURI); err != nil {
+			return "", fmt.Errorf("QUARRY_AGENT_TOKEN_NONCE_FROM=%s: %w", nonceFromTaskARN, err)
+		}
+	}
+	return agentapi.DeriveToken(key, nonce), nil
 }
 
 // scrubEnv removes every QUARRY_AGENT_* variable from the process environment

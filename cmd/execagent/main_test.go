@@ -119,6 +119,8 @@ func startAgent(t testing.TB, env ...string) *agentProc {
 
 func TestRun_RefusesToStartWithoutToken(t *testing.T) {
 	bin := buildAgent(t)
+	keyHex := strings.Repeat("5a", 32)
+	key, from := "QUARRY_AGENT_TOKEN_KEY="+keyHex, "QUARRY_AGENT_TOKEN_NONCE_FROM=ecs-task-arn"
 	tests := []struct {
 		name string
 		env  []string
@@ -136,6 +138,12 @@ func TestRun_RefusesToStartWithoutToken(t *testing.T) {
 		{"workdir is a file", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_WORKDIR=" + writeTemp(t, "x")}, "QUARRY_AGENT_WORKDIR"},
 		{"relative workdir", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_WORKDIR=work"}, "QUARRY_AGENT_WORKDIR"},
 		{"bad address", []string{"QUARRY_AGENT_TOKEN=a", "QUARRY_AGENT_ADDR=nope"}, "QUARRY_AGENT_ADDR"},
+		{"nonce source without key", []string{from, "ECS_CONTAINER_METADATA_URI_V4=http://127.0.0.1:1/v4/x"}, "set both or neither"},
+		{"nonce and nonce source", []string{key, from, "QUARRY_AGENT_TOKEN_NONCE=n"}, "QUARRY_AGENT_TOKEN_NONCE and QUARRY_AGENT_TOKEN_NONCE_FROM are both set"},
+		{"unknown nonce source", []string{key, "QUARRY_AGENT_TOKEN_NONCE_FROM=hostname"}, `QUARRY_AGENT_TOKEN_NONCE_FROM: want "ecs-task-arn", got "hostname"`},
+		{"no metadata endpoint", []string{key, from}, "ECS_CONTAINER_METADATA_URI_V4 is not set"},
+		{"bad metadata endpoint", []string{key, from, "ECS_CONTAINER_METADATA_URI_V4=169.254.170.2/v4/x"}, "ECS_CONTAINER_METADATA_URI_V4: want the http URL ECS sets"},
+		{"token and nonce source", []string{"QUARRY_AGENT_TOKEN=a", key, from}, "both set"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,6 +156,7 @@ func TestRun_RefusesToStartWithoutToken(t *testing.T) {
 			require.ErrorAs(t, err, &ee, "the agent must refuse to start")
 			assert.Equal(t, 1, ee.ExitCode())
 			assert.Contains(t, stderr.String(), tt.want)
+			assert.NotContains(t, stderr.String(), keyHex, "errors never show the key")
 		})
 	}
 }

@@ -46,6 +46,8 @@ type ecsEnv struct {
 	RunTaskBurst      int           `split_words:"true"`
 	LaunchRate        float64       `split_words:"true"`
 	LaunchBurst       int           `split_words:"true"`
+	TagRate           float64       `split_words:"true"`
+	TagBurst          int           `split_words:"true"`
 	MaxAttempts       int           `split_words:"true"`
 	PollInterval      time.Duration `split_words:"true"`
 	TokenKeySecretARN string        `split_words:"true"`
@@ -130,6 +132,8 @@ func newECSProvider(env ecsEnv, region string, api ecs.API, log *slog.Logger) (p
 		RunTaskBurst:      env.RunTaskBurst,
 		LaunchRate:        env.LaunchRate,
 		LaunchBurst:       env.LaunchBurst,
+		TagRate:           env.TagRate,
+		TagBurst:          env.TagBurst,
 		MaxAttempts:       env.MaxAttempts,
 		PollInterval:      env.PollInterval,
 	}, api, log)

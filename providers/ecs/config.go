@@ -24,8 +24,13 @@ const (
 	DefaultRunTaskBurst = 20
 	// DefaultLaunchRate and DefaultLaunchBurst are task launches per second
 	// (Fargate: a burst of 100, then about 20/s).
-	DefaultLaunchRate   = 20
-	DefaultLaunchBurst  = 100
+	DefaultLaunchRate  = 20
+	DefaultLaunchBurst = 100
+	// DefaultTagRate and DefaultTagBurst are TagResource calls per second
+	// (one per launched task, naming it): the launch rate, so naming keeps
+	// up with launching.
+	DefaultTagRate      = 20
+	DefaultTagBurst     = 20
 	DefaultMaxAttempts  = 8
 	DefaultRetryBase    = 250 * time.Millisecond
 	DefaultRetryMax     = 10 * time.Second
@@ -90,11 +95,14 @@ type Config struct {
 	// at once, over all Launch calls of the provider.
 	MaxStarting int
 	// RunTaskRate/RunTaskBurst bound RunTask calls per second;
-	// LaunchRate/LaunchBurst bound tasks launched per second.
+	// LaunchRate/LaunchBurst bound tasks launched per second;
+	// TagRate/TagBurst bound TagResource calls (one per task) per second.
 	RunTaskRate  float64
 	RunTaskBurst int
 	LaunchRate   float64
 	LaunchBurst  int
+	TagRate      float64
+	TagBurst     int
 	// MaxAttempts bounds the tries of a throttled call (ThrottlingException,
 	// or InvalidParameterException "Rate exceeded"), with jittered
 	// exponential backoff from RetryBase up to RetryMax between them.
@@ -124,6 +132,7 @@ func (c Config) WithDefaults() Config {
 	defInt(&c.MaxStarting, DefaultMaxStarting)
 	defInt(&c.RunTaskBurst, DefaultRunTaskBurst)
 	defInt(&c.LaunchBurst, DefaultLaunchBurst)
+	defInt(&c.TagBurst, DefaultTagBurst)
 	defInt(&c.MaxAttempts, DefaultMaxAttempts)
 	defDur := func(p *time.Duration, v time.Duration) {
 		if *p == 0 {
@@ -139,6 +148,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.LaunchRate == 0 {
 		c.LaunchRate = DefaultLaunchRate
+	}
+	if c.TagRate == 0 {
+		c.TagRate = DefaultTagRate
 	}
 	return c
 }
@@ -199,6 +211,9 @@ func (c Config) Validate() error {
 	}
 	if c.LaunchRate <= 0 || c.LaunchBurst < maxPerCall {
 		bad("LaunchRate", "rate must be positive and burst at least %d, got %g/s burst %d", maxPerCall, c.LaunchRate, c.LaunchBurst)
+	}
+	if c.TagRate <= 0 || c.TagBurst < 1 {
+		bad("TagRate", "rate and burst must be positive, got %g/s burst %d", c.TagRate, c.TagBurst)
 	}
 	if c.MaxAttempts < 1 {
 		bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)

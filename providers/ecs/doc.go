@@ -8,11 +8,13 @@
 // looked up before registering), or supplied by the pool
 // ("task_definition" option, e.g. from Terraform).
 //
-// Launches go through a launch controller: token buckets keep RunTask
-// calls and task launches within ECS's rates, throttles (including
-// InvalidParameterException "Rate exceeded") are retried with jittered
-// backoff, a semaphore caps the tasks starting at once, and the starting
-// tasks are polled with DescribeTasks in batches of 100 until each runs
+// Launches go through a launch controller: names are grouped in batches
+// of up to 10, one RunTask call (count = the batch's size, shared tags) per
+// batch, then one TagResource per task for its name tag; token buckets
+// keep RunTask calls, task launches and TagResource calls within ECS's
+// rates, throttles (including InvalidParameterException "Rate exceeded")
+// are retried with jittered backoff, a semaphore caps the tasks starting
+// at once, and the starting tasks are polled with DescribeTasks in batches of 100 until each runs
 // with a private IP, stops (it is reported with ECS's stopped reason) or
 // passes its deadline (it is stopped).
 //
@@ -21,9 +23,11 @@
 // (ListTasks by startedBy, then DescribeTasks) finds the tasks of an
 // earlier gateway. The agent's token is never in the task's definition,
 // overrides or tags: ECS injects a per-deployment key from Secrets Manager
-// (QUARRY_AGENT_TOKEN_KEY) and the overrides carry a random per-task nonce
-// (QUARRY_AGENT_TOKEN_NONCE); the agent and the provider both derive the
-// token with agentapi.DeriveToken. docs/ECS.md has the whole story.
+// (QUARRY_AGENT_TOKEN_KEY), the task definition tells the agent to use its
+// task ARN as the nonce (QUARRY_AGENT_TOKEN_NONCE_FROM=ecs-task-arn, read
+// from the ECS task metadata endpoint), and the agent and the provider both
+// derive the token with agentapi.DeriveToken. docs/ECS.md has the whole
+// story.
 //
 // This package must not import gateway, warmpool or another provider.
 package ecs

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/providers"
 )
 
@@ -143,6 +144,22 @@ func TestProvider_Emulator_RoundTrip(t *testing.T) {
 		tokens[task.AgentToken] = true
 	}
 	assert.Len(t, tokens, 3)
+
+	// One RunTask call (count 3) started them, then TagResource named each.
+	described, err := e.client.DescribeTasks(ctx, &ecs.DescribeTasksInput{Cluster: aws.String(e.cluster),
+		Tasks: []string{tasks[0].ID, tasks[1].ID, tasks[2].ID}, Include: []types.TaskField{types.TaskFieldTags}})
+	require.NoError(t, err)
+	require.Len(t, described.Tasks, 3)
+	batches := map[string]bool{}
+	for _, et := range described.Tasks {
+		tags := tagMap(et.Tags)
+		batches[tags[tagBatch]] = true
+		assert.Regexp(t, `^e-[0-2]$`, tags[providers.LabelTask], "named after RunTask")
+	}
+	assert.Len(t, batches, 1, "one RunTask call")
+	for _, task := range tasks {
+		assert.Equal(t, agentapi.DeriveToken(e.config().TokenKey, task.ID), task.AgentToken, "the token is bound to the task ARN")
+	}
 
 	// The task definition was registered once, with the shape the docs give.
 	out, err := e.client.DescribeTasks(ctx, &ecs.DescribeTasksInput{Cluster: aws.String(e.cluster), Tasks: []string{tasks[0].ID}})

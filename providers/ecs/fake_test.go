@@ -18,16 +18,20 @@ import (
 // ThrottlingException) and a task launch rate (refused, as Fargate does,
 // with InvalidParameterException "Rate exceeded"). Tasks start PENDING and
 // run after runAfter DescribeTasks calls see them (with a private IP),
-// unless their name is in neverRun or failStart. runErrs scripts errors
-// that the next RunTask calls return first.
+// unless their name (the quarry.task tag TagResource set) is in neverRun
+// or failStart. runErrs scripts errors that the next RunTask calls return
+// first; runFailures the failures the next RunTask call reports instead of
+// starting as many of its tasks; tagErrs errors TagResource returns for a
+// name (each is used once).
 type fakeECS struct {
 	mu          sync.Mutex
 	calls       *rate.Limiter
 	launches    *rate.Limiter
 	runAfter    int
 	neverRun    map[string]bool
-	failStart   map[string]string        // name → stopped reason
-	failures    map[string]types.Failure // name → RunTask failure
+	failStart   map[string]string // name → stopped reason
+	runFailures []types.Failure
+	tagErrs     map[string][]error // name → the next TagResource errors
 	runErrs     []error
 	loseAnswers int // the next RunTask calls start their tasks, then answer with a server fault
 	tasks       map[string]*fakeTask
@@ -35,6 +39,8 @@ type fakeECS struct {
 	taskDefs    map[string]*types.TaskDefinition
 	seq         int
 	runCalls    int
+	counts      []int // count of each RunTask call that started tasks
+	tagCalls    int
 	tasksRun    int
 	throttled   int
 	registers   int
@@ -58,7 +64,7 @@ func newFake() *fakeECS {
 		runAfter:  1,
 		neverRun:  map[string]bool{},
 		failStart: map[string]string{},
-		failures:  map[string]types.Failure{},
+		tagErrs:   map[string][]error{},
 		tasks:     map[string]*fakeTask{},
 		taskDefs:  map[string]*types.TaskDefinition{},
 	}
@@ -93,18 +99,20 @@ func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ec
 	}
 	f.lastRun = now
 	if tok := aws.ToString(in.ClientToken); tok != "" { // idempotent, as ECS is
+		var again []types.Task
 		for _, arn := range f.order {
 			if f.tasks[arn].clientToken == tok {
-				return &ecs.RunTaskOutput{Tasks: []types.Task{f.tasks[arn].t}}, nil
+				again = append(again, f.tasks[arn].t)
 			}
 		}
+		if len(again) > 0 {
+			return &ecs.RunTaskOutput{Tasks: again}, nil
+		}
 	}
-	tags := tagMap(in.Tags)
-	if fl, ok := f.failures[tags["quarry.task"]]; ok {
-		return &ecs.RunTaskOutput{Failures: []types.Failure{fl}}, nil
-	}
-	out := &ecs.RunTaskOutput{}
-	for range count {
+	f.counts = append(f.counts, count)
+	out := &ecs.RunTaskOutput{Failures: f.runFailures}
+	f.runFailures = nil
+	for range max(0, count-len(out.Failures)) {
 		f.seq++
 		arn := fmt.Sprintf("arn:aws:ecs:us-east-1:123456789012:task/%s/%032x", aws.ToString(in.Cluster), f.seq)
 		t := types.Task{
@@ -112,7 +120,7 @@ func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ec
 			Tags: in.Tags, Overrides: in.Overrides, StartedBy: in.StartedBy, CreatedAt: aws.Time(now),
 			TaskDefinitionArn: in.TaskDefinition,
 		}
-		f.tasks[arn] = &fakeTask{t: t, name: tags["quarry.task"], clientToken: aws.ToString(in.ClientToken)}
+		f.tasks[arn] = &fakeTask{t: t, name: tagMap(in.Tags)["quarry.task"], clientToken: aws.ToString(in.ClientToken)}
 		f.order = append(f.order, arn)
 		f.tasksRun++
 		f.starting++
@@ -157,6 +165,32 @@ func (f *fakeECS) DescribeTasks(_ context.Context, in *ecs.DescribeTasksInput, _
 		out.Tasks = append(out.Tasks, ft.t)
 	}
 	return out, nil
+}
+
+func (f *fakeECS) TagResource(_ context.Context, in *ecs.TagResourceInput, _ ...func(*ecs.Options)) (*ecs.TagResourceOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tagCalls++
+	ft, ok := f.tasks[aws.ToString(in.ResourceArn)]
+	if !ok {
+		return nil, apiErr("InvalidParameterException", "The specified task is not found.")
+	}
+	set := tagMap(in.Tags)
+	if errs := f.tagErrs[set["quarry.task"]]; len(errs) > 0 {
+		f.tagErrs[set["quarry.task"]] = errs[1:]
+		return nil, errs[0]
+	}
+	tags := make([]types.Tag, 0, len(ft.t.Tags)+len(in.Tags))
+	for _, t := range ft.t.Tags {
+		if _, replaced := set[aws.ToString(t.Key)]; !replaced {
+			tags = append(tags, t)
+		}
+	}
+	ft.t.Tags = append(tags, in.Tags...)
+	if name, ok := set["quarry.task"]; ok {
+		ft.name = name
+	}
+	return &ecs.TagResourceOutput{}, nil
 }
 
 func (f *fakeECS) StopTask(_ context.Context, in *ecs.StopTaskInput, _ ...func(*ecs.Options)) (*ecs.StopTaskOutput, error) {
@@ -234,6 +268,20 @@ func (f *fakeECS) clientToken(t types.Task) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.tasks[aws.ToString(t.TaskArn)].clientToken
+}
+
+// tagCount returns the number of TagResource calls.
+func (f *fakeECS) tagCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tagCalls
+}
+
+// runCounts returns the count of each RunTask call that started tasks.
+func (f *fakeECS) runCounts() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.counts...)
 }
 
 // stats returns a snapshot of the counters.

@@ -22,14 +22,15 @@ import (
 const describeBatch = 100
 
 // launcher is the launch controller: it keeps RunTask within ECS's call
-// and task-launch rates (two token buckets shared by every Launch of the
-// provider), retries throttled calls with jittered backoff, caps the tasks
+// and task-launch rates and TagResource within its own (three token
+// buckets shared by every Launch of the provider), retries throttled calls with jittered backoff, caps the tasks
 // starting at once, and watches starting tasks with batched DescribeTasks.
 type launcher struct {
 	api      API
 	cfg      Config
 	calls    *rate.Limiter       // RunTask calls
 	launches *rate.Limiter       // tasks launched
+	tags     *rate.Limiter       // TagResource calls
 	starting *semaphore.Weighted // tasks between RunTask and running/stopped
 	logger   *slog.Logger
 }
@@ -40,6 +41,7 @@ func newLauncher(api API, cfg Config, logger *slog.Logger) *launcher {
 		cfg:      cfg,
 		calls:    rate.NewLimiter(rate.Limit(cfg.RunTaskRate), cfg.RunTaskBurst),
 		launches: rate.NewLimiter(rate.Limit(cfg.LaunchRate), cfg.LaunchBurst),
+		tags:     rate.NewLimiter(rate.Limit(cfg.TagRate), cfg.TagBurst),
 		starting: semaphore.NewWeighted(int64(cfg.MaxStarting)),
 		logger:   logger,
 	}
@@ -102,6 +104,16 @@ func (l *launcher) runTask(ctx context.Context, in ecs.RunTaskInput, count int) 
 		return nil, nil, err
 	}
 	return out.Tasks, out.Failures, nil
+}
+
+// tagTask adds tags to the task arn (TagResource), within the tag rate
+// limit, with retries. Tagging is idempotent: a retry after a lost answer
+// sets the same values again.
+func (l *launcher) tagTask(ctx context.Context, arn string, tags []types.Tag) error {
+	return l.retry(ctx, "tag task", l.tags.Wait, func(ctx context.Context) error {
+		_, err := l.api.TagResource(ctx, &ecs.TagResourceInput{ResourceArn: aws.String(arn), Tags: tags})
+		return err
+	})
 }
 
 // describe returns the tasks of ids (with tags) in batches of 100, and the

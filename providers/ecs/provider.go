@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,14 +32,16 @@ const (
 	// cleanupTimeout bounds the StopTask of a task whose start failed; it
 	// runs even when the caller's ctx is done.
 	cleanupTimeout = 30 * time.Second
-	// nonceBytes is the size of a task's token nonce (hex in its overrides).
-	nonceBytes = 16
+	// batchIDBytes is the size of a RunTask call's id (hex in its tasks'
+	// quarry.batch tag and its clientToken).
+	batchIDBytes = 16
 	// maxNameLen bounds task names (they are tag values).
 	maxNameLen = 200
 	// maxStopReason is ECS's limit on StopTask's reason.
 	maxStopReason = 255
-	// maxTags is ECS's limit of tags per resource; the provider uses 5.
+	// maxTags is ECS's limit of tags per resource; the provider uses ownTags.
 	maxTags = 50
+	ownTags = 6
 )
 
 // Provider runs sandbox tasks on ECS Fargate. It is safe for concurrent
@@ -88,24 +91,29 @@ func (p *Provider) Close(context.Context) error {
 	return nil
 }
 
-// Launch starts one Fargate task per name (RunTask, one task per call: each
-// carries its own name tag and token nonce) within the launch controller's
-// rates and its cap on tasks starting at once, then waits (batched
-// DescribeTasks) until each runs with a private IP and returns them, in the
-// order of names, with their agent URL and token. The agent may need a
-// moment more to answer /healthz: the warm pool checks it.
+// Launch starts one Fargate task per name and returns those that run, in
+// the order of names, with their agent URL and token. The names are
+// grouped in batches of up to 10 (fewer when Config.MaxStarting is lower),
+// each started by one RunTask call (count = the batch's size) within the
+// launch controller's rates and its cap on tasks starting at once; every
+// task of a batch gets the same tags and overrides, then its own name tag
+// (TagResource, in the order RunTask returned the tasks), and its token is
+// derived from its task ARN. Then it waits (batched DescribeTasks) until
+// each runs with a private IP. The agent may need a moment more to answer
+// /healthz: the warm pool checks it.
 //
 // A spec this provider cannot serve fails with a *providers.LaunchError
 // wrapping ErrInvalidSpec before any task starts (an unknown or bad option,
 // a size Fargate does not have, reserved env names or labels, bad names),
-// and so does a task definition or RunTask that ECS refuses. A task that
-// stops while starting (an image that cannot be pulled, no shell, Spot
-// capacity) or that is not running within Config.StartTimeout is stopped
-// and reported with its reason; ECS's capacity failures wrap
-// ErrNoCapacity, throttling that outlasts the retries ErrThrottled. The
-// other tasks are returned together with an error joining the failures.
-// When ctx ends while tasks start, they are returned pending (they are
-// real) with ctx's error.
+// and so does a task definition or RunTask that ECS refuses. A name for
+// which RunTask started no task is reported with ECS's failure reason. A
+// task that cannot be named, that stops while starting (an image that
+// cannot be pulled, no shell, Spot capacity) or that is not running within
+// Config.StartTimeout is stopped and reported with its reason; ECS's
+// capacity failures wrap ErrNoCapacity, throttling that outlasts the
+// retries ErrThrottled. The other tasks are returned together with an
+// error joining the failures. When ctx ends while tasks start, the named
+// ones are returned pending (they are real) with ctx's error.
 func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []string) ([]providers.Task, error) {
 	if p.closed.Load() {
 		return nil, errors.New("launch tasks: provider closed")
@@ -143,15 +151,17 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 
 	tasks := make([]*providers.Task, len(names))
 	errs := make([]error, len(names))
-	var starters sync.WaitGroup
-	for i, name := range names {
-		starters.Add(1)
+	size := p.batchSize()
+	var batches sync.WaitGroup
+	for start := 0; start < len(names); start += size {
+		end := min(start+size, len(names))
+		batches.Add(1)
 		go func() {
-			defer starters.Done()
-			tasks[i], errs[i] = p.launchOne(ctx, w, spec, set, taskDef, name)
+			defer batches.Done()
+			p.launchBatch(ctx, w, spec, set, taskDef, names[start:end], tasks[start:end], errs[start:end])
 		}()
 	}
-	starters.Wait()
+	batches.Wait()
 	stopWatch()
 	wg.Wait()
 
@@ -167,50 +177,113 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	return out, nil
 }
 
-// launchOne starts the task of one name and waits until it runs. It
-// returns the task (pending) with ctx's error when ctx ends first.
-func (p *Provider) launchOne(ctx context.Context, w *watcher, spec providers.Spec, set settings, taskDef, name string) (_ *providers.Task, err error) {
-	defer func() {
+// batchSize is the most names one RunTask call starts: ECS's limit of 10,
+// or fewer when the cap on tasks starting at once is lower (a batch takes
+// its start slots together).
+func (p *Provider) batchSize() int { return min(maxPerCall, p.cfg.MaxStarting) }
+
+// launchBatch starts the tasks of names with one RunTask call and waits
+// until each runs, storing each name's task or error at its index of out
+// and errs. A batch holds one start slot per name; each is released when
+// its task runs, stops or is given up.
+func (p *Provider) launchBatch(ctx context.Context, w *watcher, spec providers.Spec, set settings, taskDef string, names []string, out []*providers.Task, errs []error) {
+	fail := func(i int, err error) {
 		var lerr *providers.LaunchError
-		if err != nil && !errors.As(err, &lerr) {
-			err = fmt.Errorf("launch task %q: %w", name, err)
+		if !errors.As(err, &lerr) {
+			err = fmt.Errorf("launch task %q: %w", names[i], err)
 		}
-	}()
-	if err := p.launcher.starting.Acquire(ctx, 1); err != nil {
-		return nil, fmt.Errorf("wait for a start slot: %w", err)
+		errs[i] = err
 	}
-	defer p.launcher.starting.Release(1)
+	failAll := func(err error) {
+		for i := range names {
+			fail(i, err)
+		}
+	}
+	n := len(names)
+	if err := p.launcher.starting.Acquire(ctx, int64(n)); err != nil {
+		failAll(fmt.Errorf("wait for a start slot: %w", err))
+		return
+	}
 	start := time.Now()
-	nonce, err := newNonce()
+	batch, err := newBatchID()
 	if err != nil {
-		return nil, err
+		p.launcher.starting.Release(int64(n))
+		failAll(err)
+		return
 	}
-	in := p.runTaskInput(spec, set, taskDef, name, nonce, start)
-	started, failures, err := p.launcher.runTask(ctx, in, 1)
-	switch {
-	case err != nil && isInvalid(err):
-		_, msg := apiError(err)
-		return nil, invalidSpec(spec, "run task: "+msg)
-	case err != nil:
-		return nil, err
-	case len(failures) > 0:
-		return nil, failureError(failures[0])
-	case len(started) == 0:
-		return nil, errors.New("run task: ECS started no task and reported no failure")
+	in := p.runTaskInput(spec, set, taskDef, batch, start)
+	started, failures, err := p.launcher.runTask(ctx, in, n)
+	if err != nil {
+		p.launcher.starting.Release(int64(n))
+		if isInvalid(err) {
+			_, msg := apiError(err)
+			err = invalidSpec(spec, "run task: "+msg)
+		}
+		failAll(err)
+		return
 	}
-	v := viewOf(started[0])
-	if v.name == "" { // a backend that does not echo tags
-		v.name, v.pool, v.labels = name, spec.Pool, tagMap(in.Tags)
+	for _, extra := range started[min(n, len(started)):] { // ECS never starts more than count
+		arn := aws.ToString(extra.TaskArn)
+		err := p.giveUp(ctx, arn, errors.New("started beyond the count of its RunTask call"))
+		p.logger.Warn("run task: stopped a task beyond the call's count", "arn", arn, "batch", batch, "err", err)
+	}
+	started = started[:min(n, len(started))]
+	shared := tagMap(in.Tags)
+	var wg sync.WaitGroup
+	for i, name := range names {
+		if i >= len(started) {
+			p.launcher.starting.Release(1)
+			if j := i - len(started); j < len(failures) {
+				fail(i, failureError(failures[j]))
+			} else {
+				fail(i, errors.New("run task: ECS started fewer tasks than asked and reported no failure"))
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer p.launcher.starting.Release(1)
+			task, err := p.startOne(ctx, w, spec, name, shared, started[i], start)
+			out[i] = task
+			if err != nil {
+				fail(i, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// startOne names one task RunTask started (its quarry.task tag) and waits
+// until it runs. A task that cannot be named is stopped: nothing could
+// find it by its name. It returns the task (pending) with ctx's error when
+// ctx ends first.
+func (p *Provider) startOne(ctx context.Context, w *watcher, spec providers.Spec, name string, shared map[string]string, t types.Task, start time.Time) (*providers.Task, error) {
+	arn := aws.ToString(t.TaskArn)
+	tag := []types.Tag{{Key: aws.String(providers.LabelTask), Value: aws.String(name)}}
+	if err := p.launcher.tagTask(ctx, arn, tag); err != nil {
+		return nil, p.giveUp(ctx, arn, fmt.Errorf("name the task (tag %s): %w", providers.LabelTask, err))
+	}
+	// The provider knows the task's tags; a description may not show the
+	// name tag yet (or at all, on a backend that does not echo tags).
+	named := func(v taskView) taskView {
+		labels := make(map[string]string, len(shared)+len(v.labels)+1)
+		maps.Copy(labels, shared)
+		maps.Copy(labels, v.labels)
+		labels[providers.LabelTask] = name
+		v.labels, v.name, v.pool = labels, name, labels[providers.LabelPool]
+		return v
+	}
+	v := named(viewOf(t))
+	if v.state() == providers.TaskRunning {
+		task := p.toTask(v)
+		return &task, nil
 	}
 	pending := p.toTask(v)
 	pending.State, pending.AgentURL, pending.AgentToken = providers.TaskPending, "", ""
-	if v.state() == providers.TaskRunning {
-		t := p.toTask(v)
-		return &t, nil
-	}
 
-	ch := w.add(v.arn)
-	defer w.remove(v.arn)
+	ch := w.add(arn)
+	defer w.remove(arn)
 	deadline := time.NewTimer(p.cfg.StartTimeout)
 	defer deadline.Stop()
 	last := v
@@ -219,36 +292,35 @@ func (p *Provider) launchOne(ctx context.Context, w *watcher, spec providers.Spe
 		case <-ctx.Done():
 			return &pending, fmt.Errorf("wait for the task to run: %w", ctx.Err())
 		case <-deadline.C:
-			why := fmt.Sprintf("did not run within %s (last status %s)", p.cfg.StartTimeout, last.last)
-			return nil, p.failStart(ctx, v.arn, why)
+			return nil, p.giveUp(ctx, arn, fmt.Errorf("did not run within %s (last status %s)", p.cfg.StartTimeout, last.last))
 		case t := <-ch:
-			last = viewOf(t)
+			last = named(viewOf(t))
 			switch last.state() {
 			case providers.TaskRunning:
 				task := p.toTask(last)
-				p.logger.Info("task launched", "task", name, "pool", spec.Pool, "arn", v.arn,
+				p.logger.Info("task launched", "task", name, "pool", spec.Pool, "arn", arn,
 					"agent_url", task.AgentURL, "took", time.Since(start).Round(time.Millisecond))
 				return &task, nil
 			case providers.TaskStopped:
-				why := "stopped while starting: " + last.reason()
+				why := errors.New("stopped while starting: " + last.reason())
 				if last.last == statusStopped {
-					return nil, errors.New(why)
+					return nil, why
 				}
-				return nil, p.failStart(ctx, v.arn, why)
+				return nil, p.giveUp(ctx, arn, why)
 			}
 		}
 	}
 }
 
-// failStart stops a task that did not start and returns the error saying why.
-func (p *Provider) failStart(ctx context.Context, arn, why string) error {
+// giveUp stops a task that did not start and returns why, joined with the
+// clean-up's error. The stop runs even when ctx is done.
+func (p *Provider) giveUp(ctx context.Context, arn string, why error) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	err := errors.New(why)
-	if serr := p.stopTask(cctx, arn, "quarry: the task "+why); serr != nil {
-		err = errors.Join(err, fmt.Errorf("clean up: %w", serr))
+	if serr := p.stopTask(cctx, arn, "quarry: the task "+why.Error()); serr != nil {
+		return errors.Join(why, fmt.Errorf("clean up: %w", serr))
 	}
-	return err
+	return why
 }
 
 // failureError translates a RunTask failure: capacity ones wrap ErrNoCapacity.
@@ -262,17 +334,18 @@ func failureError(f types.Failure) error {
 	return fmt.Errorf("run task: %s", msg)
 }
 
-// runTaskInput builds the RunTask request of one task: its tags (name,
-// pool, gateway, creation time, the pool's labels) and its token nonce in
-// the sandbox container's overrides (and as the idempotency token). The
-// token itself is never in it.
-func (p *Provider) runTaskInput(spec providers.Spec, set settings, taskDef, name, nonce string, now time.Time) ecs.RunTaskInput {
+// runTaskInput builds the RunTask request of one batch: the tags its tasks
+// share (pool, gateway, creation time, batch id, the pool's labels; each
+// task's name is tagged after the call) and no overrides (each agent
+// derives its token from its own task ARN). The batch id is also the
+// idempotency token. The token itself is never in it.
+func (p *Provider) runTaskInput(spec providers.Spec, set settings, taskDef, batch string, now time.Time) ecs.RunTaskInput {
 	tags := []types.Tag{
 		{Key: aws.String(providers.LabelManaged), Value: aws.String("true")},
 		{Key: aws.String(providers.LabelPool), Value: aws.String(spec.Pool)},
-		{Key: aws.String(providers.LabelTask), Value: aws.String(name)},
 		{Key: aws.String(providers.LabelGateway), Value: aws.String(p.cfg.GatewayID)},
 		{Key: aws.String(tagCreated), Value: aws.String(strconv.FormatInt(now.Unix(), 10))},
+		{Key: aws.String(tagBatch), Value: aws.String(batch)},
 	}
 	for k, v := range spec.Labels {
 		tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String(v)})
@@ -289,15 +362,11 @@ func (p *Provider) runTaskInput(spec providers.Spec, set settings, taskDef, name
 		NetworkConfiguration: &types.NetworkConfiguration{AwsvpcConfiguration: &types.AwsVpcConfiguration{
 			Subnets: set.subnets, SecurityGroups: set.sgs, AssignPublicIp: public,
 		}},
-		Overrides: &types.TaskOverride{ContainerOverrides: []types.ContainerOverride{{
-			Name:        aws.String(SandboxContainer),
-			Environment: []types.KeyValuePair{{Name: aws.String(envTokenNonce), Value: aws.String(nonce)}},
-		}}},
 		StartedBy: aws.String(p.startedBy),
 		Tags:      tags,
-		// The nonce makes retries of this call (the SDK's and the
-		// controller's) idempotent: a lost answer never starts a twin.
-		ClientToken: aws.String(nonce),
+		// The batch id makes retries of this call (the SDK's and the
+		// controller's) idempotent: a lost answer never starts twins.
+		ClientToken: aws.String(batch),
 	}
 }
 
@@ -504,8 +573,8 @@ func validateName(name string) error {
 // checkLabels refuses labels ECS cannot carry as tags or that would
 // overwrite the provider's own.
 func checkLabels(spec providers.Spec) error {
-	if len(spec.Labels) > maxTags-5 {
-		return invalidSpec(spec, fmt.Sprintf("labels: at most %d (ECS allows %d tags, the provider uses 5)", maxTags-5, maxTags))
+	if len(spec.Labels) > maxTags-ownTags {
+		return invalidSpec(spec, fmt.Sprintf("labels: at most %d (ECS allows %d tags, the provider uses %d)", maxTags-ownTags, maxTags, ownTags))
 	}
 	for k, v := range spec.Labels {
 		switch {
@@ -529,11 +598,11 @@ func tagMap(tags []types.Tag) map[string]string {
 	return m
 }
 
-// newNonce returns a random nonce for one task.
-func newNonce() (string, error) {
-	b := make([]byte, nonceBytes)
+// newBatchID returns a random id for one RunTask call.
+func newBatchID() (string, error) {
+	b := make([]byte, batchIDBytes)
 	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("generate token nonce: %w", err)
+		return "", fmt.Errorf("generate batch id: %w", err)
 	}
 	return hex.EncodeToString(b), nil
 }

@@ -3,6 +3,7 @@ package ecs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,8 @@ func testConfig() Config {
 		RunTaskBurst:      1000,
 		LaunchRate:        1000,
 		LaunchBurst:       1000,
+		TagRate:           1000,
+		TagBurst:          1000,
 	}
 }
 
@@ -81,9 +84,12 @@ func TestProvider_Launch_RunsTasksWithTheirOwnTokens(t *testing.T) {
 	tasks, err := p.Launch(ctx, testSpec(), names("t", 3))
 	require.NoError(t, err)
 	require.Len(t, tasks, 3)
+	assert.Equal(t, []int{3}, f.runCounts(), "one RunTask call starts the batch")
 	tokens := map[string]bool{}
+	batches := map[string]bool{}
 	for i, task := range tasks {
 		assert.Equal(t, fmt.Sprintf("t-%d", i), task.Name)
+		assert.Equal(t, fmt.Sprintf("t-%d", i), task.Labels[providers.LabelTask])
 		assert.Equal(t, "py", task.Pool)
 		assert.Equal(t, providers.TaskRunning, task.State)
 		assert.True(t, strings.HasPrefix(task.AgentURL, "http://10.0."), task.AgentURL)
@@ -91,23 +97,109 @@ func TestProvider_Launch_RunsTasksWithTheirOwnTokens(t *testing.T) {
 		assert.Len(t, task.AgentToken, 64)
 		tokens[task.AgentToken] = true
 		assert.Equal(t, "rl", task.Labels["team"])
+		assert.Equal(t, agentapi.DeriveToken(testConfig().TokenKey, task.ID), task.AgentToken, "the agent derives the same token from its task ARN")
 
 		et, ok := f.task(task.Name)
-		require.True(t, ok)
+		require.True(t, ok, "the task carries its name tag")
+		assert.Equal(t, task.ID, aws.ToString(et.TaskArn))
 		assert.Equal(t, p.startedBy, aws.ToString(et.StartedBy))
-		nonce := viewOf(et).nonce
-		require.NotEmpty(t, nonce)
-		assert.Equal(t, nonce, f.clientToken(et), "retries of the RunTask are idempotent")
-		assert.Equal(t, agentapi.DeriveToken(testConfig().TokenKey, nonce), task.AgentToken, "the agent derives the same token")
-		for _, o := range et.Overrides.ContainerOverrides {
-			for _, kv := range o.Environment {
-				assert.NotEqual(t, task.AgentToken, aws.ToString(kv.Value), "the token is never in the overrides")
-			}
+		assert.Nil(t, et.Overrides, "no per-task overrides: the batch shares one request")
+		batch := tagMap(et.Tags)[tagBatch]
+		require.NotEmpty(t, batch)
+		batches[batch] = true
+		assert.Equal(t, batch, f.clientToken(et), "retries of the RunTask are idempotent")
+		for _, tag := range et.Tags {
+			assert.NotEqual(t, task.AgentToken, aws.ToString(tag.Value), "the token is never in the tags")
 		}
 	}
 	assert.Len(t, tokens, 3, "each task has its own token")
+	assert.Len(t, batches, 1, "the tasks of one call share its batch id")
 	_, _, _, registers, _, _, _ := f.stats()
 	assert.Equal(t, 1, registers)
+}
+
+func TestProvider_Launch_BatchesTenPerRunTaskAndNamesEachTask(t *testing.T) {
+	f := newFake()
+	p := newTestProvider(t, testConfig(), f)
+
+	tasks, err := p.Launch(testCtx(t), testSpec(), names("n", 25))
+	require.NoError(t, err)
+	require.Len(t, tasks, 25)
+	counts := f.runCounts()
+	slices.Sort(counts)
+	assert.Equal(t, []int{5, 10, 10}, counts, "three RunTask calls")
+	assert.Equal(t, 25, f.tagCount(), "one TagResource per task")
+	ids := map[string]bool{}
+	for i, task := range tasks {
+		assert.Equal(t, fmt.Sprintf("n-%d", i), task.Name, "in the order of names")
+		et, ok := f.task(task.Name)
+		require.True(t, ok)
+		assert.Equal(t, task.ID, aws.ToString(et.TaskArn), "the name tag is on the task returned under that name")
+		ids[task.ID] = true
+	}
+	assert.Len(t, ids, 25)
+
+	list, err := newTestProvider(t, testConfig(), f).List(testCtx(t), "py")
+	require.NoError(t, err)
+	require.Len(t, list, 25)
+	byID := map[string]providers.Task{}
+	for _, task := range list {
+		byID[task.ID] = task
+	}
+	for _, task := range tasks {
+		assert.Equal(t, task.Name, byID[task.ID].Name, "a restarted gateway reads the names")
+		assert.Equal(t, task.AgentToken, byID[task.ID].AgentToken, "and derives the same tokens")
+	}
+}
+
+func TestProvider_Launch_PartialRunTaskFailuresFailTheirNames(t *testing.T) {
+	f := newFake()
+	f.runFailures = []types.Failure{
+		{Reason: aws.String("RESOURCE:ENI"), Detail: aws.String("no free addresses in the subnet")},
+		{Reason: aws.String("Capacity is unavailable at this time.")},
+	}
+	p := newTestProvider(t, testConfig(), f)
+
+	tasks, err := p.Launch(testCtx(t), testSpec(), names("p", 4))
+	require.Error(t, err)
+	require.Len(t, tasks, 2, "the started tasks are returned")
+	assert.Equal(t, []string{"p-0", "p-1"}, []string{tasks[0].Name, tasks[1].Name})
+	assert.Equal(t, []int{4}, f.runCounts())
+	assert.Equal(t, 2, f.tagCount(), "only started tasks are named")
+	assert.ErrorIs(t, err, providers.ErrNoCapacity)
+	assert.Contains(t, err.Error(), `launch task "p-2": run task: RESOURCE:ENI no free addresses`)
+	assert.Contains(t, err.Error(), `launch task "p-3": run task: Capacity is unavailable`)
+	assert.Contains(t, err.Error(), "launch 2 of 4 tasks")
+}
+
+func TestProvider_Launch_TaggingFailureStopsTheTask(t *testing.T) {
+	f := newFake()
+	f.tagErrs["bad"] = []error{apiErr("AccessDeniedException", "not authorized to perform ecs:TagResource")}
+	f.tagErrs["slow"] = []error{apiErr("ThrottlingException", "Rate exceeded"), apiErr("ThrottlingException", "Rate exceeded")}
+	p := newTestProvider(t, testConfig(), f)
+
+	tasks, err := p.Launch(testCtx(t), testSpec(), []string{"ok", "bad", "slow"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `launch task "bad": name the task (tag quarry.task): `)
+	assert.Contains(t, err.Error(), "not authorized to perform ecs:TagResource")
+	assert.NotContains(t, err.Error(), `"slow"`, "a throttled TagResource is retried")
+	require.Len(t, tasks, 2)
+	assert.Equal(t, []string{"ok", "slow"}, []string{tasks[0].Name, tasks[1].Name})
+	assert.Equal(t, 5, f.tagCount())
+
+	list, err := p.List(testCtx(t), "py")
+	require.NoError(t, err)
+	require.Len(t, list, 3)
+	var unnamed []providers.Task
+	for _, task := range list {
+		if task.Name == "" {
+			unnamed = append(unnamed, task)
+		}
+	}
+	require.Len(t, unnamed, 1, "the unnamed task is listed (for the orphan sweep) without a name")
+	assert.Equal(t, providers.TaskStopped, unnamed[0].State, "and stopped")
+	assert.Contains(t, unnamed[0].Reason, "quarry: the task name the task (tag quarry.task)")
+	assert.False(t, unnamed[0].CreatedAt.IsZero(), "its age counts for the orphan sweep's grace period")
 }
 
 func TestProvider_Launch_RegistersTaskDefinitionOncePerPoolContent(t *testing.T) {
@@ -263,7 +355,7 @@ func TestProvider_Launch_StopsTaskPastItsDeadline(t *testing.T) {
 func TestProvider_Launch_ReportsStoppedReasonOfFailedStart(t *testing.T) {
 	f := newFake()
 	f.failStart["bad"] = "CannotPullContainerError: pull image manifest has been retried 5 time(s)"
-	f.failures["full"] = types.Failure{Reason: aws.String("Capacity is unavailable at this time. Please try again later or in a different availability zone")}
+	f.runFailures = []types.Failure{{Reason: aws.String("Capacity is unavailable at this time. Please try again later or in a different availability zone")}} // "full", the last of the batch
 	p := newTestProvider(t, testConfig(), f)
 
 	tasks, err := p.Launch(testCtx(t), testSpec(), []string{"bad", "ok", "full"})
@@ -432,6 +524,7 @@ func TestNew_ValidatesConfig(t *testing.T) {
 		{"log group without region", func(c *Config) { c.LogRegion = "" }, "LogRegion"},
 		{"bad strategy", func(c *Config) { c.CapacityProvider = "FARGATE:1:2:3" }, "CapacityProvider"},
 		{"launch burst below a call", func(c *Config) { c.LaunchBurst = 5 }, "LaunchRate"},
+		{"negative tag rate", func(c *Config) { c.TagRate = -1 }, "TagRate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -37,15 +37,24 @@ const (
 	// needs one per container on EC2 and in the emulator; on Fargate it
 	// only counts against the task size).
 	initReservationMB = 16
-	// Variables of the agent: its token key (a secret) and nonce (overrides).
-	envTokenKey    = "QUARRY_AGENT_TOKEN_KEY"
-	envTokenNonce  = "QUARRY_AGENT_TOKEN_NONCE"
-	envAgentAddr   = "QUARRY_AGENT_ADDR"
-	envAgentWork   = "QUARRY_AGENT_WORKDIR"
-	agentEnvPrefix = "QUARRY_AGENT_"
+	// Variables of the agent: its token key (a secret), and where its
+	// nonce comes from: the task's ARN, which the agent reads from the ECS
+	// task metadata endpoint (envTokenNonceFrom=nonceFromTaskARN, in the
+	// task definition). envTokenNonce is the override of tasks launched
+	// before the provider batched RunTask; their tokens still derive from it.
+	envTokenKey       = "QUARRY_AGENT_TOKEN_KEY"
+	envTokenNonce     = "QUARRY_AGENT_TOKEN_NONCE"
+	envTokenNonceFrom = "QUARRY_AGENT_TOKEN_NONCE_FROM"
+	nonceFromTaskARN  = "ecs-task-arn"
+	envAgentAddr      = "QUARRY_AGENT_ADDR"
+	envAgentWork      = "QUARRY_AGENT_WORKDIR"
+	agentEnvPrefix    = "QUARRY_AGENT_"
 	// tagCreated records the launch time (Unix seconds) in case the backend
 	// reports no createdAt.
 	tagCreated = "quarry.created"
+	// tagBatch is the random id of the RunTask call that started a task
+	// (also the call's clientToken).
+	tagBatch = "quarry.batch"
 )
 
 // Sandboxes run unprivileged by default: as nobody, without the
@@ -268,13 +277,15 @@ func fargateSize(cpu float64, memMB int) (units, mem int, err error) {
 // renderTaskDef returns the task definition of a pool: the init container
 // copies the agent from cfg.AgentImage into a volume that the sandbox
 // container (the pool's image) mounts read-only and runs as its entry
-// point; the agent's token key comes from the secret. Its family is named
+// point; the agent's token key comes from the secret, and the agent derives
+// its token from the key and its task's ARN. Its family is named
 // by a hash of everything else, so equal pools share one definition and a
 // changed pool gets a new one.
 func renderTaskDef(cfg Config, spec providers.Spec, s settings) *ecs.RegisterTaskDefinitionInput {
 	env := []types.KeyValuePair{
 		{Name: aws.String(envAgentAddr), Value: aws.String(fmt.Sprintf("0.0.0.0:%d", cfg.AgentPort))},
 		{Name: aws.String(envAgentWork), Value: aws.String(sandboxWorkdir)},
+		{Name: aws.String(envTokenNonceFrom), Value: aws.String(nonceFromTaskARN)},
 	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		env = append(env, types.KeyValuePair{Name: aws.String(k), Value: aws.String(spec.Env[k])})

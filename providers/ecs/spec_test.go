@@ -123,7 +123,8 @@ func TestRenderTaskDef(t *testing.T) {
 	for _, kv := range box.Environment {
 		env[aws.ToString(kv.Name)] = aws.ToString(kv.Value)
 	}
-	assert.Equal(t, map[string]string{"QUARRY_AGENT_ADDR": "0.0.0.0:8000", "QUARRY_AGENT_WORKDIR": sandboxWorkdir, "A": "1"}, env)
+	assert.Equal(t, map[string]string{"QUARRY_AGENT_ADDR": "0.0.0.0:8000", "QUARRY_AGENT_WORKDIR": sandboxWorkdir,
+		"QUARRY_AGENT_TOKEN_NONCE_FROM": "ecs-task-arn", "A": "1"}, env, "the agent derives its token from its task ARN")
 	require.NotNil(t, box.LogConfiguration)
 	assert.Equal(t, types.LogDriverAwslogs, box.LogConfiguration.LogDriver)
 	assert.Equal(t, map[string]string{"awslogs-group": "/quarry/sandboxes", "awslogs-region": "us-east-1", "awslogs-stream-prefix": "sandbox"}, box.LogConfiguration.Options)

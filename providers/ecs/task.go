@@ -40,10 +40,12 @@ type taskView struct {
 	stopCode        types.TaskStopCode
 	stoppedReason   string
 	ip              string
-	nonce           string
-	sandboxExit     *int32
-	sandboxReason   string
-	created         time.Time
+	// nonce is the token nonce in the sandbox container's overrides: only
+	// tasks launched before tokens were bound to task ARNs have one.
+	nonce         string
+	sandboxExit   *int32
+	sandboxReason string
+	created       time.Time
 }
 
 // viewOf extracts the fields the provider uses from an ECS task.
@@ -146,8 +148,22 @@ func (v taskView) reason() string {
 	return r
 }
 
+// tokenNonce is what the task's agent derives its token from: its task
+// ARN (QUARRY_AGENT_TOKEN_NONCE_FROM=ecs-task-arn in the task definition),
+// or the nonce override of a task launched before that (a rolling upgrade
+// keeps their tokens).
+func (v taskView) tokenNonce() string {
+	if v.nonce != "" {
+		return v.nonce
+	}
+	return v.arn
+}
+
 // toTask returns the provider's view of an ECS task; the agent URL and
-// token are set only while it runs.
+// token are set only while it runs. A task without a quarry.task tag (its
+// gateway stopped between RunTask and naming it) has Name "": no task
+// record matches it, so the warm pool's orphan sweep stops it after its
+// grace period.
 func (p *Provider) toTask(v taskView) providers.Task {
 	t := providers.Task{ID: v.arn, Name: v.name, Pool: v.pool, State: v.state(), Labels: v.labels, CreatedAt: v.created}
 	switch t.State {
@@ -155,7 +171,7 @@ func (p *Provider) toTask(v taskView) providers.Task {
 		t.Reason = v.reason()
 	case providers.TaskRunning:
 		t.AgentURL = "http://" + net.JoinHostPort(v.ip, strconv.Itoa(p.cfg.AgentPort))
-		t.AgentToken = agentapi.DeriveToken(p.cfg.TokenKey, v.nonce)
+		t.AgentToken = agentapi.DeriveToken(p.cfg.TokenKey, v.tokenNonce())
 	}
 	return t
 }

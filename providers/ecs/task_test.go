@@ -1,6 +1,7 @@
 package ecs
 
 import (
+	"cmp"
 	"testing"
 	"time"
 
@@ -27,11 +28,9 @@ func TestToTask_MapsECSTask(t *testing.T) {
 				{Key: aws.String("quarry.managed"), Value: aws.String("true")}, {Key: aws.String("quarry.gateway"), Value: aws.String("gw-test")},
 				{Key: aws.String("quarry.pool"), Value: aws.String("py")}, {Key: aws.String("quarry.task"), Value: aws.String("t1")},
 			},
-			Overrides: &types.TaskOverride{ContainerOverrides: []types.ContainerOverride{{
-				Name: aws.String("sandbox"), Environment: []types.KeyValuePair{{Name: aws.String("QUARRY_AGENT_TOKEN_NONCE"), Value: aws.String("n1")}},
-			}}},
 		}
 	}
+	const arn = "arn:aws:ecs:us-east-1:1:task/c/abc"
 	with := func(t types.Task, f func(*types.Task)) types.Task { f(&t); return t }
 	tests := []struct {
 		name       string
@@ -39,12 +38,19 @@ func TestToTask_MapsECSTask(t *testing.T) {
 		wantState  providers.TaskState
 		wantURL    string
 		wantReason string
+		wantNonce  string // what the token derives from ("" = the task ARN)
 	}{
 		{name: "provisioning", task: base("PROVISIONING", "RUNNING"), wantState: providers.TaskPending},
 		{name: "pending with ip", task: with(base("PENDING", "RUNNING"), func(t *types.Task) { t.Attachments = eni }), wantState: providers.TaskPending},
 		{name: "running without ip yet", task: base("RUNNING", "RUNNING"), wantState: providers.TaskPending},
 		{name: "running with ip", task: with(base("RUNNING", "RUNNING"), func(t *types.Task) { t.Attachments = eni }),
 			wantState: providers.TaskRunning, wantURL: "http://10.1.2.3:8000"},
+		{name: "running, launched with a nonce override (before tokens bound to ARNs)", task: with(base("RUNNING", "RUNNING"), func(t *types.Task) {
+			t.Attachments = eni
+			t.Overrides = &types.TaskOverride{ContainerOverrides: []types.ContainerOverride{{
+				Name: aws.String("sandbox"), Environment: []types.KeyValuePair{{Name: aws.String("QUARRY_AGENT_TOKEN_NONCE"), Value: aws.String("n1")}},
+			}}}
+		}), wantState: providers.TaskRunning, wantURL: "http://10.1.2.3:8000", wantNonce: "n1"},
 		{name: "spot interruption notice (still running)", task: with(base("RUNNING", "STOPPED"), func(t *types.Task) {
 			t.Attachments, t.StopCode, t.StoppedReason = eni, types.TaskStopCodeSpotInterruption, aws.String("Your Spot Task was interrupted.")
 		}), wantState: providers.TaskStopped, wantReason: "spot interruption: Your Spot Task was interrupted."},
@@ -66,7 +72,7 @@ func TestToTask_MapsECSTask(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := p.toTask(viewOf(tt.task))
-			assert.Equal(t, "arn:aws:ecs:us-east-1:1:task/c/abc", got.ID)
+			assert.Equal(t, arn, got.ID)
 			assert.Equal(t, "t1", got.Name)
 			assert.Equal(t, "py", got.Pool)
 			assert.Equal(t, created, got.CreatedAt)
@@ -74,7 +80,8 @@ func TestToTask_MapsECSTask(t *testing.T) {
 			assert.Equal(t, tt.wantURL, got.AgentURL)
 			assert.Equal(t, tt.wantReason, got.Reason)
 			if tt.wantURL != "" {
-				assert.Equal(t, agentapi.DeriveToken(testConfig().TokenKey, "n1"), got.AgentToken)
+				nonce := cmp.Or(tt.wantNonce, arn)
+				assert.Equal(t, agentapi.DeriveToken(testConfig().TokenKey, nonce), got.AgentToken)
 			} else {
 				assert.Empty(t, got.AgentToken)
 			}

@@ -93,3 +93,6 @@ done
 
 # A real Debian userland with python3 and the openai package (the model relay's Docker test).
 scripts/images/python.sh ${force:+--force}
+
+# The ECS provider's agent image (quarry/agent): busybox's cp and the static exec agent.
+scripts/images/agent.sh ${force:+--force}

@@ -80,6 +80,9 @@ resource "aws_ecs_task_definition" "pool" {
       environment = [
         { name = "QUARRY_AGENT_ADDR", value = "0.0.0.0:${var.agent_port}" },
         { name = "QUARRY_AGENT_WORKDIR", value = "/tmp/quarry-work" },
+        # The agent derives its token from the key and its task's ARN
+        # (read from the ECS task metadata endpoint): no per-task override.
+        { name = "QUARRY_AGENT_TOKEN_NONCE_FROM", value = "ecs-task-arn" },
       ]
       secrets           = [{ name = "QUARRY_AGENT_TOKEN_KEY", valueFrom = local.token_key_secret_arn }]
       memoryReservation = each.value.memory_mb - 16

@@ -132,6 +132,19 @@ data "aws_iam_policy_document" "gateway" {
     }
   }
 
+  # After RunTask (one call starts up to 10 tasks with shared tags), the
+  # provider names each task with its own quarry.task tag.
+  statement {
+    sid       = "NameTasksAfterLaunch"
+    actions   = ["ecs:TagResource"]
+    resources = ["arn:${local.partition}:ecs:${local.region}:${local.account}:task/${aws_ecs_cluster.this.name}/*"]
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "aws:TagKeys"
+      values   = ["quarry.task"]
+    }
+  }
+
   statement {
     sid       = "ReadTaskDefinitions"
     actions   = ["ecs:DescribeTaskDefinition"]

@@ -20,7 +20,7 @@ cluster="${QUARRY_LOCAL_CLUSTER:-quarry}"
 secret="${QUARRY_LOCAL_TOKEN_SECRET:-quarry/agent-token-key}"
 role="${QUARRY_LOCAL_EXECUTION_ROLE:-quarry-sandbox-exec}"
 family="${QUARRY_LOCAL_TASK_FAMILY:-quarry-default}"
-agent_image="${QUARRY_LOCAL_AGENT_IMAGE:-quarry-test/busybox}"   # has /execagent and cp
+agent_image="${QUARRY_LOCAL_AGENT_IMAGE:-quarry/agent:latest}"   # /execagent and cp: scripts/images/agent.sh
 pool_image="${QUARRY_LOCAL_POOL_IMAGE:-quarry-test/bash}"
 agent_port="${QUARRY_LOCAL_AGENT_PORT:-8000}"
 
@@ -86,8 +86,12 @@ td_arn="$(awslocal ecs register-task-definition --cli-input-json "$(cat <<JSON
       "dependsOn": [{"containerName": "quarry-agent-init", "condition": "SUCCESS"}],
       "mountPoints": [{"sourceVolume": "quarry-agent", "containerPath": "/.quarry", "readOnly": true}],
       "portMappings": [{"containerPort": $agent_port, "protocol": "tcp"}],
-      "environment": [{"name": "QUARRY_AGENT_ADDR", "value": "0.0.0.0:$agent_port"}],
+      "environment": [{"name": "QUARRY_AGENT_ADDR", "value": "0.0.0.0:$agent_port"},
+                      {"name": "QUARRY_AGENT_WORKDIR", "value": "/tmp/quarry-work"},
+                      {"name": "QUARRY_AGENT_TOKEN_NONCE_FROM", "value": "ecs-task-arn"}],
       "secrets": [{"name": "QUARRY_AGENT_TOKEN_KEY", "valueFrom": "$secret_arn"}],
+      "user": "65534:65534",
+      "linuxParameters": {"capabilities": {"drop": ["AUDIT_WRITE", "MKNOD", "NET_RAW", "SETFCAP", "SETPCAP", "SYS_CHROOT"]}},
       "memoryReservation": 2032
     }
   ],
