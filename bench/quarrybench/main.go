@@ -625,6 +625,7 @@ func (g *gateway) newSession(ctx context.Context, hc *http.Client, sbx string) (
 
 func (g *gateway) waitReady(ctx context.Context, hc *http.Client, pool string, n int) error {
 	deadline := time.Now().Add(2 * time.Minute)
+	var lastErr error
 	for time.Now().Before(deadline) {
 		var ps struct {
 			Pools []struct {
@@ -632,8 +633,10 @@ func (g *gateway) waitReady(ctx context.Context, hc *http.Client, pool string, n
 				Ready int    `json:"ready"`
 			} `json:"pools"`
 		}
-		if err := g.call(ctx, hc, http.MethodGet, "/v1/pools", nil, &ps); err != nil {
-			return err
+		// A 503 (the store answering slowly while the pool refills) is worth
+		// another poll; the last error is reported at the deadline.
+		if lastErr = g.call(ctx, hc, http.MethodGet, "/v1/pools", nil, &ps); lastErr != nil && ctx.Err() != nil {
+			return lastErr
 		}
 		for _, p := range ps.Pools {
 			if p.Name == pool && p.Ready >= n {
@@ -645,6 +648,9 @@ func (g *gateway) waitReady(ctx context.Context, hc *http.Client, pool string, n
 			return ctx.Err()
 		case <-time.After(500 * time.Millisecond):
 		}
+	}
+	if lastErr != nil {
+		return fmt.Errorf("pool %s did not reach %d ready tasks in 2 minutes: %w", pool, n, lastErr)
 	}
 	return fmt.Errorf("pool %s did not reach %d ready tasks in 2 minutes", pool, n)
 }
