@@ -294,7 +294,7 @@ func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
 	}
 	out.WriteString("]}")
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-	return c.Send(out.B)
+	return sendCopy(c, out.B)
 }
 
 // labelFilter parses repeated label=k=v query values.
@@ -441,7 +441,7 @@ func (g *Gateway) modelTranscript(c *fiber.Ctx) error {
 	}
 	out.WriteString("}")
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-	return c.Send(out.B)
+	return sendCopy(c, out.B)
 }
 
 // appendExchange writes one transcript entry.
@@ -467,5 +467,13 @@ func appendExchange(out *bytebufferpool.ByteBuffer, ex modelservice.Exchange) er
 	out.Write(head.B[:len(head.B)-1])
 	out.Write(tail.B)
 	out.WriteByte('}')
+	return nil
+}
+
+// sendCopy answers with a copy of b. fiber's Send keeps b itself, and the
+// server writes it only after the handler returned — after a deferred
+// bytebufferpool.Put has handed b to another request.
+func sendCopy(c *fiber.Ctx, b []byte) error {
+	c.Response().SetBody(b)
 	return nil
 }

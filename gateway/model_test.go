@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/modelservice/membroker"
@@ -590,4 +591,49 @@ func TestModel_LongWait_OutlivesTheIdleTimeout(t *testing.T) {
 	require.NoError(t, got.err, "a waiting call is not an idle connection")
 	assert.Equal(t, http.StatusOK, got.status)
 	assert.Contains(t, string(got.body), "slow")
+}
+
+// Pooled answer buffers must not be handed to the server: it writes the
+// body after the handler (and its deferred return of the buffer) finished,
+// so concurrent requests would send each other's bytes.
+func TestModel_Transcript_ConcurrentReadsGetWholeBodies(t *testing.T) {
+	e := startRelay(t, nil, nil, modelservice.Config{})
+	var ids []string
+	for i := range 4 {
+		id, token := e.sandbox(fmt.Sprintf("sbx-c%d", i), testKey, "default", nil)
+		res := agentCall(context.Background(), e.relayURL(id, "chat/completions"), token, []byte(fmt.Sprintf(`{"messages":[{"role":"user","content":"%s %s"}]}`, id, strings.Repeat("x", 20000*(i+1)))))
+		r := e.claim(t, testKey, 1, "")[0]
+		resp, b := e.respond(t, testKey, r.ID, "", "application/json", modeltest.ChatCompletion("c", "m", "answer for "+id))
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		require.NoError(t, (<-res).err)
+		ids = append(ids, id)
+	}
+	var g errgroup.Group
+	for w := range 64 {
+		g.Go(func() error {
+			for n := range 60 {
+				id := ids[(w+n)%len(ids)]
+				req, _ := http.NewRequest(http.MethodGet, e.URL+"/v1/sandboxes/"+id+"/model/transcript", nil)
+				req.Header.Set("Authorization", "Bearer "+testKey)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return err
+				}
+				b, err := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if err != nil {
+					return err
+				}
+				var page transcriptPage
+				if err := json.Unmarshal(b, &page); err != nil {
+					return fmt.Errorf("transcript of %s: %w: %q", id, err, b)
+				}
+				if page.SandboxID != id || len(page.Exchanges) != 1 || !strings.Contains(string(page.Exchanges[0].Request), id) {
+					return fmt.Errorf("transcript of %s carries another sandbox's bytes: %q", id, b)
+				}
+			}
+			return nil
+		})
+	}
+	require.NoError(t, g.Wait())
 }
