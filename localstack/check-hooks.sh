@@ -23,14 +23,17 @@ printf '#!/bin/sh\nexec "%s" --endpoint-url "$AWS_ENDPOINT_URL" "$@"\n' "$PWD/$v
 chmod +x "$shim/awslocal"
 export PATH="$shim:$PWD/$venv/bin:$PATH"
 
+fail() { echo "check-hooks: $*" >&2; exit 1; }
+revision() { awslocal ecs describe-task-definition --task-definition quarry-default --query taskDefinition.revision --output text; }
 for round in 1 2; do
   for hook in localstack/init/ready.d/*.sh; do
     echo "== $hook (round $round)"
     "$hook"
   done
+  [ "$round" = 1 ] && first="$(revision)"
 done
+[ "$(revision)" = "$first" ] || fail "the second run registered the unchanged task definition again (revision $first -> $(revision))"
 
-fail() { echo "check-hooks: $*" >&2; exit 1; }
 for table in quarry-tasks quarry-leases quarry-model-relay; do
   [ "$(awslocal dynamodb describe-table --table-name "$table" --query Table.TableStatus --output text)" = ACTIVE ] ||
     fail "table $table is not ACTIVE"

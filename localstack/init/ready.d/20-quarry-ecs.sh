@@ -56,9 +56,10 @@ if [ -z "$role_arn" ] || [ "$role_arn" = None ]; then
   echo "quarry: created role $role"
 fi
 
-# The default pool's task definition (a new revision only when it changed is AWS's business;
-# registering an identical one again is harmless).
-td_arn="$(awslocal ecs register-task-definition --cli-input-json "$(cat <<JSON
+# The default pool's task definition, registered once per content: the definition carries a tag
+# with the hash of what was registered, and a run that finds the same hash on the latest revision
+# registers nothing.
+td_json="$(cat <<JSON
 {
   "family": "$family",
   "requiresCompatibilities": ["FARGATE"],
@@ -94,11 +95,20 @@ td_arn="$(awslocal ecs register-task-definition --cli-input-json "$(cat <<JSON
       "linuxParameters": {"capabilities": {"drop": ["AUDIT_WRITE", "MKNOD", "NET_RAW", "SETFCAP", "SETPCAP", "SYS_CHROOT"]}},
       "memoryReservation": 2032
     }
-  ],
-  "tags": [{"key": "quarry.managed", "value": "true"}, {"key": "quarry.pool", "value": "default"}]
+  ]
 }
 JSON
-)" --query taskDefinition.taskDefinitionArn --output text)"
+)"
+td_hash="$(printf '%s' "$td_json" | sha256sum | cut -c1-32)"
+have="$(awslocal ecs describe-task-definition --task-definition "$family" --include TAGS \
+  --query "tags[?key=='quarry.spec-hash'].value | [0]" --output text 2>/dev/null || true)"
+if [ "$have" = "$td_hash" ]; then
+  td_arn="$(awslocal ecs describe-task-definition --task-definition "$family" --query taskDefinition.taskDefinitionArn --output text)"
+  echo "quarry: task definition $family is up to date"
+else
+  td_json="${td_json%\}*}, \"tags\": [{\"key\": \"quarry.managed\", \"value\": \"true\"}, {\"key\": \"quarry.pool\", \"value\": \"default\"}, {\"key\": \"quarry.spec-hash\", \"value\": \"$td_hash\"}]}"
+  td_arn="$(awslocal ecs register-task-definition --cli-input-json "$td_json" --query taskDefinition.taskDefinitionArn --output text)"
+fi
 echo "quarry: task definition $td_arn"
 
 cat <<EOF2
