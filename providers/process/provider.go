@@ -236,6 +236,11 @@ func (p *Provider) launchOne(ctx context.Context, spec providers.Spec, name stri
 	p.reaper.add(name, pid)
 	st, err := readStat(pid)
 	if err != nil {
+		// An agent that exits at once may be reaped before its stat is
+		// read: its exit status and log say why, not the missing stat.
+		if _, werr := p.waitAddr(ctx, name, rec); werr != nil {
+			return nil, werr
+		}
 		return nil, fmt.Errorf("read agent start time: %w", err)
 	}
 	rec.StartTime = st.StartTime
