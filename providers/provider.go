@@ -97,6 +97,29 @@ func (e *LaunchError) Error() string {
 
 func (e *LaunchError) Unwrap() error { return e.Err }
 
+// InvalidSpec returns the *LaunchError (wrapping ErrInvalidSpec) of a spec
+// a provider cannot serve; reason names the offending field.
+func InvalidSpec(spec Spec, reason string) error {
+	return &LaunchError{Pool: spec.Pool, Image: spec.Image, Reason: reason, Err: ErrInvalidSpec}
+}
+
+// CheckNames checks the task names of a Launch: each must pass valid (the
+// provider's own rules) and none may repeat. The error is InvalidSpec
+// naming the first bad name and its index.
+func CheckNames(spec Spec, names []string, valid func(string) error) error {
+	seen := make(map[string]bool, len(names))
+	for i, name := range names {
+		if err := valid(name); err != nil {
+			return InvalidSpec(spec, fmt.Sprintf("names[%d] %q: %s", i, name, err))
+		}
+		if seen[name] {
+			return InvalidSpec(spec, fmt.Sprintf("names[%d] %q: repeated", i, name))
+		}
+		seen[name] = true
+	}
+	return nil
+}
+
 // Provider is the contract every sandbox backend implements. Implementations
 // must be safe for concurrent use. A provider keeps no state that matters in
 // memory: after a restart of the gateway, List and Describe find the tasks

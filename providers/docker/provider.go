@@ -176,15 +176,8 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	if err != nil {
 		return nil, err
 	}
-	seen := make(map[string]bool, len(names))
-	for i, name := range names {
-		if err := validateName(name); err != nil {
-			return nil, invalidSpec(spec, fmt.Sprintf("names[%d] %q: %s", i, name, err))
-		}
-		if seen[name] {
-			return nil, invalidSpec(spec, fmt.Sprintf("names[%d] %q: repeated", i, name))
-		}
-		seen[name] = true
+	if err := providers.CheckNames(spec, names, validateName); err != nil {
+		return nil, err
 	}
 	if len(names) == 0 {
 		return nil, nil
@@ -226,7 +219,7 @@ func (p *Provider) checkImage(ctx context.Context, spec providers.Spec) error {
 	case err == nil:
 		return nil
 	case isNotFound(err):
-		return invalidSpec(spec, fmt.Sprintf("image %q is not on the Docker engine: build, pull or load it first (the provider never pulls)", spec.Image))
+		return providers.InvalidSpec(spec, fmt.Sprintf("image %q is not on the Docker engine: build, pull or load it first (the provider never pulls)", spec.Image))
 	}
 	return fmt.Errorf("launch tasks: inspect image %q: %w", spec.Image, err)
 }
@@ -264,7 +257,7 @@ func (p *Provider) launchOne(ctx context.Context, spec providers.Spec, set setti
 			return p.adopt(ctx, spec, name)
 		}
 		if isNotFound(err) || isInvalid(err) {
-			return nil, invalidSpec(spec, "create container: "+err.Error())
+			return nil, providers.InvalidSpec(spec, "create container: "+err.Error())
 		}
 		return nil, fmt.Errorf("create container: %w", err)
 	}
@@ -356,7 +349,7 @@ func (p *Provider) checkShell(ctx context.Context, spec providers.Spec, id strin
 			return fmt.Errorf("look for a shell in the image: %w", err)
 		}
 	}
-	return invalidSpec(spec, fmt.Sprintf("image %q has no shell: the exec agent runs commands with bash or /bin/sh, and the image has neither %s",
+	return providers.InvalidSpec(spec, fmt.Sprintf("image %q has no shell: the exec agent runs commands with bash or /bin/sh, and the image has neither %s",
 		spec.Image, strings.Join(shells(), ", ")))
 }
 

@@ -97,13 +97,9 @@ func (s settings) hostNetwork() bool { return s.network == NetworkHost }
 func resolve(cfg Config, spec providers.Spec) (settings, error) {
 	set, reason := resolveSettings(cfg, spec)
 	if reason != "" {
-		return settings{}, invalidSpec(spec, reason)
+		return settings{}, providers.InvalidSpec(spec, reason)
 	}
 	return set, nil
-}
-
-func invalidSpec(spec providers.Spec, reason string) error {
-	return &providers.LaunchError{Pool: spec.Pool, Image: spec.Image, Reason: reason, Err: providers.ErrInvalidSpec}
 }
 
 func resolveSettings(cfg Config, spec providers.Spec) (settings, string) {

@@ -201,7 +201,7 @@ func TestBuildContainer_HostNetworkAndLimits(t *testing.T) {
 }
 
 func TestInvalidSpec_WrapsErrInvalidSpec(t *testing.T) {
-	err := invalidSpec(providers.Spec{Pool: "p", Image: "img"}, "why")
+	err := providers.InvalidSpec(providers.Spec{Pool: "p", Image: "img"}, "why")
 	assert.True(t, errors.Is(err, providers.ErrInvalidSpec))
 	assert.Equal(t, `launch pool "p" image "img": why`, err.Error())
 }

@@ -125,15 +125,8 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	if err := checkLabels(spec); err != nil {
 		return nil, err
 	}
-	seen := make(map[string]bool, len(names))
-	for i, name := range names {
-		if err := validateName(name); err != nil {
-			return nil, invalidSpec(spec, fmt.Sprintf("names[%d] %q: %s", i, name, err))
-		}
-		if seen[name] {
-			return nil, invalidSpec(spec, fmt.Sprintf("names[%d] %q: repeated", i, name))
-		}
-		seen[name] = true
+	if err := providers.CheckNames(spec, names, validateName); err != nil {
+		return nil, err
 	}
 	if len(names) == 0 {
 		return nil, nil
@@ -217,7 +210,7 @@ func (p *Provider) launchBatch(ctx context.Context, w *watcher, spec providers.S
 		p.launcher.starting.Release(int64(n))
 		if isInvalid(err) {
 			_, msg := apiError(err)
-			err = invalidSpec(spec, "run task: "+msg)
+			err = providers.InvalidSpec(spec, "run task: "+msg)
 		}
 		failAll(err)
 		return
@@ -408,7 +401,7 @@ func (p *Provider) taskDefinition(ctx context.Context, spec providers.Spec, set 
 		if err != nil {
 			if isInvalid(err) {
 				_, msg := apiError(err)
-				return "", invalidSpec(spec, "register task definition: "+msg)
+				return "", providers.InvalidSpec(spec, "register task definition: "+msg)
 			}
 			return "", fmt.Errorf("register task definition %s: %w", fam, err)
 		}
@@ -574,16 +567,16 @@ func validateName(name string) error {
 // overwrite the provider's own.
 func checkLabels(spec providers.Spec) error {
 	if len(spec.Labels) > maxTags-ownTags {
-		return invalidSpec(spec, fmt.Sprintf("labels: at most %d (ECS allows %d tags, the provider uses %d)", maxTags-ownTags, maxTags, ownTags))
+		return providers.InvalidSpec(spec, fmt.Sprintf("labels: at most %d (ECS allows %d tags, the provider uses %d)", maxTags-ownTags, maxTags, ownTags))
 	}
 	for k, v := range spec.Labels {
 		switch {
 		case strings.HasPrefix(k, "quarry."):
-			return invalidSpec(spec, fmt.Sprintf("labels.%s: the quarry. prefix is the provider's own", k))
+			return providers.InvalidSpec(spec, fmt.Sprintf("labels.%s: the quarry. prefix is the provider's own", k))
 		case strings.HasPrefix(strings.ToLower(k), "aws:"):
-			return invalidSpec(spec, fmt.Sprintf("labels.%s: the aws: prefix is reserved by AWS", k))
+			return providers.InvalidSpec(spec, fmt.Sprintf("labels.%s: the aws: prefix is reserved by AWS", k))
 		case len(k) > 128 || len(v) > 256:
-			return invalidSpec(spec, fmt.Sprintf("labels.%s: ECS tags have keys of at most 128 and values of at most 256 characters", k))
+			return providers.InvalidSpec(spec, fmt.Sprintf("labels.%s: ECS tags have keys of at most 128 and values of at most 256 characters", k))
 		}
 	}
 	return nil

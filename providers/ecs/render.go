@@ -24,7 +24,7 @@ func RenderTaskDefinition(cfg Config, spec providers.Spec) (*ecs.RegisterTaskDef
 		return nil, err
 	}
 	if set.taskDef != "" {
-		return nil, invalidSpec(spec, "options."+optTaskDefinition+": the pool supplies its own task definition; nothing to render")
+		return nil, providers.InvalidSpec(spec, "options."+optTaskDefinition+": the pool supplies its own task definition; nothing to render")
 	}
 	return renderTaskDef(cfg, spec, set), nil
 }

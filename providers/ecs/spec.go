@@ -108,18 +108,13 @@ type settings struct {
 	user string
 }
 
-// invalidSpec returns the LaunchError of a spec this provider cannot serve.
-func invalidSpec(spec providers.Spec, reason string) error {
-	return &providers.LaunchError{Pool: spec.Pool, Image: spec.Image, Reason: reason, Err: providers.ErrInvalidSpec}
-}
-
 // resolve checks spec against cfg and returns the pool's settings, or a
 // LaunchError (ErrInvalidSpec) naming the bad field.
 func resolve(cfg Config, spec providers.Spec) (settings, error) {
 	s := settings{subnets: cfg.Subnets, sgs: cfg.SecurityGroups, publicIP: cfg.AssignPublicIP, arch: types.CPUArchitectureX8664, user: DefaultUser}
 	for k := range spec.Options {
 		if !slices.Contains(knownOptions(), k) {
-			return s, invalidSpec(spec, fmt.Sprintf("options.%s: unknown option (known: %s)", k, strings.Join(knownOptions(), ", ")))
+			return s, providers.InvalidSpec(spec, fmt.Sprintf("options.%s: unknown option (known: %s)", k, strings.Join(knownOptions(), ", ")))
 		}
 	}
 	strategy := cfg.CapacityProvider
@@ -128,26 +123,26 @@ func resolve(cfg Config, spec providers.Spec) (settings, error) {
 	}
 	var err error
 	if s.strategy, err = parseStrategy(strategy); err != nil {
-		return s, invalidSpec(spec, "options."+optCapacityProvider+": "+err.Error())
+		return s, providers.InvalidSpec(spec, "options."+optCapacityProvider+": "+err.Error())
 	}
 	if v, ok := spec.Options[optSubnets]; ok {
 		s.subnets = splitList(v)
 		if len(s.subnets) == 0 {
-			return s, invalidSpec(spec, "options.subnets: empty")
+			return s, providers.InvalidSpec(spec, "options.subnets: empty")
 		}
 		if err := checkIDs(s.subnets, subnetPattern); err != nil {
-			return s, invalidSpec(spec, "options.subnets"+err.Error())
+			return s, providers.InvalidSpec(spec, "options.subnets"+err.Error())
 		}
 	}
 	if v, ok := spec.Options[optSecurityGroups]; ok {
 		s.sgs = splitList(v)
 		if err := checkIDs(s.sgs, sgPattern); err != nil {
-			return s, invalidSpec(spec, "options.security_groups"+err.Error())
+			return s, providers.InvalidSpec(spec, "options.security_groups"+err.Error())
 		}
 	}
 	if v, ok := spec.Options[optAssignPublicIP]; ok {
 		if s.publicIP, err = strconv.ParseBool(v); err != nil {
-			return s, invalidSpec(spec, fmt.Sprintf("options.assign_public_ip: want true or false, got %q", v))
+			return s, providers.InvalidSpec(spec, fmt.Sprintf("options.assign_public_ip: want true or false, got %q", v))
 		}
 	}
 	if v, ok := spec.Options[optArch]; ok {
@@ -155,35 +150,35 @@ func resolve(cfg Config, spec providers.Spec) (settings, error) {
 		case types.CPUArchitectureX8664, types.CPUArchitectureArm64:
 			s.arch = a
 		default:
-			return s, invalidSpec(spec, fmt.Sprintf("options.arch: want X86_64 or ARM64, got %q", v))
+			return s, providers.InvalidSpec(spec, fmt.Sprintf("options.arch: want X86_64 or ARM64, got %q", v))
 		}
 	}
 	if v, ok := spec.Options[optUser]; ok {
 		if !userPattern.MatchString(v) {
-			return s, invalidSpec(spec, fmt.Sprintf("options.user: want uid, uid:gid, user or user:group, got %q", v))
+			return s, providers.InvalidSpec(spec, fmt.Sprintf("options.user: want uid, uid:gid, user or user:group, got %q", v))
 		}
 		s.user = v
 	}
 	if v, ok := spec.Options[optTaskDefinition]; ok {
 		if v == "" {
-			return s, invalidSpec(spec, "options.task_definition: empty")
+			return s, providers.InvalidSpec(spec, "options.task_definition: empty")
 		}
 		s.taskDef = v
 		return s, nil // the supplied definition has its own image, size and secrets
 	}
 	if spec.Image == "" {
-		return s, invalidSpec(spec, "image: must be set (an image the task execution role can pull)")
+		return s, providers.InvalidSpec(spec, "image: must be set (an image the task execution role can pull)")
 	}
 	if s.cpu, s.memory, err = fargateSize(spec.CPU, spec.MemoryMB); err != nil {
-		return s, invalidSpec(spec, err.Error())
+		return s, providers.InvalidSpec(spec, err.Error())
 	}
 	for k := range spec.Env {
 		if strings.HasPrefix(k, agentEnvPrefix) {
-			return s, invalidSpec(spec, fmt.Sprintf("env.%s: names starting with %s are the agent's own", k, agentEnvPrefix))
+			return s, providers.InvalidSpec(spec, fmt.Sprintf("env.%s: names starting with %s are the agent's own", k, agentEnvPrefix))
 		}
 	}
 	if cfg.ExecutionRoleARN == "" || cfg.AgentImage == "" {
-		return s, invalidSpec(spec, "options.task_definition: required when the gateway has no QUARRY_ECS_EXECUTION_ROLE_ARN and QUARRY_ECS_AGENT_IMAGE to register task definitions with")
+		return s, providers.InvalidSpec(spec, "options.task_definition: required when the gateway has no QUARRY_ECS_EXECUTION_ROLE_ARN and QUARRY_ECS_AGENT_IMAGE to register task definitions with")
 	}
 	return s, nil
 }

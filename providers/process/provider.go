@@ -130,17 +130,8 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
-	seen := make(map[string]bool, len(names))
-	for i, name := range names {
-		if err := validateName(name); err != nil {
-			return nil, &providers.LaunchError{Pool: spec.Pool, Image: spec.Image,
-				Reason: fmt.Sprintf("names[%d] %q: %s", i, name, err), Err: providers.ErrInvalidSpec}
-		}
-		if seen[name] {
-			return nil, &providers.LaunchError{Pool: spec.Pool, Image: spec.Image,
-				Reason: fmt.Sprintf("names[%d] %q: repeated", i, name), Err: providers.ErrInvalidSpec}
-		}
-		seen[name] = true
+	if err := providers.CheckNames(spec, names, validateName); err != nil {
+		return nil, err
 	}
 
 	tasks := make([]*providers.Task, len(names))

@@ -24,7 +24,7 @@ func validateSpec(spec providers.Spec) error {
 	if reason == "" {
 		return nil
 	}
-	return &providers.LaunchError{Pool: spec.Pool, Image: spec.Image, Reason: reason, Err: providers.ErrInvalidSpec}
+	return providers.InvalidSpec(spec, reason)
 }
 
 func specProblem(spec providers.Spec) string {
