@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -101,6 +104,28 @@ func (e *LaunchError) Unwrap() error { return e.Err }
 // a provider cannot serve; reason names the offending field.
 func InvalidSpec(spec Spec, reason string) error {
 	return &LaunchError{Pool: spec.Pool, Image: spec.Image, Reason: reason, Err: ErrInvalidSpec}
+}
+
+// AgentEnvPrefix starts the names of the agent's own variables, which a
+// pool's env may not set.
+const AgentEnvPrefix = "QUARRY_AGENT_"
+
+// CheckEnv checks a spec's env: names must be non-empty without '=' or
+// NUL, must not start with AgentEnvPrefix, and values must not hold NUL.
+// It returns the first bad name (in sorted order) and what is wrong with
+// it, or "", "" when all are fine.
+func CheckEnv(env map[string]string) (name, problem string) {
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		switch {
+		case k == "" || strings.ContainsAny(k, "=\x00"):
+			return k, "not a valid variable name"
+		case strings.HasPrefix(k, AgentEnvPrefix):
+			return k, fmt.Sprintf("variables %s* are reserved for the agent", AgentEnvPrefix)
+		case strings.ContainsRune(env[k], 0):
+			return k, "value contains a NUL byte"
+		}
+	}
+	return "", ""
 }
 
 // CheckNames checks the task names of a Launch: each must pass valid (the

@@ -41,3 +41,30 @@ func TestCheckNames(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckEnv(t *testing.T) {
+	tests := []struct {
+		name        string
+		env         map[string]string
+		wantKey     string
+		wantProblem string
+	}{
+		{name: "fine", env: map[string]string{"A": "1", "PATH": "/bin"}},
+		{name: "empty name", env: map[string]string{"": "x"}, wantKey: "", wantProblem: "not a valid variable name"},
+		{name: "equals in name", env: map[string]string{"A=B": "x"}, wantKey: "A=B", wantProblem: "not a valid variable name"},
+		{name: "agent's own", env: map[string]string{"QUARRY_AGENT_TOKEN": "x"}, wantKey: "QUARRY_AGENT_TOKEN", wantProblem: "reserved for the agent"},
+		{name: "NUL in value", env: map[string]string{"B": "a\x00b"}, wantKey: "B", wantProblem: "NUL byte"},
+		{name: "first in sorted order", env: map[string]string{"Z=": "x", "A=": "y"}, wantKey: "A=", wantProblem: "not a valid variable name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, problem := CheckEnv(tt.env)
+			assert.Equal(t, tt.wantKey, k)
+			if tt.wantProblem == "" {
+				assert.Empty(t, problem)
+				return
+			}
+			assert.Contains(t, problem, tt.wantProblem)
+		})
+	}
+}

@@ -59,10 +59,6 @@ const (
 	logMaxFiles = "1"
 )
 
-// reservedEnvPrefix is the prefix of the variables the provider sets for the
-// agent itself; a spec may not set them.
-const reservedEnvPrefix = "QUARRY_AGENT_"
-
 // maxNameLen bounds a task (container) name.
 const maxNameLen = 128
 
@@ -160,15 +156,8 @@ func specProblem(spec providers.Spec) string {
 	case spec.MemoryMB > 0 && spec.MemoryMB < 6:
 		return fmt.Sprintf("memory: Docker needs at least 6 MiB, got %d", spec.MemoryMB)
 	}
-	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
-		switch {
-		case k == "" || strings.ContainsAny(k, "=\x00"):
-			return fmt.Sprintf("env %q: not a valid variable name", k)
-		case strings.HasPrefix(k, reservedEnvPrefix):
-			return fmt.Sprintf("env %q: variables %s* are reserved for the agent", k, reservedEnvPrefix)
-		case strings.ContainsRune(spec.Env[k], 0):
-			return fmt.Sprintf("env %q: value contains a NUL byte", k)
-		}
+	if k, problem := providers.CheckEnv(spec.Env); problem != "" {
+		return fmt.Sprintf("env %q: %s", k, problem)
 	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Labels)) {
 		if strings.HasPrefix(k, reservedLabelPrefix) {

@@ -48,7 +48,6 @@ const (
 	nonceFromTaskARN  = "ecs-task-arn"
 	envAgentAddr      = "QUARRY_AGENT_ADDR"
 	envAgentWork      = "QUARRY_AGENT_WORKDIR"
-	agentEnvPrefix    = "QUARRY_AGENT_"
 	// tagCreated records the launch time (Unix seconds) in case the backend
 	// reports no createdAt.
 	tagCreated = "quarry.created"
@@ -172,10 +171,8 @@ func resolve(cfg Config, spec providers.Spec) (settings, error) {
 	if s.cpu, s.memory, err = fargateSize(spec.CPU, spec.MemoryMB); err != nil {
 		return s, providers.InvalidSpec(spec, err.Error())
 	}
-	for k := range spec.Env {
-		if strings.HasPrefix(k, agentEnvPrefix) {
-			return s, providers.InvalidSpec(spec, fmt.Sprintf("env.%s: names starting with %s are the agent's own", k, agentEnvPrefix))
-		}
+	if k, problem := providers.CheckEnv(spec.Env); problem != "" {
+		return s, providers.InvalidSpec(spec, fmt.Sprintf("env.%s: %s", k, problem))
 	}
 	if cfg.ExecutionRoleARN == "" || cfg.AgentImage == "" {
 		return s, providers.InvalidSpec(spec, "options.task_definition: required when the gateway has no QUARRY_ECS_EXECUTION_ROLE_ARN and QUARRY_ECS_AGENT_IMAGE to register task definitions with")

@@ -4,17 +4,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 
 	"github.com/quarryhq/quarry/providers"
 )
 
 // maxNameLen bounds a task name (it is a directory name).
 const maxNameLen = 128
-
-// reservedEnvPrefix is the prefix of the variables the provider sets for the
-// agent itself; a spec may not set them.
-const reservedEnvPrefix = "QUARRY_AGENT_"
 
 // validateSpec returns a *providers.LaunchError wrapping
 // providers.ErrInvalidSpec when this provider cannot serve spec. The reason
@@ -40,15 +35,8 @@ func specProblem(spec providers.Spec) string {
 	if spec.MemoryMB < 0 {
 		return fmt.Sprintf("memory: must not be negative, got %d", spec.MemoryMB)
 	}
-	for _, k := range sortedKeys(spec.Env) {
-		switch {
-		case k == "" || strings.ContainsAny(k, "=\x00"):
-			return fmt.Sprintf("env %q: not a valid variable name", k)
-		case strings.HasPrefix(k, reservedEnvPrefix):
-			return fmt.Sprintf("env %q: variables %s* are reserved for the agent", k, reservedEnvPrefix)
-		case strings.ContainsRune(spec.Env[k], 0):
-			return fmt.Sprintf("env %q: value contains a NUL byte", k)
-		}
+	if k, problem := providers.CheckEnv(spec.Env); problem != "" {
+		return fmt.Sprintf("env %q: %s", k, problem)
 	}
 	for _, k := range sortedKeys(spec.Labels) {
 		switch k {
