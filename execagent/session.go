@@ -458,14 +458,18 @@ func (ss *session) waitShell() {
 	ss.srv.procs.killGroup(ss.pgid, unix.SIGKILL) // background jobs die with their session
 	ss.mu.Lock()
 	ss.dead = true
+	ss.mu.Unlock()
+	// Leave the table before the last run completes: a client that saw
+	// "closed" must find the session gone, from any request it sends next.
+	close(ss.exited) // before remove: create checks exited under the table's lock
+	ss.srv.sessions.remove(ss)
+	ss.mu.Lock()
 	if r := ss.run; r != nil && r.state != runDone {
 		ss.drainLocked()
 		ss.finishLocked(r, code, r.state == runInterrupting, true)
 	}
 	ss.fdClosed = true
 	ss.mu.Unlock()
-	close(ss.exited) // before remove: create checks exited under the table's lock
-	ss.srv.sessions.remove(ss)
 	_ = ss.outR.Close()
 	_ = ss.statusR.Close()
 	_ = ss.stdin.Close()

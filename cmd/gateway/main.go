@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -26,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/quarryhq/quarry/gateway"
+	"github.com/quarryhq/quarry/internal/secretfile"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/process"
 	"github.com/quarryhq/quarry/warmpool"
@@ -350,32 +350,15 @@ func serve(ctx context.Context, cfg Config, gw *gateway.Gateway, keySource strin
 // saving one (mode 0600) on first use.
 func loadOrCreateKey(dir string) (key, path string, err error) {
 	path = filepath.Join(dir, "api-key")
-	b, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		key = strings.TrimSpace(string(b))
-		if key == "" {
-			return "", path, fmt.Errorf("API key file %s is empty: delete it or set QUARRY_API_KEYS", path)
+	key, _, err = secretfile.LoadOrCreate(path, func() (string, error) {
+		raw := make([]byte, 24)
+		if _, err := rand.Read(raw); err != nil {
+			return "", fmt.Errorf("generate API key: %w", err)
 		}
-		return key, path, nil
-	case !errors.Is(err, fs.ErrNotExist):
-		return "", path, fmt.Errorf("read API key file: %w", err)
-	}
-	raw := make([]byte, 24)
-	if _, err := rand.Read(raw); err != nil {
-		return "", path, fmt.Errorf("generate API key: %w", err)
-	}
-	key = "qk_" + hex.EncodeToString(raw)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		return "qk_" + hex.EncodeToString(raw), nil
+	}, nil)
 	if err != nil {
-		return "", path, fmt.Errorf("save API key: %w", err)
-	}
-	if _, err := f.WriteString(key + "\n"); err != nil {
-		_ = f.Close()
-		return "", path, fmt.Errorf("save API key: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return "", path, fmt.Errorf("save API key: %w", err)
+		return "", path, fmt.Errorf("API key file: %w (delete it or set QUARRY_API_KEYS)", err)
 	}
 	return key, path, nil
 }

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/kelseyhightower/envconfig"
 
+	"github.com/quarryhq/quarry/internal/secretfile"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 	"github.com/quarryhq/quarry/modelservice/membroker"
@@ -161,29 +160,16 @@ func sandboxURL(addr string) (string, error) {
 // loadOrCreateRelaySecret returns the relay secret saved in
 // dir/relay-secret, generating and saving one (mode 0600) on first use.
 func loadOrCreateRelaySecret(dir string) (string, error) {
-	path := filepath.Join(dir, relaySecretFile)
-	b, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		s := strings.TrimSpace(string(b))
-		if len(s) < modelservice.MinSecretLen {
-			return "", fmt.Errorf("relay secret file %s: shorter than %d characters: delete it or set QUARRY_RELAY_SECRET", path, modelservice.MinSecretLen)
-		}
-		return s, nil
-	case !errors.Is(err, fs.ErrNotExist):
-		return "", fmt.Errorf("read relay secret file: %w", err)
-	}
-	secret := modelservice.NewSecret()
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	secret, _, err := secretfile.LoadOrCreate(filepath.Join(dir, relaySecretFile),
+		func() (string, error) { return modelservice.NewSecret(), nil },
+		func(s string) error {
+			if len(s) < modelservice.MinSecretLen {
+				return fmt.Errorf("shorter than %d characters", modelservice.MinSecretLen)
+			}
+			return nil
+		})
 	if err != nil {
-		return "", fmt.Errorf("save relay secret: %w", err)
-	}
-	if _, err := f.WriteString(secret + "\n"); err != nil {
-		_ = f.Close()
-		return "", fmt.Errorf("save relay secret: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return "", fmt.Errorf("save relay secret: %w", err)
+		return "", fmt.Errorf("relay secret file: %w (delete it or set QUARRY_RELAY_SECRET)", err)
 	}
 	return secret, nil
 }
