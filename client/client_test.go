@@ -114,6 +114,12 @@ func TestClient_Routes_SendDocumentedRequests(t *testing.T) {
 			_, err := c.WriteFile(ctx, "sbx-1", "rel/f", 0o755, strings.NewReader("data"))
 			return err
 		}, seen{method: "PUT", path: "/v1/sandboxes/sbx-1/files", query: "mode=0755&path=rel%2Ff", contentType: "application/octet-stream", body: "data"}, false},
+		{"create file", func(ctx context.Context, c *Client) error {
+			_, err := c.CreateFile(ctx, "sbx-1", "rel/f", 0, strings.NewReader("data"))
+			return err
+		}, seen{method: "PUT", path: "/v1/sandboxes/sbx-1/files", query: "exclusive=true&path=rel%2Ff", contentType: "application/octet-stream", body: "data"}, false},
+		{"delete file", func(ctx context.Context, c *Client) error { return c.DeleteFile(ctx, "sbx-1", "/x") },
+			seen{method: "DELETE", path: "/v1/sandboxes/sbx-1/files", query: "path=%2Fx"}, false},
 		{"stat", func(ctx context.Context, c *Client) error { _, err := c.Stat(ctx, "sbx-1", "/x"); return err },
 			seen{method: "GET", path: "/v1/sandboxes/sbx-1/files/stat", query: "path=%2Fx"}, false},
 		{"list dir", func(ctx context.Context, c *Client) error { _, err := c.ListDir(ctx, "sbx-1", "/x"); return err },

@@ -48,7 +48,11 @@ func (c *Client) ReadFile(ctx context.Context, id, p string, offset, length int6
 // (permission bits, setuid, setgid, sticky) 0 means the agent's default. A body over the gateway's limit fails with
 // IsTooLarge.
 func (c *Client) WriteFile(ctx context.Context, id, p string, mode fs.FileMode, r io.Reader) (agentapi.WriteResult, error) {
-	extra := url.Values{}
+	return c.writeFile(ctx, id, p, mode, r, url.Values{})
+}
+
+// writeFile is PUT /v1/sandboxes/{id}/files with the extra query.
+func (c *Client) writeFile(ctx context.Context, id, p string, mode fs.FileMode, r io.Reader, extra url.Values) (agentapi.WriteResult, error) {
 	if mode != 0 {
 		extra.Set("mode", agentapi.FormatMode(mode))
 	}
@@ -57,6 +61,19 @@ func (c *Client) WriteFile(ctx context.Context, id, p string, mode fs.FileMode, 
 	var res agentapi.WriteResult
 	err := c.do(ctx, cl, &res)
 	return res, err
+}
+
+// CreateFile is WriteFile for a file that must not exist yet: when it does,
+// nothing is written and the call fails with IsConflict. Of callers racing
+// to create one path, exactly one succeeds.
+func (c *Client) CreateFile(ctx context.Context, id, p string, mode fs.FileMode, r io.Reader) (agentapi.WriteResult, error) {
+	return c.writeFile(ctx, id, p, mode, r, url.Values{"exclusive": {"true"}})
+}
+
+// DeleteFile removes the file, symlink (not its target) or empty directory
+// at path p; a missing one fails with IsNotFound.
+func (c *Client) DeleteFile(ctx context.Context, id, p string) error {
+	return c.do(ctx, filesCall(http.MethodDelete, id, "", p, nil), nil)
 }
 
 // Stat describes the file system entry at path p; a missing one fails with

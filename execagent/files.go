@@ -180,8 +180,11 @@ func unixMode(m uint32) fs.FileMode {
 	return mode
 }
 
-// handleFileWrite answers PUT /v1/files?path=&mode=: the raw body replaces
-// the file atomically (temporary file and rename), parents are created.
+// handleFileWrite answers PUT /v1/files?path=&mode=&exclusive=: the raw
+// body replaces the file atomically (temporary file and rename), parents
+// are created. With exclusive=true the file must not exist yet (409 if it
+// does); it appears whole, and of writers racing for one path exactly one
+// succeeds.
 func (s *Server) handleFileWrite(w http.ResponseWriter, r *http.Request) error {
 	p, err := s.queryPath(r)
 	if err != nil {
@@ -190,6 +193,13 @@ func (s *Server) handleFileWrite(w http.ResponseWriter, r *http.Request) error {
 	mode, err := parseMode(r, 0o644)
 	if err != nil {
 		return err
+	}
+	exclusive, err := queryBool(r, "exclusive")
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(p); err == nil && exclusive {
+		return fmt.Errorf("%q already exists: %w", p, errConflict)
 	}
 	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
 		return invalid("path", "%q is a directory", p)
@@ -223,11 +233,41 @@ func (s *Server) handleFileWrite(w http.ResponseWriter, r *http.Request) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write %q: %w", p, err)
 	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
+	if exclusive {
+		err = os.Link(tmp.Name(), p)
+		_ = os.Remove(tmp.Name())
+		committed = true
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%q already exists: %w", p, errConflict)
+		}
+		if err != nil {
+			return fsError("path", p, err)
+		}
+	} else {
+		if err := os.Rename(tmp.Name(), p); err != nil {
+			return fsError("path", p, err)
+		}
+		committed = true
+	}
+	writeJSON(w, http.StatusOK, agentapi.WriteResult{Path: p, Bytes: n})
+	return nil
+}
+
+// handleFileDelete answers DELETE /v1/files?path=: removes a file, a
+// symlink (not its target) or an empty directory; 404 when nothing is
+// there.
+func (s *Server) handleFileDelete(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.queryPath(r)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil {
+		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+			return invalid("path", "%q is a directory that is not empty", p)
+		}
 		return fsError("path", p, err)
 	}
-	committed = true
-	writeJSON(w, http.StatusOK, agentapi.WriteResult{Path: p, Bytes: n})
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 

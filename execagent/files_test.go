@@ -5,11 +5,14 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -106,6 +109,78 @@ func TestFiles_Write_ModeAndReplace(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			err := a.client.DoRaw(ctx, http.MethodPut, agentapi.RouteFiles+"?path="+tt.path+tt.query, bytes.NewReader([]byte("x")), nil)
 			assert.Equal(t, tt.status, apiError(t, err).Status)
+		})
+	}
+}
+
+func TestFiles_CreateExclusive_OneWinnerNoPartialFile(t *testing.T) {
+	a := newTestAgent(t, nil)
+	ctx := context.Background()
+	const writers = 12
+	errs := make([]error, writers)
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Go(func() {
+			_, errs[i] = a.client.CreateFile(ctx, "lock/owner", 0o600, strings.NewReader(fmt.Sprintf("writer-%02d", i)))
+		})
+	}
+	wg.Wait()
+	winners := 0
+	for _, err := range errs {
+		if err == nil {
+			winners++
+			continue
+		}
+		ae := apiError(t, err)
+		assert.Equal(t, http.StatusConflict, ae.Status)
+		assert.Contains(t, ae.Message, "already exists")
+	}
+	assert.Equal(t, 1, winners)
+	got := string(readFile(t, a, "lock/owner", 0, 0))
+	assert.Regexp(t, `^writer-\d\d$`, got, "the winner's content, whole")
+	fi, err := a.client.Stat(ctx, "lock/owner")
+	require.NoError(t, err)
+	assert.Equal(t, "0600", fi.Mode)
+	ents, err := os.ReadDir(filepath.Join(a.cfg.Workdir, "lock"))
+	require.NoError(t, err)
+	assert.Len(t, ents, 1, "no temporary file left behind")
+
+	_, err = a.client.WriteFile(ctx, "lock/owner", 0, strings.NewReader("replaced"))
+	require.NoError(t, err, "a plain write still replaces")
+	require.NoError(t, a.client.DeleteFile(ctx, "lock/owner"))
+	_, err = a.client.CreateFile(ctx, "lock/owner", 0, strings.NewReader("again"))
+	require.NoError(t, err, "created again after delete")
+}
+
+func TestFiles_Delete(t *testing.T) {
+	a := newTestAgent(t, nil)
+	ctx := context.Background()
+	_, err := a.client.WriteFile(ctx, "d/f", 0, strings.NewReader("x"))
+	require.NoError(t, err)
+	require.NoError(t, os.Symlink(filepath.Join(a.cfg.Workdir, "d", "f"), filepath.Join(a.cfg.Workdir, "link")))
+
+	tests := []struct {
+		name   string
+		path   string
+		status int // 0: removed
+	}{
+		{name: "symlink, not its target", path: "link"},
+		{name: "directory not empty", path: "d", status: http.StatusBadRequest},
+		{name: "file", path: "d/f"},
+		{name: "empty directory", path: "d"},
+		{name: "missing", path: "d", status: http.StatusNotFound},
+		{name: "no path", path: "", status: http.StatusBadRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := a.client.DeleteFile(ctx, tt.path)
+			if tt.status != 0 {
+				assert.Equal(t, tt.status, apiError(t, err).Status)
+				return
+			}
+			require.NoError(t, err)
+			_, err = os.Lstat(filepath.Join(a.cfg.Workdir, tt.path))
+			assert.ErrorIs(t, err, os.ErrNotExist)
 		})
 	}
 }

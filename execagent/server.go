@@ -192,6 +192,7 @@ func (s *Server) routes() http.Handler {
 	fenced("POST "+agentapi.RouteProcessCall, s.handleProcessCall)
 	fenced("GET "+agentapi.RouteFiles, s.handleFileRead)
 	fenced("PUT "+agentapi.RouteFiles, s.handleFileWrite)
+	fenced("DELETE "+agentapi.RouteFiles, s.handleFileDelete)
 	fenced("GET "+agentapi.RouteFileStat, s.handleFileStat)
 	fenced("GET "+agentapi.RouteFileList, s.handleFileList)
 	fenced("GET "+agentapi.RouteFileArchive, s.handleArchiveDownload)

@@ -266,6 +266,7 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodPost, path: sbx + "/processes/:pid/call", auth: true, proxy: kindCommand},
 		{method: fiber.MethodGet, path: sbx + "/files", auth: true, proxy: kindDownload},
 		{method: fiber.MethodPut, path: sbx + "/files", auth: true, proxy: kindUpload},
+		{method: fiber.MethodDelete, path: sbx + "/files", auth: true, proxy: kindJSON},
 		{method: fiber.MethodGet, path: sbx + "/files/stat", auth: true, proxy: kindJSON},
 		{method: fiber.MethodGet, path: sbx + "/files/list", auth: true, proxy: kindJSON},
 		{method: fiber.MethodGet, path: sbx + "/files/archive", auth: true, proxy: kindDownload},

@@ -235,6 +235,26 @@ func TestProxy_FilesByteExact_RealAgent(t *testing.T) {
 	}
 }
 
+func TestProxy_FileCreateExclusiveAndDelete_RealAgent(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	base := gw.URL + "/v1/sandboxes/sbx-1/files?path=claims/x"
+	resp, b := call(t, http.MethodPut, base+"&exclusive=true", testKey, strings.NewReader("first"))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", b)
+	resp, b = call(t, http.MethodPut, base+"&exclusive=true", testKey, strings.NewReader("second"))
+	assert.Equal(t, http.StatusConflict, resp.StatusCode, "body %s", b)
+	assert.Contains(t, string(b), "already exists")
+	resp, got := call(t, http.MethodGet, base, testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "first", string(got), "the refused write changed nothing")
+
+	resp, b = call(t, http.MethodDelete, base, testKey, nil)
+	assert.Equal(t, http.StatusNoContent, resp.StatusCode, "body %s", b)
+	resp, b = call(t, http.MethodDelete, base, testKey, nil)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "body %s", b)
+	resp, _ = call(t, http.MethodDelete, base, "", nil)
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+}
+
 func TestProxy_ArchiveRoundTrip_RealAgent(t *testing.T) {
 	gw, _, _ := withAgent(t, nil)
 	base := gw.URL + "/v1/sandboxes/sbx-1"

@@ -125,8 +125,20 @@ func (s *Service) sessionFile(l warmpool.Lease, name string) string {
 	return s.stateDir(l) + "/sessions/" + name
 }
 
+// forgetSession frees a ROCK session name (its agent session has ended or
+// been closed). A file that is already gone is not an error.
+func (s *Service) forgetSession(ctx context.Context, ac *agentapi.Client, l warmpool.Lease, name string) error {
+	err := ac.DeleteFile(ctx, s.sessionFile(l, name))
+	var ae *agentapi.Error
+	if err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
+		return fmt.Errorf("forget session %q: %w", name, err)
+	}
+	return nil
+}
+
 // sessionID returns the agent session of a ROCK session name ("" when there
-// is none).
+// is none). The name's file is created exclusively by create_session and
+// removed when the session ends, so a name maps to at most one session.
 func (s *Service) sessionID(ctx context.Context, ac *agentapi.Client, l warmpool.Lease, name string) (string, error) {
 	b, found, err := s.readSmall(ctx, ac, s.sessionFile(l, name))
 	if err != nil || !found {
@@ -226,14 +238,20 @@ func (s *Service) createSession(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	if old != "" {
-		return nil, warmpool.Invalid("session", "session %q already exists in sandbox %s; close it first", name, req.SandboxID)
+		return nil, sessionExists(name, req.SandboxID)
 	}
 	info, err := ac.CreateSession(ctx, agentapi.SessionCreateRequest{Env: req.Env})
 	if err != nil {
 		return nil, &sandboxErr{id: req.SandboxID, err: err}
 	}
-	if err := s.writeSmall(ctx, ac, s.sessionFile(l, name), info.ID); err != nil {
+	// Claim the name: of two create_session calls racing for it, one
+	// creates the file and the other closes its new session again.
+	if _, err := ac.CreateFile(ctx, s.sessionFile(l, name), 0o600, strings.NewReader(info.ID)); err != nil {
 		_ = ac.CloseSession(context.WithoutCancel(ctx), info.ID)
+		var ae *agentapi.Error
+		if errors.As(err, &ae) && ae.Status == http.StatusConflict {
+			return nil, sessionExists(name, req.SandboxID)
+		}
 		return nil, &sandboxErr{id: req.SandboxID, err: err}
 	}
 	var out strings.Builder
@@ -245,6 +263,11 @@ func (s *Service) createSession(c *fiber.Ctx, owner string) (any, error) {
 		out.WriteString(res.Output)
 	}
 	return createSessionResult{Output: strings.TrimSpace(out.String()), SessionType: "bash"}, nil
+}
+
+// sessionExists is create_session's answer for a name in use.
+func sessionExists(name, sandboxID string) error {
+	return warmpool.Invalid("session", "session %q already exists in sandbox %s; close it first", name, sandboxID)
 }
 
 // runRequest is ROCK's SandboxBashAction.
@@ -329,14 +352,14 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 		res, err := ac.RunSession(ctx, sid, agentapi.SessionRunRequest{Command: cmd, TimeoutMS: ms})
 		var ae *agentapi.Error
 		if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
-			_ = s.writeSmall(ctx, ac, s.sessionFile(l, name), "")
+			_ = s.forgetSession(ctx, ac, l, name)
 			return nil, warmpool.Invalid("session", "session %q of sandbox %s has ended (its shell exited); create it again", name, req.SandboxID)
 		}
 		if err != nil {
 			return nil, &sandboxErr{id: req.SandboxID, err: err}
 		}
 		if res.Closed {
-			_ = s.writeSmall(ctx, ac, s.sessionFile(l, name), "")
+			_ = s.forgetSession(ctx, ac, l, name)
 		}
 		output, exitCode, timedOut = res.Output, res.ExitCode, res.TimedOut
 	}
@@ -401,7 +424,7 @@ func (s *Service) closeSession(c *fiber.Ctx, owner string) (any, error) {
 	if err := ac.CloseSession(ctx, sid); err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
 		return nil, &sandboxErr{id: req.SandboxID, err: err}
 	}
-	if err := s.writeSmall(ctx, ac, s.sessionFile(l, name), ""); err != nil {
+	if err := s.forgetSession(ctx, ac, l, name); err != nil {
 		return nil, &sandboxErr{id: req.SandboxID, err: err}
 	}
 	return map[string]string{"session_type": "bash"}, nil

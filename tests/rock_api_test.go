@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/quarryhq/quarry/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -178,4 +180,53 @@ func TestRock_SessionsSurviveGatewayRestart(t *testing.T) {
 	require.Equal(t, "Success", env.Status, env.errMsg())
 	_, env = rockCall(t, g, http.MethodPost, "stop", key, map[string]any{"sandbox_id": "restart-me"})
 	assert.Equal(t, "Success", env.Status, "stop is idempotent")
+}
+
+// Two create_session calls racing for one new name: one wins, the other is
+// told the name is taken, and no agent session is left without a name.
+func TestRock_CreateSession_ConcurrentSameNameOneWinsNoLeak(t *testing.T) {
+	g := startGateway(t, defaultPools)
+	key := map[string]string{"X-Key": g.key}
+	_, started := rockCall(t, g, http.MethodPost, "start", key, map[string]any{"sandbox_id": "race-me"})
+	require.Equal(t, "Success", started.Status, started.errMsg())
+
+	const callers = 6
+	envs := make([]rockEnvelope, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			_, envs[i] = rockCall(t, g, http.MethodPost, "create_session", key, map[string]any{"sandbox_id": "race-me", "session": "shared"})
+		})
+	}
+	wg.Wait()
+	winners := 0
+	for _, env := range envs {
+		if env.Status == "Success" {
+			winners++
+			continue
+		}
+		assert.Contains(t, env.errMsg(), "already exists")
+	}
+	assert.Equal(t, 1, winners)
+
+	sbs, err := g.client().ListSandboxes(ctx(t), client.ListSandboxesRequest{Labels: map[string]string{"rock.sandbox_id": "race-me"}})
+	require.NoError(t, err)
+	require.Len(t, sbs, 1)
+	sessions, err := g.client().ListSessions(ctx(t), sbs[0].ID)
+	require.NoError(t, err)
+	assert.Len(t, sessions, 1, "the losers closed the sessions they made")
+
+	// The name is free again once closed, and after the shell exits.
+	_, env := rockCall(t, g, http.MethodPost, "close_session", key, map[string]any{"sandbox_id": "race-me", "session": "shared"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, g, http.MethodPost, "create_session", key, map[string]any{"sandbox_id": "race-me", "session": "shared"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, g, http.MethodPost, "run_in_session", key,
+		map[string]any{"sandbox_id": "race-me", "session": "shared", "command": "exit 0", "check": "silent"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, g, http.MethodPost, "create_session", key, map[string]any{"sandbox_id": "race-me", "session": "shared"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	sessions, err = g.client().ListSessions(ctx(t), sbs[0].ID)
+	require.NoError(t, err)
+	assert.Len(t, sessions, 1)
 }

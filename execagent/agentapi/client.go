@@ -301,13 +301,33 @@ func (c *Client) ReadFile(ctx context.Context, path string, offset, length int64
 // WriteFile calls PUT /v1/files: body replaces the file at path (parents
 // are created). mode 0 means the agent's default (0644).
 func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, body io.Reader) (WriteResult, error) {
+	return c.writeFile(ctx, path, mode, body, false)
+}
+
+// CreateFile calls PUT /v1/files?exclusive=true: like WriteFile, but the
+// file must not exist yet; when it does the error is an *Error with status
+// 409. Of callers racing to create one path, exactly one succeeds.
+func (c *Client) CreateFile(ctx context.Context, path string, mode fs.FileMode, body io.Reader) (WriteResult, error) {
+	return c.writeFile(ctx, path, mode, body, true)
+}
+
+func (c *Client) writeFile(ctx context.Context, path string, mode fs.FileMode, body io.Reader, exclusive bool) (WriteResult, error) {
 	q := url.Values{"path": {path}}
 	if mode != 0 {
 		q.Set("mode", FormatMode(mode))
 	}
+	if exclusive {
+		q.Set("exclusive", "true")
+	}
 	var res WriteResult
 	err := c.DoRaw(ctx, http.MethodPut, RouteFiles+"?"+q.Encode(), body, &res)
 	return res, err
+}
+
+// DeleteFile calls DELETE /v1/files: removes a file, a symlink or an empty
+// directory; an *Error with status 404 when nothing is at path.
+func (c *Client) DeleteFile(ctx context.Context, path string) error {
+	return c.DoRaw(ctx, http.MethodDelete, RouteFiles+"?"+url.Values{"path": {path}}.Encode(), nil, nil)
 }
 
 // Stat calls GET /v1/files/stat (a final symlink is not followed).

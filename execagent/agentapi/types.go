@@ -32,7 +32,7 @@ const (
 	RouteProcessSignal = "/v1/processes/{id}/signal" // POST
 	RouteProcessStdin  = "/v1/processes/{id}/stdin"  // POST raw bytes (?close=true)
 	RouteProcessCall   = "/v1/processes/{id}/call"   // POST one JSON line in, one line out (rpc processes)
-	RouteFiles         = "/v1/files"                 // GET read, PUT write (?path=)
+	RouteFiles         = "/v1/files"                 // GET read, PUT write (?path=&exclusive=), DELETE remove
 	RouteFileStat      = "/v1/files/stat"            // GET (?path=)
 	RouteFileList      = "/v1/files/list"            // GET (?path=)
 	RouteFileArchive   = "/v1/files/archive"         // GET tar of a dir, PUT tar(.gz) to extract (?path=)
