@@ -21,6 +21,10 @@ import (
 // its failure_reason and output name the real exit code and carry the
 // command's output; with check "silent" the read answers the real exit code
 // itself. Commands that do not have the SDK's exact shape run unchanged.
+//
+// The job ignores SIGHUP with the shell's own "trap '' HUP" (an ignored
+// signal stays ignored across exec) instead of running the nohup program,
+// which many images lack (Debian's busybox has no nohup applet).
 
 var (
 	nohupStart = regexp.MustCompile(`(?s)^nohup (.+) < /dev/null > ([A-Za-z0-9_./-]+) 2>&1 & echo PIDSTART\$\{!\}PIDEND;disown$`)
@@ -43,7 +47,7 @@ func rewriteNohup(cmd, stateDir string) string {
 	body, out := m[1], m[2]
 	rc := rcFile(stateDir, out)
 	return "mkdir -p " + stateDir + "/rc; rm -f " + rc + "\n" +
-		"( nohup " + body + " < /dev/null > " + out + " 2>&1; echo $? > " + rc + " ) > /dev/null 2>&1 &\n" +
+		"( trap '' HUP; " + body + " < /dev/null > " + out + " 2>&1; echo $? > " + rc + " ) > /dev/null 2>&1 &\n" +
 		"echo PIDSTART${!}PIDEND; disown 2> /dev/null || :"
 }
 

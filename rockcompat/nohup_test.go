@@ -71,8 +71,15 @@ var pidPattern = regexp.MustCompile(`PIDSTART([0-9]+)PIDEND`)
 
 // The rewritten start command keeps the SDK's contract (it prints the PID of
 // a process that lives until the command ends, the output goes to the file)
-// and records the exit status, in a real bash.
-func TestRewriteNohup_RealBashKeepsExitCode(t *testing.T) {
+// and records the exit status, in a real bash and a POSIX sh, with no nohup
+// program on the PATH.
+func TestRewriteNohup_RealShellsKeepExitCode(t *testing.T) {
+	bin := t.TempDir() // what the rewrite and the commands use, but no nohup
+	for _, prog := range []string{"sh", "sleep", "mkdir", "rm"} {
+		p, err := exec.LookPath(prog)
+		require.NoError(t, err)
+		require.NoError(t, os.Symlink(p, filepath.Join(bin, prog)))
+	}
 	for _, tc := range []struct {
 		name   string
 		cmd    string
@@ -82,33 +89,55 @@ func TestRewriteNohup_RealBashKeepsExitCode(t *testing.T) {
 		{name: "success", cmd: "sh -c 'echo done; sleep 0.2'", output: "done\n", code: "0"},
 		{name: "failure", cmd: "sh -c 'echo failing >&2; exit 3'", output: "failing\n", code: "3"},
 		{name: "command not found", cmd: "no-such-command-xyz", code: "127"},
+		{name: "hangup ignored", cmd: "sh -c 'kill -HUP $$; echo survived'", output: "survived\n", code: "0"},
+		{name: "assignment before the command", cmd: "GREETING=hi sh -c 'echo $GREETING'", output: "hi\n", code: "0"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			out := filepath.Join(dir, "job.out")
-			state := filepath.Join(dir, "state")
-			res, err := exec.Command("bash", "-c", rewriteNohup(sdkNohup(tc.cmd, out), state)).CombinedOutput()
-			require.NoError(t, err, string(res))
-			m := pidPattern.FindStringSubmatch(string(res))
-			require.NotNil(t, m, "no PID in %q", res)
-			pid, err := strconv.Atoi(m[1])
-			require.NoError(t, err)
-			rc := rcFile(state, out)
-			deadline := time.Now().Add(30 * time.Second)
-			for syscall.Kill(pid, 0) == nil || !fileExists(rc) {
-				require.True(t, time.Now().Before(deadline), "the job did not end")
-				time.Sleep(20 * time.Millisecond)
-			}
-			code, err := os.ReadFile(rc)
-			require.NoError(t, err)
-			assert.Equal(t, tc.code, strings.TrimSpace(string(code)))
-			if tc.output != "" {
-				got, err := os.ReadFile(out)
+		for _, shell := range []string{"bash", "sh"} {
+			t.Run(tc.name+"/"+shell, func(t *testing.T) {
+				dir := t.TempDir()
+				out := filepath.Join(dir, "job.out")
+				state := filepath.Join(dir, "state")
+				sh, err := exec.LookPath(shell)
 				require.NoError(t, err)
-				assert.Equal(t, tc.output, string(got))
-			}
-		})
+				cmd := exec.Command(sh, "-c", rewriteNohup(sdkNohup(tc.cmd, out), state))
+				cmd.Env = []string{"PATH=" + bin}
+				res, err := cmd.CombinedOutput()
+				require.NoError(t, err, string(res))
+				m := pidPattern.FindStringSubmatch(string(res))
+				require.NotNil(t, m, "no PID in %q", res)
+				pid, err := strconv.Atoi(m[1])
+				require.NoError(t, err)
+				rc := rcFile(state, out)
+				deadline := time.Now().Add(30 * time.Second)
+				for running(pid) || !fileExists(rc) {
+					require.True(t, time.Now().Before(deadline), "the job did not end")
+					time.Sleep(20 * time.Millisecond)
+				}
+				code, err := os.ReadFile(rc)
+				require.NoError(t, err)
+				assert.Equal(t, tc.code, strings.TrimSpace(string(code)))
+				if tc.output != "" {
+					got, err := os.ReadFile(out)
+					require.NoError(t, err)
+					assert.Equal(t, tc.output, string(got))
+				}
+			})
+		}
 	}
+}
+
+// running reports whether pid is alive and not a zombie (the orphaned job
+// is reaped by the machine's init, which may take seconds).
+func running(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
 }
 
 func fileExists(p string) bool {

@@ -753,3 +753,55 @@ func TestReplicas_ExpiredLeaseRefusedBeforeTheReaper(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, warmpool.LeaseActive, stored.State, "the reaper has not ended it: the refusal came from ExpiresAt")
 }
+
+// ROCK's routes keep nothing in the gateway: a sandbox started on one
+// replica is driven through the other, a chosen sandbox_id started on both
+// at once is one sandbox, and a session's state is found from any replica.
+func TestReplicas_RockRoutesAcrossReplicas(t *testing.T) {
+	c := startCluster(t, 2)
+	a, b := c.gws[0], c.gws[1]
+	waitReadyOn(t, a, "default", 1)
+	key := map[string]string{"X-Key": a.key}
+	const id = "rock-across"
+
+	envs := make([]rockEnvelope, 2)
+	var wg sync.WaitGroup
+	for i, g := range []*gatewayProc{a, b} {
+		wg.Go(func() {
+			_, envs[i] = rockCall(t, g, http.MethodPost, "start", key, map[string]any{"sandbox_id": id})
+		})
+	}
+	wg.Wait()
+	for _, env := range envs {
+		require.Equal(t, "Success", env.Status, env.errMsg())
+	}
+	sbs, err := b.client().ListSandboxes(longCtx(t), client.ListSandboxesRequest{Labels: map[string]string{"rock.sandbox_id": id}})
+	require.NoError(t, err)
+	require.Len(t, sbs, 1, "one sandbox for one sandbox_id, whichever replica answered")
+
+	_, env := rockCall(t, a, http.MethodPost, "create_session", key, map[string]any{"sandbox_id": id, "session": "s"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, b, http.MethodPost, "create_session", key, map[string]any{"sandbox_id": id, "session": "s"})
+	assert.Contains(t, env.errMsg(), "already exists", "the name is taken on every replica")
+	_, env = rockCall(t, b, http.MethodPost, "run_in_session", key,
+		map[string]any{"sandbox_id": id, "session": "s", "command": "cd /tmp && export ACROSS=yes"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, a, http.MethodPost, "run_in_session", key,
+		map[string]any{"sandbox_id": id, "session": "s", "command": `echo "$(pwd) $ACROSS"`})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	assert.Equal(t, "/tmp yes", env.res()["output"])
+
+	path := "/tmp/quarry-rock-across-" + sbs[0].ID
+	t.Cleanup(func() { _ = os.Remove(path) }) // the process provider's sandboxes share the host's /tmp
+	_, env = rockCall(t, a, http.MethodPost, "write_file", key, map[string]any{"sandbox_id": id, "path": path, "content": "written on A"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, b, http.MethodPost, "read_file", key, map[string]any{"sandbox_id": id, "path": path})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	assert.Equal(t, "written on A", env.res()["content"])
+
+	_, env = rockCall(t, b, http.MethodPost, "stop", key, map[string]any{"sandbox_id": id})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, a, http.MethodGet, "is_alive?sandbox_id="+id, key, nil)
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	assert.Equal(t, false, env.res()["is_alive"], "stopped on B, dead on A")
+}

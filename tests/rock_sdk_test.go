@@ -82,6 +82,33 @@ func step(t *testing.T, steps map[string]map[string]any, name string) map[string
 func TestRock_SDKDrivesSandbox(t *testing.T) {
 	g := startGateway(t, defaultPools)
 	g.waitReady("default", 1)
+	driveRockSandbox(t, g)
+}
+
+// ROCK's SDK on sandboxes that are Docker containers of an image that is
+// not ROCK's (static bash and busybox, an unprivileged user).
+func TestRock_Docker_SDKDrivesSandbox(t *testing.T) {
+	d := requireDocker(t)
+	if d == nil {
+		return // gated: QUARRY_TEST_DOCKER is not 1
+	}
+	g := d.startGateway(fmt.Sprintf(`pools:
+  - name: default
+    image: %s
+    cpu: 0.5
+    memory: 256Mi
+    min_warm: 1
+    max_total: 3
+`, dockerImageBash))
+	g.waitReady("default", 1)
+	driveRockSandbox(t, g)
+}
+
+// driveRockSandbox runs tests/rock/sandbox_driver.py (ROCK's SDK, unmodified)
+// against g, whose default pool serves ROCK's default image, and checks
+// every step.
+func driveRockSandbox(t *testing.T, g *gatewayProc) {
+	t.Helper()
 	chosen := fmt.Sprintf("rock-e2e-%d", time.Now().UnixNano())
 	steps := runRockDriver(t, "sandbox_driver.py",
 		"ROCK_BASE_URL="+g.url(), "QUARRY_API_KEY="+g.key, "ROCK_SANDBOX_ID="+chosen)
