@@ -105,7 +105,8 @@ func (s *Service) Registry() *Registry { return s.reg }
 // is a *ValidationError for env_id. When the program cannot be started the
 // sandbox is released and the error is an *Error of KindEnv. A replayed
 // idempotency key returns the earlier sandbox (its program is left as it
-// is).
+// is); one that made another env's sandbox is a *ValidationError for
+// env_id, and that sandbox is left alone.
 func (s *Service) Make(ctx context.Context, owner, envID string, opts MakeOptions) (string, error) {
 	spec, ok := s.reg.Get(envID)
 	if !ok {
@@ -128,6 +129,12 @@ func (s *Service) Make(ctx context.Context, owner, envID string, opts MakeOption
 		return "", fmt.Errorf("acquire sandbox for env %s: %w", envID, err)
 	}
 	sbx, err := s.sb.Open(ctx, owner, id)
+	if err == nil && sbx.Labels[LabelEnv] != envID {
+		// A replayed key that made another env's sandbox: that sandbox is
+		// not this call's to start or release.
+		return "", invalid("env_id", "the Idempotency-Key was first used to make env %q (sandbox %s), not %q: a key makes one sandbox; use a new key",
+			sbx.Labels[LabelEnv], id, envID)
+	}
 	if err == nil {
 		err = s.start(ctx, sbx.Agent, spec)
 	}

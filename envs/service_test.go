@@ -112,6 +112,21 @@ func TestService_Make_LabelsAndStartsTheProgram(t *testing.T) {
 	assert.Equal(t, "env_id", ve.Field)
 }
 
+func TestService_Make_ReplayedKeyOfAnotherEnvIsRefusedAndLeftAlone(t *testing.T) {
+	ag := &fakeAgent{}
+	svc, sb := newTestService(t, ag)
+	sb.OpenFn = func(ctx context.Context, owner, id string) (Sandbox, error) {
+		return Sandbox{Labels: map[string]string{LabelEnv: "other"}, Agent: ag}, nil
+	}
+	_, err := svc.Make(context.Background(), "owner-1", "game", MakeOptions{IdempotencyKey: "k"})
+	var ve *ValidationError
+	require.ErrorAs(t, err, &ve)
+	assert.Equal(t, "env_id", ve.Field)
+	assert.Contains(t, ve.Message, `first used to make env "other"`)
+	assert.Empty(t, sb.released, "the other env's sandbox is not released")
+	assert.Empty(t, ag.starts, "nor is a program started in it")
+}
+
 func TestService_Make_StartFailures(t *testing.T) {
 	tests := []struct {
 		name     string

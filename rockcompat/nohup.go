@@ -24,7 +24,10 @@ import (
 //
 // The job ignores SIGHUP with the shell's own "trap '' HUP" (an ignored
 // signal stays ignored across exec) instead of running the nohup program,
-// which many images lack (Debian's busybox has no nohup applet).
+// which many images lack (Debian's busybox has no nohup applet). CMD runs
+// in a subshell of its own, so that a list ("make; exit 3", which the SDK
+// passes unquoted) has all its output in FILE and its last status in the
+// status file, where ROCK would run only the first command in the background.
 
 var (
 	nohupStart = regexp.MustCompile(`(?s)^nohup (.+) < /dev/null > ([A-Za-z0-9_./-]+) 2>&1 & echo PIDSTART\$\{!\}PIDEND;disown$`)
@@ -47,7 +50,7 @@ func rewriteNohup(cmd, stateDir string) string {
 	body, out := m[1], m[2]
 	rc := rcFile(stateDir, out)
 	return "mkdir -p " + stateDir + "/rc; rm -f " + rc + "\n" +
-		"( trap '' HUP; " + body + " < /dev/null > " + out + " 2>&1; echo $? > " + rc + " ) > /dev/null 2>&1 &\n" +
+		"( trap '' HUP; ( " + body + "\n) < /dev/null > " + out + " 2>&1; echo $? > " + rc + " ) > /dev/null 2>&1 &\n" +
 		"echo PIDSTART${!}PIDEND; disown 2> /dev/null || :"
 }
 

@@ -91,6 +91,8 @@ func TestRewriteNohup_RealShellsKeepExitCode(t *testing.T) {
 		{name: "command not found", cmd: "no-such-command-xyz", code: "127"},
 		{name: "hangup ignored", cmd: "sh -c 'kill -HUP $$; echo survived'", output: "survived\n", code: "0"},
 		{name: "assignment before the command", cmd: "GREETING=hi sh -c 'echo $GREETING'", output: "hi\n", code: "0"},
+		{name: "a list ending in exit", cmd: "echo bad; exit 7", output: "bad\n", code: "7"},
+		{name: "a trailing comment", cmd: "echo hi # note", output: "hi\n", code: "0"},
 	} {
 		for _, shell := range []string{"bash", "sh"} {
 			t.Run(tc.name+"/"+shell, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -87,21 +88,36 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 	if minutes == nil {
 		minutes = req.AutoClearTime
 	}
+	if minutes != nil && (*minutes < 0 || math.IsNaN(*minutes) || math.IsInf(*minutes, 0)) {
+		return nil, warmpool.Invalid("auto_clear_time_minutes", "must be a positive number of minutes (0 or absent: the pool's default), got %v", *minutes)
+	}
 	if minutes != nil && *minutes > 0 {
-		secs := int(*minutes * 60)
-		if pool.MaxLeaseSeconds > 0 && secs > pool.MaxLeaseSeconds {
-			secs = pool.MaxLeaseSeconds
+		limit := pool.MaxLeaseSeconds
+		if limit <= 0 {
+			limit = warmpool.DefaultMaxLeaseSeconds
 		}
-		areq.LeaseSeconds = secs
+		secs := math.Ceil(*minutes * 60)
+		if secs > float64(limit) {
+			secs = float64(limit) // longer asks get the pool's longest lease
+		}
+		areq.LeaseSeconds = int(secs)
 	}
 	for header, label := range map[string]string{"X-User-Id": labelUser, "X-Experiment-Id": labelExp, "X-Namespace": labelNS} {
 		if v := string(c.Request().Header.Peek(header)); v != "" && len(v) <= maxLabelLen && printable(v) {
 			areq.Labels[label] = v
 		}
 	}
-	lease, _, err := s.leases.Acquire(ctx, areq)
+	lease, replayed, err := s.leases.Acquire(ctx, areq)
 	if err != nil {
 		return nil, fmt.Errorf("acquire: %w", err)
+	}
+	if replayed && lease.State != warmpool.LeaseActive {
+		why := string(lease.State)
+		if lease.Reason != "" {
+			why += ": " + lease.Reason
+		}
+		return nil, warmpool.Invalid("sandbox_id", "%q named sandbox %s, which has ended (%s); a sandbox does not start again: choose a new sandbox_id",
+			areq.Labels[LabelSandboxID], lease.ID, why)
 	}
 	return startResult{SandboxID: lease.ID, HostName: lease.TaskID}, nil
 }

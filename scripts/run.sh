@@ -30,15 +30,27 @@ scheme=http
 [ -n "${QUARRY_TLS_CERT_FILE:-}" ] && scheme=https
 url="$scheme://$QUARRY_ADDR"
 
+# Something already answering on the address would pass the readiness check below for us.
+if curl -sk -o /dev/null --max-time 2 "$url/healthz" 2>/dev/null; then
+  echo "make run: something already listens on $QUARRY_ADDR (another gateway?); stop it or set QUARRY_ADDR" >&2
+  exit 1
+fi
+
 ./bin/gateway &
 gw=$!
 trap 'kill -TERM $gw 2>/dev/null; wait $gw 2>/dev/null' INT TERM
 
-for _ in $(seq 1 100); do
-  if curl -fsk "$url/healthz" >/dev/null 2>&1; then break; fi
+ready=""
+for _ in $(seq 1 300); do
   if ! kill -0 $gw 2>/dev/null; then wait $gw; exit $?; fi
+  if curl -fsk --max-time 2 "$url/healthz" >/dev/null 2>&1; then ready=1; break; fi
   sleep 0.1
 done
+if [ -z "$ready" ]; then
+  echo "make run: the gateway did not answer on $url within 30s; stopping it" >&2
+  kill -TERM $gw 2>/dev/null; wait $gw 2>/dev/null
+  exit 1
+fi
 
 if [ -n "${QUARRY_API_KEYS:-}" ]; then key="${QUARRY_API_KEYS%%,*}"; else key="$(cat "$QUARRY_DATA_DIR/api-key")"; fi
 cat <<MSG

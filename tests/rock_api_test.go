@@ -111,6 +111,7 @@ func TestRock_AuthAndBadInput(t *testing.T) {
 		{name: "bad session name", route: "create_session", body: map[string]any{"sandbox_id": id, "session": "../x"}, want: "session: must be"},
 		{name: "remote user", route: "create_session", body: map[string]any{"sandbox_id": id, "session": "s", "remote_user": "admin"}, want: "remote_user"},
 		{name: "write without content", route: "write_file", body: map[string]any{"sandbox_id": id, "path": "/tmp/x"}, want: "content: is required"},
+		{name: "negative auto clear", route: "start_async", body: map[string]any{"auto_clear_time_minutes": -5}, want: "auto_clear_time_minutes: must be a positive number"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, env := rockCall(t, g, http.MethodPost, tc.route, key, tc.body)
@@ -229,4 +230,26 @@ func TestRock_CreateSession_ConcurrentSameNameOneWinsNoLeak(t *testing.T) {
 	sessions, err = g.client().ListSessions(ctx(t), sbs[0].ID)
 	require.NoError(t, err)
 	assert.Len(t, sessions, 1)
+}
+
+// A chosen sandbox_id names one sandbox: starting it again after stop is a
+// clear bad request, not an internal error; a huge auto-clear time gets the
+// pool's longest lease.
+func TestRock_StartAfterStopAndLongAutoClear(t *testing.T) {
+	g := startGateway(t, defaultPools)
+	key := map[string]string{"X-Key": g.key}
+	_, env := rockCall(t, g, http.MethodPost, "start", key, map[string]any{"sandbox_id": "once", "auto_clear_time_minutes": 1e30})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	sbs, err := g.client().ListSandboxes(ctx(t), client.ListSandboxesRequest{Labels: map[string]string{"rock.sandbox_id": "once"}})
+	require.NoError(t, err)
+	require.Len(t, sbs, 1)
+	assert.Equal(t, 86400, sbs[0].LeaseSeconds, "capped at the pool's max_lease_seconds")
+
+	_, env = rockCall(t, g, http.MethodPost, "stop", key, map[string]any{"sandbox_id": "once"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, g, http.MethodPost, "start", key, map[string]any{"sandbox_id": "once"})
+	assert.Equal(t, "Failed", env.Status)
+	assert.Contains(t, env.errMsg(), "has ended (released")
+	assert.Contains(t, env.errMsg(), "choose a new sandbox_id")
+	assert.EqualValues(t, 4000, env.res()["code"])
 }

@@ -17,6 +17,9 @@ import (
 // maxShellLine bounds one line read by `quarry sandbox shell`.
 const maxShellLine = 1 << 20
 
+// maxExecStdin bounds what `quarry sandbox exec -i` reads from stdin.
+const maxExecStdin = 1 << 20
+
 // closeTimeout bounds closing a session after the shell ends.
 const closeTimeout = 10 * time.Second
 
@@ -49,11 +52,22 @@ func runExec(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("sandbox exec")
 	var f commandFlags
 	f.register(fs)
+	interactive := fs.Bool("i", false, "pass this command's standard input to the command (text, at most 1 MiB; for files use cp)")
 	pos, argv, err := c.parse(fs, args, usageOf("exec"))
 	if err != nil {
 		return err
 	}
 	req := agentapi.ExecRequest{Env: f.env, Cwd: f.cwd}
+	if *interactive {
+		b, err := io.ReadAll(io.LimitReader(c.stdin, maxExecStdin+1))
+		if err != nil {
+			return fmt.Errorf("sandbox exec: read stdin: %w", err)
+		}
+		if len(b) > maxExecStdin {
+			return fmt.Errorf("sandbox exec -i: stdin is over %d bytes; copy it in with quarry sandbox cp", maxExecStdin)
+		}
+		req.Stdin = string(b)
+	}
 	switch {
 	case len(pos) == 0:
 		return errors.New("sandbox exec: missing sandbox id (see quarry sandbox exec -h)")

@@ -134,8 +134,19 @@ func (c *cli) flags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.url, "url", c.url, "gateway URL (env QUARRY_URL)")
-	fs.StringVar(&c.apiKey, "api-key", c.apiKey, "API key (env QUARRY_API_KEY)")
+	fs.Var(secretFlag{&c.apiKey}, "api-key", "API `key` (env QUARRY_API_KEY; never printed)")
 	return fs
+}
+
+// secretFlag is a string flag whose value help never prints (its default
+// comes from QUARRY_API_KEY).
+type secretFlag struct{ p *string }
+
+func (s secretFlag) String() string { return "" }
+
+func (s secretFlag) Set(v string) error {
+	*s.p = v
+	return nil
 }
 
 // parse parses flags placed anywhere before a "--" and returns the other

@@ -168,6 +168,15 @@ func TestRun_Usage(t *testing.T) {
 	}
 }
 
+func TestRun_Help_NeverPrintsTheAPIKey(t *testing.T) {
+	t.Setenv("QUARRY_API_KEY", "qk_secret_in_the_environment")
+	for _, args := range [][]string{{"-h"}, {"sandbox", "exec", "-h"}, {"--api-key", "qk_secret_on_the_line", "sandbox", "ls", "-h"}} {
+		res := runCLI(t, "", args...)
+		assert.Equal(t, 0, res.code)
+		assert.NotContains(t, res.stdout+res.stderr, "qk_secret", "args %v", args)
+	}
+}
+
 func TestRun_SandboxExec_StreamsOutputAndExitsWithCommandStatus(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -270,6 +279,23 @@ func TestRun_SandboxExec_StreamsOutputAndExitsWithCommandStatus(t *testing.T) {
 			assert.Equal(t, tt.wantReq, f.execs[0])
 		})
 	}
+}
+
+func TestRun_SandboxExec_StdinOnlyWithI(t *testing.T) {
+	f := newFakeGateway(t)
+	f.mustCreate(t)
+	res := f.cli(t, "piped text\n", "sandbox", "exec", "-i", "sbx-1", "cat")
+	require.Equal(t, 0, res.code, res.stderr)
+	res = f.cli(t, "not passed\n", "sandbox", "exec", "sbx-1", "cat")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.Len(t, f.execs, 2)
+	assert.Equal(t, "piped text\n", f.execs[0].Stdin)
+	assert.Empty(t, f.execs[1].Stdin, "without -i stdin is left alone (it may never end)")
+
+	res = f.cli(t, strings.Repeat("x", maxExecStdin+1), "sandbox", "exec", "-i", "sbx-1", "cat")
+	assert.Equal(t, 1, res.code)
+	assert.Contains(t, res.stderr, "stdin is over")
+	assert.Len(t, f.execs, 2, "nothing sent")
 }
 
 func TestRun_SandboxShell_RunsScriptedStdin(t *testing.T) {
