@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
@@ -221,6 +222,8 @@ func uploadError(err error, limit int64) error {
 		return err
 	case errors.Is(err, tar.ErrHeader), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, gzip.ErrHeader), errors.Is(err, gzip.ErrChecksum):
 		return invalid("body", "not a valid tar or tar.gz archive: %s", err.Error())
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		return invalid("body", "an archive entry's name is too long (a name is at most %d bytes, a path %d): %s", maxNameBytes, maxPathBytes, err.Error())
 	}
 	return err
 }

@@ -41,17 +41,30 @@ func (l *latencies) report(b *testing.B) {
 // BenchmarkSessionRun_True measures `true` in a session over loopback
 // HTTP/1.1 with keep-alive: the agent's share of the gateway's p50 goal.
 func BenchmarkSessionRun_True(b *testing.B) {
+	benchSessionRun(b, "true", 0)
+}
+
+// BenchmarkSessionRun_False measures `false` in a session: every run after
+// the first carries the previous exit code into $? (bash sources a status
+// file, no fork); compare with BenchmarkSessionRun_True.
+func BenchmarkSessionRun_False(b *testing.B) {
+	benchSessionRun(b, "false", 1)
+}
+
+// benchSessionRun runs command in one session per iteration, expecting
+// exit code code, and reports the latency percentiles.
+func benchSessionRun(b *testing.B, command string, code int) {
 	a := newTestAgent(b, nil)
 	ctx := context.Background()
 	id := newSession(b, a, agentapi.SessionCreateRequest{})
-	req := agentapi.SessionRunRequest{Command: "true"}
+	req := agentapi.SessionRunRequest{Command: command}
 	var lat latencies
 	b.ResetTimer()
 	for b.Loop() {
 		t0 := time.Now()
 		res, err := a.client.RunSession(ctx, id, req)
 		lat.add(time.Since(t0))
-		if err != nil || res.ExitCode != 0 {
+		if err != nil || res.ExitCode != code {
 			b.Fatalf("run: %v %+v", err, res)
 		}
 	}

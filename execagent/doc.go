@@ -6,7 +6,14 @@
 // Lifecycle: New validates a Config and returns a Server; Serve(ctx, ln)
 // serves HTTP on a listener until Close. Close kills every process group the
 // server started (exec runs, sessions, background processes), stops the
-// zombie reaper and waits for every goroutine the server owns.
+// zombie reaper and waits for every goroutine the server owns. A caller still
+// waiting on a command that Close killed (exec, session run, rpc call) gets
+// 410 gone, not that command's exit status: Close cancels the server's
+// context before it kills, and handlers check it after their wait.
+//
+// Requests: JSON bodies are decoded strictly (an unknown field is 400
+// naming it); a command string too long for one argument of a new process
+// runs from a private script file in StateDir, removed when it ends.
 //
 // Process bookkeeping: every child is started in its own process group while
 // holding the process table's lock and registered before the lock is released.

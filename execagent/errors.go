@@ -22,6 +22,10 @@ var (
 	errTooLarge        = errors.New("too large")
 	errTimeout         = errors.New("timed out")
 	errClosed          = errors.New("agent is shutting down")
+	// errKilledByShutdown: Close killed a running command (exec, session
+	// run, rpc call) whose caller was still waiting for it. Answered 410
+	// gone: the command did not fail on its own.
+	errKilledByShutdown = errors.New("the sandbox is shutting down (its lease ended or it is being stopped); the command was killed")
 )
 
 // badRequestError is bad input that a person can fix: Field names the
@@ -89,6 +93,8 @@ func classify(err error) (int, string, string) {
 		return http.StatusRequestEntityTooLarge, agentapi.CodeTooLarge, err.Error()
 	case errors.Is(err, errTimeout):
 		return http.StatusGatewayTimeout, agentapi.CodeTimeout, err.Error()
+	case errors.Is(err, errKilledByShutdown):
+		return http.StatusGone, agentapi.CodeGone, errKilledByShutdown.Error()
 	case errors.Is(err, errClosed):
 		return http.StatusServiceUnavailable, agentapi.CodeUnavailable, err.Error()
 	case errors.Is(err, fs.ErrPermission):

@@ -45,12 +45,88 @@ func detectShell(path string) (shellInfo, error) {
 	return shellInfo{Path: path, Kind: kind}, nil
 }
 
+// maxInlineCommand is the longest command string passed to the shell as an
+// argument ("-c"); a longer one is written to a script file in StateDir,
+// because Linux bounds each argument (MAX_ARG_STRLEN, 128 KiB) and all of
+// them together (ARG_MAX).
+const maxInlineCommand = 64 << 10
+
+// maxArgString is Linux's MAX_ARG_STRLEN: the longest argument or "K=V"
+// environment string of a new process, its terminating NUL included.
+const maxArgString = 32 * 4096
+
 // cmdSpec is a validated command: what to run, where and with what.
 type cmdSpec struct {
-	argv  []string // argv[0] already resolved to a path
-	env   []string
-	dir   string
-	stdin []byte // nil: /dev/null
+	argv   []string // argv[0] already resolved to a path
+	env    []string
+	dir    string
+	stdin  []byte // nil: /dev/null
+	script string // a command too long for argv; prepare writes it to a file
+}
+
+// prepare returns spec ready to start: a long command (spec.script) is
+// written to a private script file in StateDir (mode 0600) that the shell
+// runs ("bash FILE" in place of "bash -c command": the same semantics —
+// exit codes, stdin, no positional parameters — but $0 names the file).
+// cleanup removes the file; call it once the process has ended (or failed
+// to start).
+func (s *Server) prepare(spec cmdSpec) (cmdSpec, func(), error) {
+	if spec.script == "" {
+		return spec, func() {}, nil
+	}
+	f, err := os.CreateTemp(s.cfg.StateDir, "cmd-*.sh") // mode 0600
+	if err != nil {
+		return spec, nil, fmt.Errorf("create command script: %w", err)
+	}
+	cleanup := func() { _ = os.Remove(f.Name()) }
+	_, err = f.WriteString(spec.script)
+	if e := f.Close(); err == nil {
+		err = e
+	}
+	if err != nil {
+		cleanup()
+		return spec, nil, fmt.Errorf("write command script: %w", err)
+	}
+	spec.argv = []string{s.shell.Path, f.Name()}
+	return spec, cleanup, nil
+}
+
+// startError explains a failed start of spec: E2BIG (arguments and
+// environment over the kernel's limit) is bad input naming the bigger of
+// the two, anything else is wrapped as "action".
+func startError(action string, argv, env []string, err error) error {
+	if errors.Is(err, errClosed) {
+		return err
+	}
+	if errors.Is(err, syscall.E2BIG) {
+		argBytes, envBytes := stringsSize(argv), stringsSize(env)
+		field := "env"
+		if argBytes > envBytes {
+			field = "argv"
+		}
+		return invalid(field, "the arguments (%d bytes) and environment (%d bytes) together exceed the kernel's limit for a new process",
+			argBytes, envBytes)
+	}
+	return fmt.Errorf("%s: %w", action, err)
+}
+
+// stringsSize is the room strings take in a new process's argument area.
+func stringsSize(ss []string) int {
+	n := 0
+	for _, v := range ss {
+		n += len(v) + 1 + 8 // NUL and pointer
+	}
+	return n
+}
+
+// argTooLong says why a string of n bytes cannot be one argument or one
+// "K=V" variable of a new process, or returns "" when it can.
+func argTooLong(n int) string {
+	if n+1 > maxArgString {
+		return fmt.Sprintf("%d bytes exceeds the kernel's limit for a new process (%d bytes per argument or variable)",
+			n, maxArgString-1)
+	}
+	return ""
 }
 
 // commandSpec validates the command fields shared by exec and processes.
@@ -65,8 +141,12 @@ func (s *Server) commandSpec(command string, argv []string, env map[string]strin
 		return spec, invalid("command", "contains a NUL byte")
 	}
 	for i, a := range argv {
+		field := fmt.Sprintf("argv[%d]", i)
 		if strings.ContainsRune(a, 0) {
-			return spec, invalid(fmt.Sprintf("argv[%d]", i), "contains a NUL byte")
+			return spec, invalid(field, "contains a NUL byte")
+		}
+		if msg := argTooLong(len(a)); msg != "" {
+			return spec, invalid(field, "%s", msg)
 		}
 	}
 	extra, err := envList("env", env)
@@ -80,6 +160,10 @@ func (s *Server) commandSpec(command string, argv []string, env map[string]strin
 	spec.env = s.commandEnv(extra)
 	spec.dir = dir
 	if command != "" {
+		if len(command) > maxInlineCommand {
+			spec.script = command
+			return spec, nil
+		}
 		spec.argv = []string{s.shell.Path, "-c", command}
 		return spec, nil
 	}
@@ -158,13 +242,18 @@ type runningCmd struct {
 	inW     *os.File   // stdin write end, or nil
 	readers sync.WaitGroup
 	stdinWG sync.WaitGroup
+	cleanup func() // removes the command's script file, if any
 }
 
 // startCommand starts spec and its output readers, which call sink(stream,
 // data) for each chunk; data is only valid during the call, and calls for
 // one stream are sequential. sink returns false to discard the rest.
 func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) (*runningCmd, error) {
-	rc := &runningCmd{s: s, cmd: newCmd(spec)}
+	spec, cleanup, err := s.prepare(spec)
+	if err != nil {
+		return nil, err
+	}
+	rc := &runningCmd{s: s, cmd: newCmd(spec), cleanup: cleanup}
 	var parentClose []*os.File
 	fail := func(err error) (*runningCmd, error) {
 		for _, f := range append(parentClose, rc.pipes...) {
@@ -173,6 +262,7 @@ func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) 
 		if rc.inW != nil {
 			_ = rc.inW.Close()
 		}
+		cleanup()
 		return nil, err
 	}
 	for range 2 {
@@ -194,10 +284,7 @@ func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) 
 	}
 	rc.start = time.Now()
 	if err := s.procs.start(rc.cmd); err != nil {
-		if errors.Is(err, errClosed) {
-			return fail(err)
-		}
-		return fail(fmt.Errorf("start command: %w", err))
+		return fail(startError("start command", spec.argv, spec.env, err))
 	}
 	for _, f := range parentClose {
 		_ = f.Close()
@@ -254,6 +341,9 @@ type execOutcome struct {
 	signal   string
 	duration time.Duration
 	timedOut bool
+	// killedByShutdown: the command died of a signal while the agent was
+	// closing (Close kills every process group it started).
+	killedByShutdown bool
 }
 
 // wait waits for the command until it exits, timeout passes or ctx is done
@@ -286,8 +376,10 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 		w = <-done
 	}
 	out.duration = time.Since(rc.start)
+	rc.cleanup()
 	rc.drain(ctx)
 	out.exitCode, out.signal = exitStatus(w.ps)
+	out.killedByShutdown = out.signal != "" && s.closing() // after the wait: see closing
 	return out
 }
 
@@ -376,6 +468,9 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := rc.wait(r.Context(), timeout)
+	if out.killedByShutdown {
+		return errKilledByShutdown
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	writeJSON(w, http.StatusOK, agentapi.ExecResult{
@@ -464,6 +559,10 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, spec cmdSpec
 				default:
 					pending = false
 				}
+			}
+			if out.killedByShutdown {
+				_ = ev.event(agentapi.EventError, agentapi.ErrorDetail{Code: agentapi.CodeGone, Message: errKilledByShutdown.Error()})
+				return nil
 			}
 			mu.Lock()
 			res := agentapi.ExecResult{

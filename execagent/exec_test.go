@@ -106,6 +106,16 @@ func TestExec_Stream_ChunksBeforeExit(t *testing.T) {
 	}
 	// The command is still blocked on the gate: the chunks were streamed.
 	require.NoError(t, os.WriteFile(gate, nil, 0o644))
+	out, res := streamToExit(t, st)
+	assert.Equal(t, 3, res.ExitCode)
+	assert.False(t, res.TimedOut)
+	assert.Equal(t, "second\n", out)
+}
+
+// streamToExit reads an exec event stream up to its exit event and returns
+// the output of its stdout and stderr events and the result.
+func streamToExit(t testing.TB, st *agentapi.EventStream) (string, agentapi.ExecResult) {
+	t.Helper()
 	var out string
 	for {
 		ev, err := st.Next()
@@ -113,15 +123,12 @@ func TestExec_Stream_ChunksBeforeExit(t *testing.T) {
 		if ev.Name == agentapi.EventExit {
 			var res agentapi.ExecResult
 			require.NoError(t, ev.Decode(&res))
-			assert.Equal(t, 3, res.ExitCode)
-			assert.False(t, res.TimedOut)
-			break
+			return out, res
 		}
 		var c agentapi.StreamChunk
 		require.NoError(t, ev.Decode(&c))
 		out += c.Data
 	}
-	assert.Equal(t, "second\n", out)
 }
 
 func TestExec_Stream_KeepAlives(t *testing.T) {
@@ -221,6 +228,87 @@ func TestUTF8Split(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			assert.Equal(t, tt.want, utf8Split([]byte(tt.in)))
+		})
+	}
+}
+
+// scriptFiles lists the command scripts left in the agent's state dir.
+func scriptFiles(t testing.TB, a *testAgent) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(a.cfg.StateDir, "cmd-*"))
+	require.NoError(t, err)
+	return m
+}
+
+func TestExec_LongCommand_RunsWithSameSemantics(t *testing.T) {
+	a := newTestAgent(t, nil)
+	filler := ": '" + strings.Repeat("x", 200<<10) + "'\n" // over MAX_ARG_STRLEN as one argument
+	tests := []struct {
+		name string
+		req  agentapi.ExecRequest
+		want agentapi.ExecResult
+	}{
+		{"exit code", agentapi.ExecRequest{Command: filler + "echo out; echo err >&2; exit 7"},
+			agentapi.ExecResult{ExitCode: 7, Stdout: "out\n", Stderr: "err\n"}},
+		{"stdin is the caller's", agentapi.ExecRequest{Command: filler + "tr a-z A-Z", Stdin: "hello\n"},
+			agentapi.ExecResult{Stdout: "HELLO\n"}},
+		{"no positional parameters", agentapi.ExecRequest{Command: filler + "echo $#"},
+			agentapi.ExecResult{Stdout: "0\n"}},
+		{"killed by signal", agentapi.ExecRequest{Command: filler + "kill -TERM $$"},
+			agentapi.ExecResult{ExitCode: -1, Signal: "SIGTERM"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := a.client.Exec(context.Background(), tt.req)
+			require.NoError(t, err)
+			res.DurationMS = 0
+			assert.Equal(t, tt.want, res)
+			assert.Empty(t, scriptFiles(t, a), "the script file outlived the command")
+		})
+	}
+	t.Run("stream", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+		defer cancel()
+		st, err := a.client.ExecStream(ctx, agentapi.ExecRequest{Command: filler + "echo streamed; exit 4"})
+		require.NoError(t, err)
+		defer st.Close()
+		out, res := streamToExit(t, st)
+		assert.Equal(t, 4, res.ExitCode)
+		assert.Equal(t, "streamed\n", out)
+	})
+}
+
+func TestExec_OverKernelLimits_BadRequestNamingField(t *testing.T) {
+	a := newTestAgent(t, nil)
+	ctx := context.Background()
+	big := strings.Repeat("v", 200<<10)
+	many := map[string]string{} // each variable fits, together they do not
+	for i := range 40 {
+		many["V"+strconv.Itoa(i)] = strings.Repeat("v", 100<<10)
+	}
+	tests := []struct {
+		name  string
+		path  string
+		body  any
+		field string
+	}{
+		{"exec env value", agentapi.RouteExec, agentapi.ExecRequest{Command: "true", Env: map[string]string{"BIG": big}}, "env: BIG: "},
+		{"exec env total", agentapi.RouteExec, agentapi.ExecRequest{Command: "true", Env: many}, "env: "},
+		{"exec argv element", agentapi.RouteExec, agentapi.ExecRequest{Argv: []string{"true", big}}, "argv[1]: "},
+		{"process env value", agentapi.RouteProcesses, agentapi.ProcessStartRequest{Command: "true", Env: map[string]string{"BIG": big}}, "env: BIG: "},
+		{"process env total", agentapi.RouteProcesses, agentapi.ProcessStartRequest{Command: "true", Env: many}, "env: "},
+		{"session env total", agentapi.RouteSessions, agentapi.SessionCreateRequest{Env: many}, "env: "},
+		{"init env value", agentapi.RouteInit, agentapi.InitRequest{LeaseID: "l", Env: map[string]string{"BIG": big}}, "env: BIG: "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := a.client.Do(ctx, http.MethodPost, tt.path, tt.body, nil)
+			ae := apiError(t, err)
+			assert.Equal(t, http.StatusBadRequest, ae.Status, ae.Message)
+			assert.Equal(t, agentapi.CodeBadRequest, ae.Code)
+			assert.True(t, strings.HasPrefix(ae.Message, tt.field), "message %q should start with %q", ae.Message, tt.field)
+			assert.Contains(t, ae.Message, "exceed")
+			assert.Empty(t, scriptFiles(t, a))
 		})
 	}
 }

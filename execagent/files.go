@@ -44,6 +44,12 @@ func queryBool(r *http.Request, name string) (bool, error) {
 	return b, nil
 }
 
+// Linux limits of file names (NAME_MAX) and paths (PATH_MAX, without the NUL).
+const (
+	maxNameBytes = 255
+	maxPathBytes = 4095
+)
+
 // fsError turns a file system error about p into one a person can act on:
 // not found is 404, permission is 403, a wrong kind of file is 400.
 func fsError(field, p string, err error) error {
@@ -56,6 +62,8 @@ func fsError(field, p string, err error) error {
 		return invalid(field, "%q: a parent is not a directory", p)
 	case errors.Is(err, syscall.EISDIR):
 		return invalid(field, "%q is a directory", p)
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		return invalid(field, "%q is too long: a name in it is over %d bytes or the whole path over %d bytes", p, maxNameBytes, maxPathBytes)
 	}
 	return fmt.Errorf("%s %q: %w", field, p, err)
 }
@@ -101,7 +109,7 @@ func (s *Server) handleFileRead(w http.ResponseWriter, r *http.Request) error {
 	}
 	defer f.Close()
 	if fi.IsDir() {
-		return invalid("path", "%q is a directory (list it with %s)", p, agentapi.RouteFileList)
+		return invalid("path", "%q is a directory: list it with the files/list route, or download it with files/archive", p)
 	}
 	if fi.Mode().IsRegular() && fi.Size() > 0 {
 		n := max(fi.Size()-off, 0)

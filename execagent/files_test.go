@@ -431,3 +431,60 @@ func TestFiles_Archive_RefusesEscapes(t *testing.T) {
 		assert.Equal(t, http.StatusRequestEntityTooLarge, apiError(t, err).Status)
 	})
 }
+
+func TestFiles_NameTooLong_BadRequestNamingPath(t *testing.T) {
+	a := newTestAgent(t, nil)
+	ctx := context.Background()
+	longName := filepath.Join(a.cfg.Workdir, strings.Repeat("n", 300))                         // one name over NAME_MAX
+	longPath := filepath.Join(a.cfg.Workdir, strings.Repeat(strings.Repeat("d", 200)+"/", 25)) // over PATH_MAX
+	for _, p := range []string{longName, longPath} {
+		label := "long name"
+		if p == longPath {
+			label = "long path"
+		}
+		tests := []struct {
+			name string
+			call func() error
+		}{
+			{"read", func() error { _, err := a.client.ReadFile(ctx, p, 0, -1); return err }},
+			{"stat", func() error { _, err := a.client.Stat(ctx, p); return err }},
+			{"list", func() error { _, err := a.client.ListDir(ctx, p); return err }},
+			{"write", func() error { _, err := a.client.WriteFile(ctx, p, 0o644, strings.NewReader("x")); return err }},
+			{"create", func() error { _, err := a.client.CreateFile(ctx, p, 0o644, strings.NewReader("x")); return err }},
+			{"delete", func() error { return a.client.DeleteFile(ctx, p) }},
+			{"archive download", func() error { _, err := a.client.DownloadArchive(ctx, p, false); return err }},
+			{"archive upload", func() error { _, err := a.client.UploadArchive(ctx, p, bytes.NewReader(nil)); return err }},
+		}
+		for _, tt := range tests {
+			t.Run(label+" "+tt.name, func(t *testing.T) {
+				ae := apiError(t, tt.call())
+				assert.Equal(t, http.StatusBadRequest, ae.Status, ae.Message)
+				assert.Equal(t, agentapi.CodeBadRequest, ae.Code)
+				assert.True(t, strings.HasPrefix(ae.Message, "path: "), "message %q should name the path", ae.Message)
+				assert.Contains(t, ae.Message, "too long")
+			})
+		}
+	}
+	t.Run("archive entry", func(t *testing.T) {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		require.NoError(t, tw.WriteHeader(&tar.Header{Name: strings.Repeat("e", 300), Mode: 0o644, Size: 1, Typeflag: tar.TypeReg}))
+		_, err := tw.Write([]byte("x"))
+		require.NoError(t, err)
+		require.NoError(t, tw.Close())
+		_, err = a.client.UploadArchive(ctx, "up", &buf)
+		ae := apiError(t, err)
+		assert.Equal(t, http.StatusBadRequest, ae.Status, ae.Message)
+		assert.True(t, strings.HasPrefix(ae.Message, "body: "), ae.Message)
+		assert.Contains(t, ae.Message, "too long")
+	})
+}
+
+func TestFiles_ReadDirectory_RouteNeutralHint(t *testing.T) {
+	a := newTestAgent(t, nil)
+	_, err := a.client.ReadFile(context.Background(), a.cfg.Workdir, 0, -1)
+	ae := apiError(t, err)
+	assert.Equal(t, http.StatusBadRequest, ae.Status)
+	assert.Contains(t, ae.Message, "is a directory")
+	assert.NotContains(t, ae.Message, "/v1/")
+}

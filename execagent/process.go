@@ -34,7 +34,8 @@ type process struct {
 	argv    []string
 	started time.Time
 
-	rpc *rpcPipe // nil unless started with rpc
+	rpc     *rpcPipe // nil unless started with rpc
+	cleanup func()   // removes the command's script file, if any; called by wait
 
 	stdinMu     sync.Mutex
 	stdin       *os.File // nil without a stdin pipe
@@ -76,8 +77,18 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 	if n := len(t.m); n >= s.cfg.MaxProcesses && (replaced == nil || n > s.cfg.MaxProcesses) {
 		return nil, fmt.Errorf("too many processes (the maximum is %d, exited ones included); delete some first: %w", s.cfg.MaxProcesses, errConflict)
 	}
+	spec, cleanup, err := s.prepare(spec)
+	if err != nil {
+		return nil, err
+	}
 	p := &process{id: newID("proc-"), name: opts.name, command: command, argv: argv, out: newRing(s.cfg.ProcessOutputBytes),
-		changed: make(chan struct{}), done: make(chan struct{}), readDone: make(chan struct{})}
+		changed: make(chan struct{}), done: make(chan struct{}), readDone: make(chan struct{}), cleanup: cleanup}
+	started := false
+	defer func() {
+		if !started {
+			cleanup()
+		}
+	}()
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("create process output pipe: %w", err)
@@ -120,11 +131,9 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 		if p.stdin != nil {
 			_ = p.stdin.Close()
 		}
-		if errors.Is(err, errClosed) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("start process: %w", err)
+		return nil, startError("start process", spec.argv, spec.env, err)
 	}
+	started = true
 	p.cmd, p.pgid, p.outR = cmd, cmd.Process.Pid, outR
 	if replaced != nil {
 		t.forgetLocked(replaced)
@@ -168,6 +177,7 @@ func (p *process) notifyLocked() {
 // the pipe open).
 func (p *process) wait(s *Server) {
 	ps, _ := s.procs.wait(p.cmd)
+	p.cleanup()
 	code, sig := exitStatus(ps)
 	t := time.NewTimer(s.cfg.DrainTimeout)
 	select {

@@ -285,3 +285,24 @@ func TestRing_WriteRead(t *testing.T) {
 		})
 	}
 }
+
+func TestProcess_LongCommand_RunsAndRemovesScript(t *testing.T) {
+	a := newTestAgent(t, nil)
+	ctx := context.Background()
+	cmd := ": '" + strings.Repeat("x", 200<<10) + "'\necho long; exit 5"
+	info, err := a.client.StartProcess(ctx, agentapi.ProcessStartRequest{Command: cmd})
+	require.NoError(t, err)
+	assert.Equal(t, cmd, info.Command)
+	eventually(t, func() bool {
+		pi, err := a.client.GetProcess(ctx, info.ID)
+		return err == nil && pi.State == agentapi.ProcessExited
+	}, "process %s did not exit", info.ID)
+	pi, err := a.client.GetProcess(ctx, info.ID)
+	require.NoError(t, err)
+	require.NotNil(t, pi.ExitCode)
+	assert.Equal(t, 5, *pi.ExitCode)
+	page, err := a.client.ProcessOutput(ctx, info.ID, 0, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "long\n", page.Data)
+	assert.Empty(t, scriptFiles(t, a), "the script file outlived the process")
+}

@@ -189,6 +189,9 @@ func (s *Server) handleProcessCall(w http.ResponseWriter, r *http.Request) error
 	defer p.rpc.mu.Unlock()
 	start := time.Now()
 	reply, err := s.call(p, line.Bytes(), start.Add(timeout), maxReply)
+	if err != nil && s.closing() { // after the call ended: see Server.closing
+		return errKilledByShutdown
+	}
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package execagent
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -8,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -167,6 +170,13 @@ func (s *Server) Close(ctx context.Context) error {
 	return err
 }
 
+// closing reports whether Close has begun. Close cancels s.ctx before it
+// kills any process, so a command whose end is observed (after its wait
+// returned) while closing is true may have been killed by Close, and one
+// killed by Close always observes closing as true: callers check it after
+// the wait, never before.
+func (s *Server) closing() bool { return s.ctx.Err() != nil }
+
 // handlerFunc is a handler that returns its error; wrap answers it.
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
@@ -320,46 +330,119 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// decodeJSON decodes a bounded JSON body into v. An empty body is an error.
+// decodeJSON decodes a bounded JSON body into v, a pointer to a struct of
+// agentapi. An empty body is an error, and so is a field v does not have
+// (400 naming it), so a misspelled option is never silently ignored.
 func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxJSONBody)
-	dec := json.NewDecoder(body)
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return invalid("body", "a JSON object is required")
-		}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxJSONBody))
+	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return err
 		}
+		return fmt.Errorf("read request body: %w", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return invalid("body", "a JSON object is required")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
 		var se *json.SyntaxError
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &se) || errors.As(err, &ute) {
 			return err
+		}
+		if name := unknownField(body, v); name != "" {
+			return invalid(name, "unknown field (known: %s)", strings.Join(jsonFields(v), ", "))
 		}
 		return invalid("body", "invalid JSON: %s", err.Error())
 	}
 	return nil
 }
 
+// unknownField returns the first key (in sorted order) of the JSON object
+// body that no field of the struct v points to accepts, or "". Keys match
+// field names case-insensitively, as encoding/json does.
+func unknownField(body []byte, v any) string {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) != nil {
+		return ""
+	}
+	known := jsonFields(v)
+	for _, k := range slices.Sorted(maps.Keys(obj)) {
+		if !slices.ContainsFunc(known, func(f string) bool { return strings.EqualFold(f, k) }) {
+			return k
+		}
+	}
+	return ""
+}
+
+// jsonFields lists the JSON names of the fields of the struct v points to.
+func jsonFields(v any) []string {
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	var names []string
+	for f := range t.Fields() {
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = f.Name
+		}
+		names = append(names, name)
+	}
+	return names
+}
+
 // envList validates env (field names the request field) and returns it as
-// "K=V" entries, sorted by key.
+// "K=V" entries, sorted by key. It is the one env check of init, exec,
+// sessions and processes: names are shell identifiers (letters, digits and
+// '_', not starting with a digit), values hold no NUL byte, and each entry
+// fits the kernel's limit for one variable of a new process. Values are
+// passed on exactly (newlines included).
 func envList(field string, env map[string]string) ([]string, error) {
 	if len(env) == 0 {
 		return nil, nil
 	}
 	out := make([]string, 0, len(env))
-	for k, v := range env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, invalid(field, "invalid variable name %q", k)
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		v := env[k]
+		if !isIdentifier(k) {
+			return nil, invalid(field, "%q is not a variable name (letters, digits and _, not starting with a digit)", k)
 		}
 		if strings.ContainsRune(v, 0) {
 			return nil, invalid(field, "value of %s contains a NUL byte", k)
 		}
-		out = append(out, k+"="+v)
+		kv := k + "=" + v
+		if msg := argTooLong(len(kv)); msg != "" {
+			return nil, invalid(field, "%s: %s", k, msg)
+		}
+		out = append(out, kv)
 	}
-	slices.Sort(out)
 	return out, nil
+}
+
+// isIdentifier reports whether name is a shell variable name.
+func isIdentifier(name string) bool {
+	if name == "" || (name[0] >= '0' && name[0] <= '9') {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !isAlnumByte(c) && c != '_' {
+			return false
+		}
+	}
+	return true
 }
 
 // commandEnv composes the environment of a child: the base environment, then

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -216,4 +218,137 @@ func TestConfig_Validate_NamesTheVariable(t *testing.T) {
 	c := DefaultConfig()
 	c.Token, c.Workdir = "t", dir
 	assert.NoError(t, c.Validate())
+}
+
+func TestServer_JSONBodies_UnknownFieldsRefused(t *testing.T) {
+	a := newTestAgent(t, nil)
+	ctx := context.Background()
+	ses, err := a.client.CreateSession(ctx, agentapi.SessionCreateRequest{})
+	require.NoError(t, err)
+	proc, err := a.client.StartProcess(ctx, agentapi.ProcessStartRequest{Command: "cat", RPC: true})
+	require.NoError(t, err)
+	tests := []struct {
+		name, path, body, field string
+	}{
+		{"exec", agentapi.RouteExec, `{"command":"sleep 3","timeout":1}`, "timeout"},
+		{"exec wrong case is the same field", agentapi.RouteExec, `{"Command":"true","stdout":"x"}`, "stdout"},
+		{"session create", agentapi.RouteSessions, `{"cwd":"","shell":"zsh"}`, "shell"},
+		{"session run", "/v1/sessions/" + ses.ID + "/run", `{"command":"sleep 3","timeout":1}`, "timeout"},
+		{"process start", agentapi.RouteProcesses, `{"command":"true","detach":true}`, "detach"},
+		{"signal", "/v1/processes/" + proc.ID + "/signal", `{"signal":"KILL","group":false}`, "group"},
+		{"call", "/v1/processes/" + proc.ID + "/call", `{"request":1,"timeout":5}`, "timeout"},
+		{"init", agentapi.RouteInit, `{"lease_id":"l","gen":2}`, "gen"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := a.client.DoRaw(ctx, http.MethodPost, tt.path, strings.NewReader(tt.body), nil)
+			ae := apiError(t, err)
+			assert.Equal(t, http.StatusBadRequest, ae.Status, ae.Message)
+			assert.Equal(t, agentapi.CodeBadRequest, ae.Code)
+			assert.True(t, strings.HasPrefix(ae.Message, tt.field+": unknown field"), "message %q should name %q", ae.Message, tt.field)
+		})
+	}
+	// Nothing was started or signaled by the refused requests.
+	pi, err := a.client.GetProcess(ctx, proc.ID)
+	require.NoError(t, err)
+	assert.Equal(t, agentapi.ProcessRunning, pi.State)
+	procs, err := a.client.ListProcesses(ctx)
+	require.NoError(t, err)
+	assert.Len(t, procs, 1)
+}
+
+func TestServer_Env_OneValidatorForEveryRoute(t *testing.T) {
+	a := newTestAgent(t, nil)
+	ctx := context.Background()
+	bad := map[string]string{"1x": "v"}
+	tests := []struct {
+		name string
+		path string
+		body any
+	}{
+		{"exec", agentapi.RouteExec, agentapi.ExecRequest{Command: "true", Env: bad}},
+		{"process", agentapi.RouteProcesses, agentapi.ProcessStartRequest{Command: "true", Env: bad}},
+		{"session", agentapi.RouteSessions, agentapi.SessionCreateRequest{Env: bad}},
+		{"init", agentapi.RouteInit, agentapi.InitRequest{LeaseID: "l", Env: bad}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := a.client.Do(ctx, http.MethodPost, tt.path, tt.body, nil)
+			ae := apiError(t, err)
+			assert.Equal(t, http.StatusBadRequest, ae.Status, ae.Message)
+			assert.Equal(t, `env: "1x" is not a variable name (letters, digits and _, not starting with a digit)`, ae.Message)
+		})
+	}
+}
+
+func TestServer_Close_RunningCommandsAnswerGone(t *testing.T) {
+	const started = "touch started; "
+	tests := []struct {
+		name string
+		// call starts a command that touches "started" in the workdir and
+		// then blocks; it returns the error its caller sees after Close.
+		call func(ctx context.Context, a *testAgent) error
+	}{
+		{"exec", func(ctx context.Context, a *testAgent) error {
+			_, err := a.client.Exec(ctx, agentapi.ExecRequest{Command: started + "sleep 1000"})
+			return err
+		}},
+		{"exec stream", func(ctx context.Context, a *testAgent) error {
+			st, err := a.client.ExecStream(ctx, agentapi.ExecRequest{Command: started + "echo first; sleep 1000"})
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			for {
+				ev, err := st.Next()
+				if err != nil {
+					return err
+				}
+				switch ev.Name {
+				case agentapi.EventError:
+					var d agentapi.ErrorDetail
+					if err := ev.Decode(&d); err != nil {
+						return err
+					}
+					return &agentapi.Error{Status: http.StatusGone, Code: d.Code, Message: d.Message}
+				case agentapi.EventExit:
+					return nil
+				}
+			}
+		}},
+		{"session run", func(ctx context.Context, a *testAgent) error {
+			info, err := a.client.CreateSession(ctx, agentapi.SessionCreateRequest{})
+			if err != nil {
+				return err
+			}
+			_, err = a.client.RunSession(ctx, info.ID, agentapi.SessionRunRequest{Command: started + "sleep 1000"})
+			return err
+		}},
+		{"rpc call", func(ctx context.Context, a *testAgent) error {
+			p, err := a.client.StartProcess(ctx, agentapi.ProcessStartRequest{Command: "read line; " + started + "sleep 1000", RPC: true})
+			if err != nil {
+				return err
+			}
+			_, err = a.client.CallProcess(ctx, p.ID, agentapi.ProcessCallRequest{Request: json.RawMessage(`{"step":1}`)})
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newTestAgent(t, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() { errc <- tt.call(ctx, a) }()
+			eventually(t, func() bool {
+				_, err := os.Stat(filepath.Join(a.cfg.Workdir, "started"))
+				return err == nil
+			}, "the command did not start")
+			require.NoError(t, a.srv.Close(ctx))
+			ae := apiError(t, <-errc)
+			assert.Equal(t, http.StatusGone, ae.Status, ae.Message)
+			assert.Equal(t, agentapi.CodeGone, ae.Code)
+			assert.Contains(t, ae.Message, "the sandbox is shutting down")
+		})
+	}
 }

@@ -64,6 +64,14 @@ const (
 	bashRunLine = ". %s </dev/null 99>&-; printf '%%d\\n' $? >&99\n"
 	shInit      = "exec 9>&3 3>&-; set +m; PS1= PS2=; printf 'ready\\n' >&9\n"
 	shRunLine   = "command . %s </dev/null 9>&-; printf '%%d\\n' $? >&9\n"
+	// bashStatusPrefix starts a bash run line whose run must see $? = N: it
+	// sources the status file, which holds "return N" (no fork). sh uses
+	// shStatusPrefix, a subshell: dash and busybox abandon the line when
+	// a sourced "return N" fails under set -e. "&& :" keeps a session under
+	// set -e alive (a failure that is not the last of an && list is no
+	// error).
+	bashStatusPrefix = ". %s && :; "
+	shStatusPrefix   = "(exit %d) && :; "
 	// resyncLine prints a token (%s) on the status pipe (fd %d).
 	resyncLine = "printf '%%s\\n' %s >&%d\n"
 
@@ -102,6 +110,9 @@ type session struct {
 	cmdFile string   // the command of the current run, sourced by the shell
 	cmdF    *os.File // cmdFile, kept open; rewritten in place by each run
 	runLine string   // the control line of a run
+	rcFile  string   // bash: "return N", sourced before a run to set $? to the previous run's exit code
+	rcF     *os.File // rcFile, kept open; rewritten in place when the code changes
+	rcCode  int      // the code rcFile holds (0: not written yet)
 
 	stdin   *os.File // control pipe (agent writes)
 	statusR *os.File
@@ -114,6 +125,7 @@ type session struct {
 	mu       sync.Mutex // guards everything below and reads of outFD
 	run      *sessionRun
 	seq      int
+	lastExit int // exit code of the latest run; the next run starts with $? set to it
 	dead     bool
 	fdClosed bool
 	ready    chan struct{} // closed when the start-up handshake arrived
@@ -238,6 +250,11 @@ func (ss *session) start(env []string, dir string) error {
 		for _, f := range files {
 			_ = f.Close()
 		}
+		for _, p := range []string{ss.cmdFile, ss.rcFile} {
+			if p != "" {
+				_ = os.Remove(p)
+			}
+		}
 		return err
 	}
 	pipe := func() (*os.File, *os.File, error) {
@@ -260,13 +277,24 @@ func (ss *session) start(env []string, dir string) error {
 	if err != nil {
 		return fail(err)
 	}
-	ss.cmdFile = filepath.Join(s.cfg.StateDir, ss.id+".cmd")
-	cmdF, err := os.OpenFile(ss.cmdFile, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fail(fmt.Errorf("create session command file: %w", err))
+	// stateFile creates a private file of the session in StateDir.
+	stateFile := func(ext string) (string, *os.File, error) {
+		p := filepath.Join(s.cfg.StateDir, ss.id+ext)
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return "", nil, fmt.Errorf("create session file: %w", err)
+		}
+		files = append(files, f)
+		return p, f, nil
 	}
-	files = append(files, cmdF)
-	ss.cmdF = cmdF
+	if ss.cmdFile, ss.cmdF, err = stateFile(".cmd"); err != nil {
+		return fail(err)
+	}
+	if ss.kind == "bash" {
+		if ss.rcFile, ss.rcF, err = stateFile(".rc"); err != nil {
+			return fail(err)
+		}
+	}
 	argv := []string{s.shell.Path, "-i"}
 	init, runLine := shInit, shRunLine
 	if ss.kind == "bash" {
@@ -278,7 +306,7 @@ func (ss *session) start(env []string, dir string) error {
 	cmd := &exec.Cmd{Path: argv[0], Args: argv, Env: env, Dir: dir,
 		Stdin: stdinR, Stdout: outW, Stderr: outW, ExtraFiles: []*os.File{statusW}}
 	if err := s.procs.start(cmd); err != nil {
-		return fail(fmt.Errorf("start session shell: %w", err))
+		return fail(startError("start session shell", argv, env, err))
 	}
 	// The shell has its ends now; keep ours.
 	_ = stdinR.Close()
@@ -475,6 +503,10 @@ func (ss *session) waitShell() {
 	_ = ss.stdin.Close()
 	_ = ss.cmdF.Close()
 	_ = os.Remove(ss.cmdFile)
+	if ss.rcF != nil {
+		_ = ss.rcF.Close()
+		_ = os.Remove(ss.rcFile)
+	}
 }
 
 // close kills the shell and its process group and waits until the session
@@ -501,8 +533,12 @@ func (ss *session) exec(ctx context.Context, command string, timeout time.Durati
 	start := time.Now()
 	deadline := start.Add(timeout)
 	var err error
+	var line string
 	if err = ss.writeCommand(command); err == nil {
-		err = ss.write(ss.runLine, deadline)
+		line, err = ss.controlLine()
+	}
+	if err == nil {
+		err = ss.write(line, deadline)
 	}
 	if err != nil {
 		ss.interrupt(r) // finishes the run, or kills the session
@@ -523,6 +559,10 @@ func (ss *session) exec(ctx context.Context, command string, timeout time.Durati
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	ss.run = nil
+	if r.closed && ss.srv.closing() { // after the run ended: see Server.closing
+		return agentapi.SessionRunResult{}, errKilledByShutdown
+	}
+	ss.lastExit = r.exitCode
 	return agentapi.SessionRunResult{
 		ExitCode:   r.exitCode,
 		Output:     string(r.out.buf),
@@ -533,19 +573,47 @@ func (ss *session) exec(ctx context.Context, command string, timeout time.Durati
 	}, nil
 }
 
-// writeCommand replaces the command file's content with command. It writes
-// in place and then truncates to the new length: truncating to zero before
-// writing would make ext4 (auto_da_alloc) flush the file on every run.
-func (ss *session) writeCommand(command string) error {
-	b := make([]byte, 0, len(command)+1)
-	b = append(append(b, command...), '\n')
-	if _, err := ss.cmdF.WriteAt(b, 0); err != nil {
-		return fmt.Errorf("write session command: %w", err)
+// controlLine is the line that runs the command file. The shell's $? is 0
+// between runs (the status printf), so when the previous run failed the
+// line first sets $? to its exit code (bashStatusPrefix, shStatusPrefix): a
+// command such as "echo $?" sees the previous run's status, as at a
+// terminal. bash's status file is rewritten only when the code changes.
+// Only exec calls it (one run at a time).
+func (ss *session) controlLine() (string, error) {
+	ss.mu.Lock()
+	code := ss.lastExit & 0xff
+	ss.mu.Unlock()
+	switch {
+	case code == 0:
+		return ss.runLine, nil
+	case ss.rcF == nil: // sh
+		return fmt.Sprintf(shStatusPrefix, code) + ss.runLine, nil
 	}
-	if err := ss.cmdF.Truncate(int64(len(b))); err != nil {
+	if code != ss.rcCode {
+		if err := rewriteFile(ss.rcF, "return "+strconv.Itoa(code)+"\n"); err != nil {
+			return "", fmt.Errorf("write session status file: %w", err)
+		}
+		ss.rcCode = code
+	}
+	return fmt.Sprintf(bashStatusPrefix, shellQuote(ss.rcFile)) + ss.runLine, nil
+}
+
+// writeCommand replaces the command file's content with command.
+func (ss *session) writeCommand(command string) error {
+	if err := rewriteFile(ss.cmdF, command+"\n"); err != nil {
 		return fmt.Errorf("write session command: %w", err)
 	}
 	return nil
+}
+
+// rewriteFile replaces f's content. It writes in place and then truncates
+// to the new length: truncating to zero before writing would make ext4
+// (auto_da_alloc) flush the file on every run.
+func rewriteFile(f *os.File, content string) error {
+	if _, err := f.WriteAt([]byte(content), 0); err != nil {
+		return err
+	}
+	return f.Truncate(int64(len(content)))
 }
 
 // interrupt stops the run r: SIGINT to the process group and a resync
@@ -698,7 +766,10 @@ func (s *Server) handleSessionRun(w http.ResponseWriter, r *http.Request) error 
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if strings.ContainsRune(req.Command, 0) {
+	switch {
+	case req.Command == "":
+		return invalid("command", "required")
+	case strings.ContainsRune(req.Command, 0):
 		return invalid("command", "contains a NUL byte")
 	}
 	timeout, limit, err := s.runLimits(req.TimeoutMS, req.MaxOutputBytes)

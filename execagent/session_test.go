@@ -236,3 +236,62 @@ func TestSession_Run_ManySessionsInParallel(t *testing.T) {
 		assert.NoError(t, err)
 	}
 }
+
+func TestSession_Run_WithoutCommandRefused(t *testing.T) {
+	a := newTestAgent(t, nil)
+	id := newSession(t, a, agentapi.SessionCreateRequest{})
+	for _, body := range []string{`{}`, `{"command":""}`} {
+		err := a.client.DoRaw(context.Background(), http.MethodPost, "/v1/sessions/"+id+"/run", strings.NewReader(body), nil)
+		ae := apiError(t, err)
+		assert.Equal(t, http.StatusBadRequest, ae.Status)
+		assert.Equal(t, "command: required", ae.Message)
+	}
+}
+
+func TestSession_Env_ValuesKeptExactly(t *testing.T) {
+	value := "line one\nline two\ttab  two spaces\n"
+	for _, shell := range []string{"", "/bin/sh"} {
+		t.Run("shell "+shell, func(t *testing.T) {
+			a := newTestAgent(t, func(c *Config) { c.Shell = shell })
+			id := newSession(t, a, agentapi.SessionCreateRequest{Env: map[string]string{"MULTI": value}})
+			res := run(t, a, id, `printf '%s' "$MULTI"`, 0)
+			assert.Equal(t, value, res.Output)
+			ex, err := a.client.Exec(context.Background(), agentapi.ExecRequest{Command: `printf '%s' "$MULTI"`, Env: map[string]string{"MULTI": value}})
+			require.NoError(t, err)
+			assert.Equal(t, value, ex.Stdout)
+		})
+	}
+}
+
+func TestSession_Run_StatusCarriesToNextRun(t *testing.T) {
+	for _, shell := range []string{"", "/bin/sh"} {
+		t.Run("shell "+shell, func(t *testing.T) {
+			a := newTestAgent(t, func(c *Config) { c.Shell = shell })
+			id := newSession(t, a, agentapi.SessionCreateRequest{})
+			steps := []struct {
+				name, command, output string
+				code                  int
+				timeoutMS             int64
+			}{
+				{name: "first run sees 0", command: "echo $?", output: "0\n"},
+				{name: "false", command: "false", code: 1},
+				{name: "after false", command: "echo $?", output: "1\n"},
+				{name: "after echo", command: "echo $?", output: "0\n"},
+				{name: "exit code 42", command: "(exit 42)", code: 42},
+				{name: "status kept for a test", command: "[ $? -eq 42 ] && echo kept", output: "kept\n"},
+				{name: "timed out", command: "sleep 1000", code: exitInterrupted, timeoutMS: 200},
+				{name: "after timeout", command: "echo $?", output: "130\n"},
+				{name: "errexit on", command: "set -e"},
+				{name: "timed out under errexit", command: "sleep 1000", code: exitInterrupted, timeoutMS: 200},
+				{name: "errexit session survives the status", command: "echo $?", output: "130\n"},
+			}
+			for _, s := range steps {
+				res := run(t, a, id, s.command, s.timeoutMS)
+				assert.Equal(t, s.code, res.ExitCode, s.name)
+				if s.timeoutMS == 0 {
+					assert.Equal(t, s.output, res.Output, s.name)
+				}
+			}
+		})
+	}
+}

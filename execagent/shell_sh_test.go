@@ -30,6 +30,12 @@ func testPOSIXShell(t *testing.T, shell string) {
 	assert.Equal(t, agentapi.ExecResult{ExitCode: 3, Stdout: "out\n", Stderr: "err\n"},
 		agentapi.ExecResult{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr})
 
+	long := ": '" + strings.Repeat("x", 200<<10) + "'\necho long; exit 6"
+	res, err = a.client.Exec(ctx, agentapi.ExecRequest{Command: long})
+	require.NoError(t, err)
+	assert.Equal(t, 6, res.ExitCode)
+	assert.Equal(t, "long\n", res.Stdout)
+
 	info, err := a.client.CreateSession(ctx, agentapi.SessionCreateRequest{Env: map[string]string{"S": "s"}})
 	require.NoError(t, err)
 	assert.Equal(t, "sh", info.Shell)

@@ -19,6 +19,11 @@ const (
 )
 
 // Routes served by the agent. Every route requires "Authorization: Bearer <token>".
+// JSON request bodies are decoded strictly: a field the request type does not
+// have is refused with 400 naming it ("timeout: unknown field ..."). A
+// running exec, session run or rpc call that the agent kills because it is
+// shutting down (the sandbox is being stopped) answers 410 CodeGone — an
+// "error" event for a streaming exec — never a result.
 const (
 	RouteHealth        = "/healthz"
 	RouteInit          = "/v1/init"
@@ -46,7 +51,7 @@ const (
 	CodeNotFound         = "not_found"
 	CodeConflict         = "conflict"
 	CodeBusy             = "busy" // e.g. a session already running a command
-	CodeGone             = "gone"
+	CodeGone             = "gone" // lease ended; from the agent: shutting down, the command was killed
 	CodeTooLarge         = "payload_too_large"
 	CodeStaleGeneration  = "stale_generation"
 	CodeTimeout          = "timeout"
@@ -102,6 +107,12 @@ type InitRequest struct {
 
 // ExecRequest runs one command to completion. Exactly one of Command (run by
 // bash -c, or /bin/sh -c when the image has no bash) and Argv must be set.
+// A Command over 64 KiB is run from a private script file instead of -c
+// (same semantics, but $0 names the file). Env names are shell variable
+// names (letters, digits and _, not starting with a digit) and values are
+// passed on exactly; an argument or variable over the kernel's limit for a
+// new process (128 KiB each, and a total) is refused with 400 naming argv
+// or env — the same rules hold for sessions, processes and init.
 type ExecRequest struct {
 	Command string            `json:"command,omitempty"`
 	Argv    []string          `json:"argv,omitempty"`
@@ -169,8 +180,10 @@ type SessionList struct {
 }
 
 // SessionRunRequest runs one command in a session. Shell state (cwd,
-// variables, functions) persists between runs. A run on a session that is
-// already running a command is refused with 409 (code "busy").
+// variables, functions) persists between runs, and each run starts with $?
+// set to the previous run's exit code. Command is required. A run on a
+// session that is already running a command is refused with 409 (code
+// "busy").
 type SessionRunRequest struct {
 	Command        string `json:"command"`
 	TimeoutMS      int64  `json:"timeout_ms,omitempty"`
