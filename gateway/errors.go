@@ -194,6 +194,9 @@ func describeModel(subject string, err error) (answer, bool) {
 	case errors.Is(err, modelservice.ErrGone):
 		return answer{status: http.StatusGone, code: agentapi.CodeGone,
 			message: "the model request is gone: its agent disconnected or it timed out"}, true
+	case errors.Is(err, modelservice.ErrShuttingDown):
+		return answer{status: http.StatusServiceUnavailable, code: agentapi.CodeUnavailable, retry: true,
+			message: modelservice.ErrShuttingDown.Error()}, true
 	case errors.Is(err, modelservice.ErrFull), errors.Is(err, modelservice.ErrUnavailable), errors.Is(err, modelservice.ErrClosed):
 		return answer{status: http.StatusServiceUnavailable, code: agentapi.CodeUnavailable, retry: true,
 			message: "the model relay is unavailable (" + err.Error() + "); retry later"}, true
@@ -277,7 +280,9 @@ func describeAgent(subject string, ae *agentapi.Error) answer {
 	case ae.Code == agentapi.CodeStaleGeneration:
 		return answer{status: http.StatusGone, code: agentapi.CodeGone,
 			message: subject + ": its lease has ended (the sandbox belongs to a newer lease)"}
-	case ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden:
+	case ae.Status == http.StatusUnauthorized:
+		// Only a 401 means the gateway's token was refused; a 403 is the
+		// sandbox's own answer (e.g. a path it may not read) and passes on.
 		return answer{status: http.StatusBadGateway, code: agentapi.CodeAgentUnreachable,
 			message: "the agent of " + subject + " refused the gateway's credentials"}
 	case ae.Status >= 400 && ae.Status < 500:

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -92,6 +93,11 @@ type Gateway struct {
 	routes  map[string]bool // registered route templates (metrics labels)
 	conns   *connSet        // connections accepted by Serve and ServeTLS
 
+	// draining is closed when Shutdown starts: relay calls and trainer
+	// long-polls waiting on the broker end with 503 (model.go).
+	draining  chan struct{}
+	drainOnce sync.Once
+
 	rock *rockcompat.Service // ROCK's routes (rock.go)
 }
 
@@ -120,6 +126,8 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		agents: newAgentClients(cfg),
 		routes: make(map[string]bool),
 		conns:  newConnSet(),
+
+		draining: make(chan struct{}),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -200,9 +208,12 @@ const unservedAge = 500 * time.Millisecond
 
 // Shutdown stops accepting connections and waits, until ctx is done, for
 // requests in flight to finish (streams included); connections that never
-// sent a request are closed. Then it closes idle agent connections. It never
-// touches leases or sandboxes.
+// sent a request are closed. Relay calls waiting for a trainer and trainer
+// long-polls end at once with 503 "the gateway is shutting down; retry"
+// (their requests stay in the broker). Then it closes idle agent
+// connections. It never touches leases or sandboxes.
 func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.drainOnce.Do(func() { close(g.draining) })
 	done := make(chan error, 1)
 	go func() { done <- g.app.ShutdownWithContext(ctx) }()
 	tick := time.NewTicker(unservedAge / 5)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/modelservice"
@@ -100,11 +101,13 @@ func (g *Gateway) modelCall(route string) fiber.Handler {
 		if err != nil {
 			return &sandboxError{ID: lease.ID, Err: err}
 		}
-		ctx, stop := g.watchAgent(c)
-		defer stop()
 		if upstream != "" {
+			ctx, stop := g.watchAgent(c, false)
+			defer stop()
 			return g.forwardModel(c, ctx, lease, fiber.MethodPost, route, body, upstream, key)
 		}
+		ctx, stop := g.watchAgent(c, true)
+		defer stop()
 		resp, rid, err := g.model.Relay(ctx, lease, route, body)
 		if err != nil {
 			if context.Cause(ctx) == errAgentLeft {
@@ -142,7 +145,7 @@ func (g *Gateway) modelModels(c *fiber.Ctx) error {
 		return &sandboxError{ID: lease.ID, Err: err}
 	}
 	if upstream != "" {
-		ctx, stop := g.watchAgent(c)
+		ctx, stop := g.watchAgent(c, false)
 		defer stop()
 		return g.forwardModel(c, ctx, lease, fiber.MethodGet, "models", nil, upstream, key)
 	}
@@ -189,9 +192,14 @@ func (g *Gateway) forwardModel(c *fiber.Ctx, ctx context.Context, lease warmpool
 }
 
 // watchAgent returns a context that ends (with cause errAgentLeft) when
-// the client of c closes its connection, and a stop function that ends the
-// watch and waits for it.
-func (g *Gateway) watchAgent(c *fiber.Ctx) (context.Context, func()) {
+// the client of c closes its connection or, with drain, (with cause
+// modelservice.ErrShuttingDown) when Shutdown starts; and a stop function
+// that ends the watch and waits for it.
+func (g *Gateway) watchAgent(c *fiber.Ctx, drain bool) (context.Context, func()) {
+	var draining <-chan struct{} // nil: never
+	if drain {
+		draining = g.draining
+	}
 	ctx, cancel := context.WithCancelCause(c.UserContext())
 	conn := c.Context().Conn()
 	done := make(chan struct{})
@@ -204,6 +212,9 @@ func (g *Gateway) watchAgent(c *fiber.Ctx) (context.Context, func()) {
 		for {
 			select {
 			case <-done:
+				return
+			case <-draining:
+				cancel(modelservice.ErrShuttingDown)
 				return
 			case <-t.C:
 				if peerClosed(conn) {
@@ -249,21 +260,16 @@ func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
 		return errRelayOff
 	}
 	args := c.Context().QueryArgs()
-	p := modelservice.ClaimParams{Max: 1}
-	if s := args.Peek("max"); len(s) > 0 {
-		n, err := strconv.Atoi(string(s))
-		if err != nil {
-			return warmpool.Invalid("max", "must be a whole number, got %q", s)
-		}
-		p.Max = n
+	cfg := g.model.Config()
+	maxN, err := queryInt(args, "max", 1, 1, int64(cfg.MaxClaim))
+	if err != nil {
+		return err
 	}
-	if s := args.Peek("wait_ms"); len(s) > 0 {
-		n, err := strconv.ParseInt(string(s), 10, 64)
-		if err != nil || n < 0 || n > int64(time.Hour/time.Millisecond) {
-			return warmpool.Invalid("wait_ms", "must be a whole number of milliseconds, got %q", s)
-		}
-		p.Wait = time.Duration(n) * time.Millisecond
+	wait, err := queryInt(args, "wait_ms", 0, 0, cfg.MaxWait.Milliseconds())
+	if err != nil {
+		return err
 	}
+	p := modelservice.ClaimParams{Max: int(maxN), Wait: time.Duration(wait) * time.Millisecond}
 	if s := string(args.Peek("pool")); s != "" {
 		if err := checkName(s); err != nil {
 			return warmpool.Invalid("pool", "%s", err.Error())
@@ -275,7 +281,7 @@ func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
 		return err
 	}
 	p.Labels = labels
-	ctx, stop := g.watchAgent(c)
+	ctx, stop := g.watchAgent(c, true)
 	defer stop()
 	reqs, err := g.model.Claim(ctx, ownerOf(c), p)
 	if err != nil {
@@ -295,6 +301,21 @@ func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
 	out.WriteString("]}")
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 	return sendCopy(c, out.B)
+}
+
+// queryInt returns query parameter name as a whole number between lo and
+// hi, or def when it is absent. Anything else (not a number, out of range,
+// too large to parse) is refused with the same message naming the range.
+func queryInt(args *fasthttp.Args, name string, def, lo, hi int64) (int64, error) {
+	s := args.Peek(name)
+	if len(s) == 0 {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(string(s), 10, 64)
+	if err != nil || n < lo || n > hi {
+		return 0, warmpool.Invalid(name, "must be a whole number between %d and %d, got %q", lo, hi, s)
+	}
+	return n, nil
 }
 
 // labelFilter parses repeated label=k=v query values.
@@ -403,11 +424,9 @@ func (g *Gateway) modelTranscript(c *fiber.Ctx) error {
 		return err
 	}
 	args := c.Context().QueryArgs()
-	limit := 0
-	if s := args.Peek("limit"); len(s) > 0 {
-		if limit, err = strconv.Atoi(string(s)); err != nil || limit < 1 {
-			return warmpool.Invalid("limit", "must be a positive whole number, got %q", s)
-		}
+	limit, err := queryInt(args, "limit", 0, 1, modelservice.MaxTranscriptLimit)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
 	defer cancel()
@@ -415,7 +434,7 @@ func (g *Gateway) modelTranscript(c *fiber.Ctx) error {
 	if _, err := g.mgr.Get(ctx, id, owner); err != nil {
 		return &sandboxError{ID: id, Err: err}
 	}
-	page, more, err := g.model.Transcript(ctx, id, owner, string(args.Peek("after")), limit)
+	page, more, err := g.model.Transcript(ctx, id, owner, string(args.Peek("after")), int(limit))
 	if err != nil {
 		return err
 	}

@@ -99,16 +99,26 @@ type agentResult struct {
 
 // agentCall makes an agent's call in the background.
 func agentCall(ctx context.Context, url, token string, body []byte) <-chan agentResult {
+	return callAsync(ctx, http.MethodPost, url, token, bytes.NewReader(body), "Content-Type", "application/json")
+}
+
+// callAsync sends a request in the background, with a bearer token when
+// token is set, and delivers its answer with its body read.
+func callAsync(ctx context.Context, method, url, token string, body io.Reader, hdr ...string) <-chan agentResult {
 	out := make(chan agentResult, 1)
 	go func() {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, method, url, body)
 		if err != nil {
 			out <- agentResult{err: err}
 			return
 		}
-		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := httpClient.Do(req)
 		if err != nil {
 			out <- agentResult{err: err}
 			return
@@ -636,4 +646,93 @@ func TestModel_Transcript_ConcurrentReadsGetWholeBodies(t *testing.T) {
 		})
 	}
 	require.NoError(t, g.Wait())
+}
+
+func TestModel_Shutdown_EndsWaitingRelayCallsAndClaimsWith503(t *testing.T) {
+	// The relay timeout and the trainer's wait are far longer than the
+	// shutdown deadline: before the gateway drained them, Shutdown waited
+	// for them and failed.
+	pools := []warmpool.PoolConfig{{Name: "slow", Options: map[string]string{modelservice.OptionTimeout: "600"}}}
+	e := startRelay(t, pools, nil, modelservice.Config{})
+	id, token := e.sandbox("sbx-a", testKey, "slow", nil)
+	res := agentCall(context.Background(), e.relayURL(id, "chat/completions"), token, []byte(`{"model":"m"}`))
+	var rid string
+	eventually(t, func() bool {
+		page, _, err := e.svc.Transcript(context.Background(), id, OwnerOf(testKey), "", 10)
+		require.NoError(t, err)
+		if len(page) == 1 {
+			rid = page[0].ID
+		}
+		return rid != ""
+	}, "the agent's call is queued")
+
+	// A trainer long-polls with a filter that matches nothing.
+	claimRes := callAsync(context.Background(), http.MethodGet, e.URL+"/v1/model/requests?wait_ms=30000&pool=other", testKey, nil)
+	eventually(t, func() bool {
+		// Both connections reached the app, and the claim has no answer:
+		// its handler waits.
+		return e.conns.served() >= 2 && len(claimRes) == 0
+	}, "the trainer's long-poll waits")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, e.Shutdown(ctx), "shutdown does not wait for the relay's waits")
+
+	for name, got := range map[string]agentResult{"relay call": <-res, "trainer claim": <-claimRes} {
+		require.NoError(t, got.err, name)
+		assert.Equal(t, http.StatusServiceUnavailable, got.status, "%s: %s", name, got.body)
+		d := decodeError(t, got.body)
+		assert.Equal(t, "unavailable", d.Code, name)
+		assert.Equal(t, "the gateway is shutting down; retry", d.Message, name)
+		assert.NotEmpty(t, got.header.Get("Retry-After"), name)
+	}
+	page, _, err := e.svc.Transcript(context.Background(), id, OwnerOf(testKey), "", 10)
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	assert.Equal(t, modelservice.StatePending, page[0].State, "the request stays in the broker for another replica")
+}
+
+func TestModel_BadInput_MessagesSayWhatIsWrong(t *testing.T) {
+	e := startRelay(t, nil, nil, modelservice.Config{})
+	id, token := e.sandbox("sbx-a", testKey, "default", nil)
+	res := agentCall(context.Background(), e.relayURL(id, "chat/completions"), token, []byte(`{"stream":true}`))
+	rid := e.claim(t, testKey, 1, "")[0].ID
+	answer := "/v1/model/requests/" + rid + "/response"
+
+	tests := []struct {
+		name, method, path, contentType, body string
+		message                               string
+	}{
+		{"malformed answer", http.MethodPost, answer, "application/json", `{"id":`, "body: malformed JSON at byte"},
+		{"malformed error answer", http.MethodPost, answer + "?status=500", "application/json", `{"error": }`, "body: malformed JSON at byte"},
+		{"answer not an object", http.MethodPost, answer, "application/json", `[1]`, "body: must be a JSON object"},
+		{"event stream answer that is JSON", http.MethodPost, answer, "text/event-stream", string(modeltest.ChatCompletion("c", "m", "x")),
+			`body: an event stream answer must be server-sent events of "data: ..." lines`},
+		{"event stream answer with a stray line", http.MethodPost, answer, "text/event-stream", "data: {}\n\nhello\n\n", "line 3 is \"hello\""},
+		{"event stream answer of comments only", http.MethodPost, answer, "text/event-stream", ": hi\n\n", `at least one "data: ..." line`},
+		{"wait_ms far too large", http.MethodGet, "/v1/model/requests?wait_ms=99999999", "", "", `wait_ms: must be a whole number between 0 and 30000, got "99999999"`},
+		{"wait_ms too large", http.MethodGet, "/v1/model/requests?wait_ms=40000", "", "", `wait_ms: must be a whole number between 0 and 30000, got "40000"`},
+		{"wait_ms negative", http.MethodGet, "/v1/model/requests?wait_ms=-1", "", "", `wait_ms: must be a whole number between 0 and 30000`},
+		{"wait_ms not a number", http.MethodGet, "/v1/model/requests?wait_ms=soon", "", "", `wait_ms: must be a whole number between 0 and 30000, got "soon"`},
+		{"max beyond int64", http.MethodGet, "/v1/model/requests?max=99999999999999999999", "", "", `max: must be a whole number between 1 and 1000`},
+		{"max too large", http.MethodGet, "/v1/model/requests?max=1001", "", "", `max: must be a whole number between 1 and 1000`},
+		{"transcript limit beyond int64", http.MethodGet, "/v1/sandboxes/" + id + "/model/transcript?limit=99999999999999999999", "", "", `limit: must be a whole number between 1 and 1000`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var body io.Reader
+			if tc.body != "" {
+				body = strings.NewReader(tc.body)
+			}
+			resp, b := call(t, tc.method, e.URL+tc.path, testKey, body, "Content-Type", tc.contentType)
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
+			assert.Contains(t, decodeError(t, b).Message, tc.message)
+		})
+	}
+	stream := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"}}]}\r\n\r\n: comment\n\ndata: [DONE]\n\n"
+	resp, b := e.respond(t, testKey, rid, "", "text/event-stream", []byte(stream))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a real event stream is accepted: %s", b)
+	got := <-res
+	require.NoError(t, got.err)
+	assert.Equal(t, stream, string(got.body), "delivered verbatim")
 }

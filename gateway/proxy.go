@@ -75,7 +75,9 @@ func (g *Gateway) proxyHandler(rt *proxyRoute) fiber.Handler {
 // forward proxies one sandbox call: one lease read (active, unexpired,
 // owned by the caller), then the call to the agent with its token and the
 // lease generation. Agent answers pass through unchanged, except a stale
-// generation (410) and a refused token (502). A failed call asks the
+// generation (410) and a refused token (401 → 502); an agent's 410 names
+// the lease's end when the manager knows it. A streamed event stream that
+// breaks ends with an error event (passStream). A failed call asks the
 // manager to check the task: a dead task's lease answers 410.
 func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	id, err := pathID(c, "id")
@@ -138,20 +140,29 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 		// A stream's connection is not reused: the client may leave before
 		// the end, and what is left unread must not reach the next call.
 		req.SetConnectionClose()
-		resp.StreamBody = true
-		err = ac.stream.Do(req, resp)
-	} else {
-		err = ac.unary.DoTimeout(req, resp, timeout)
-	}
-	if err != nil {
+		up := fasthttp.AcquireResponse()
+		up.StreamBody = true
+		if err := ac.stream.Do(req, up); err != nil {
+			fasthttp.ReleaseResponse(up)
+			return g.agentFailed(c, id, lease, err)
+		}
+		g.passStream(context.WithoutCancel(c.UserContext()), id, lease, up, resp)
+	} else if err := ac.unary.DoTimeout(req, resp, timeout); err != nil {
 		return g.agentFailed(c, id, lease, err)
 	}
 	// The agent's Connection: close concerns the gateway's connection to it,
 	// not the client's.
 	resp.Header.ResetConnectionClose()
-	if status := resp.StatusCode(); status == http.StatusConflict || status == http.StatusUnauthorized || status == http.StatusForbidden {
+	switch status := resp.StatusCode(); status {
+	case http.StatusConflict, http.StatusUnauthorized:
 		if err := g.inspectAgentError(resp, lease, status); err != nil {
 			return &sandboxError{ID: id, Err: err}
+		}
+	case http.StatusGone:
+		// The agent ended the call because it is shutting down: say how
+		// the lease ended when the manager knows.
+		if gone := g.checkTask(c.UserContext(), lease); gone != nil {
+			return &sandboxError{ID: id, Err: gone}
 		}
 	}
 	if stream {
@@ -230,9 +241,10 @@ func (g *Gateway) commandTimeout(body []byte) time.Duration {
 	return min(d+g.cfg.TimeoutMargin, g.cfg.MaxCommandTimeout)
 }
 
-// inspectAgentError looks at an agent's 401/403/409 answer: a stale
-// generation means the lease is gone (410), a refused token is the
-// gateway's problem (502); any other answer passes through unchanged (nil).
+// inspectAgentError looks at an agent's 401/409 answer: a stale generation
+// means the lease is gone (410), a refused token (401) is the gateway's
+// problem (502); any other answer passes through unchanged (nil). A 403
+// (code forbidden) is the sandbox's own refusal and is not inspected.
 func (g *Gateway) inspectAgentError(resp *fasthttp.Response, lease warmpool.Lease, status int) error {
 	var body []byte
 	if s := resp.BodyStream(); s != nil {
@@ -249,7 +261,7 @@ func (g *Gateway) inspectAgentError(resp *fasthttp.Response, lease warmpool.Leas
 	case status == http.StatusConflict && ae.Code == agentapi.CodeStaleGeneration:
 		g.agents.evict(lease.AgentURL)
 		return ae
-	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+	case status == http.StatusUnauthorized:
 		return ae
 	}
 	return nil
@@ -264,7 +276,7 @@ func (g *Gateway) agentFailed(c *fiber.Ctx, id string, lease warmpool.Lease, err
 	}
 	ce := newAgentCallError(err)
 	if ce.agentDown() {
-		if gone := g.checkTask(c, lease); gone != nil {
+		if gone := g.checkTask(c.UserContext(), lease); gone != nil {
 			return &sandboxError{ID: id, Err: gone}
 		}
 	}
@@ -273,8 +285,8 @@ func (g *Gateway) agentFailed(c *fiber.Ctx, id string, lease warmpool.Lease, err
 
 // checkTask asks the manager whether the lease's task still lives; it
 // returns why the lease is gone, or nil (alive, or the check failed).
-func (g *Gateway) checkTask(c *fiber.Ctx, lease warmpool.Lease) *leaseGoneError {
-	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
+func (g *Gateway) checkTask(ctx context.Context, lease warmpool.Lease) *leaseGoneError {
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.ManagerTimeout)
 	defer cancel()
 	l, err := g.mgr.CheckTask(ctx, lease)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -123,6 +124,46 @@ func TestProxy_AgentErrorsPassThrough_RealAgent(t *testing.T) {
 			resp, body := callJSON(t, tt.method, base+tt.path, testKey, tt.body)
 			assert.Equal(t, tt.status, resp.StatusCode, "body %s", body)
 			assert.Equal(t, tt.code, decodeError(t, body).Code)
+		})
+	}
+}
+
+func TestProxy_ForbiddenPathIsTheSandboxsAnswer_RealAgent(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	// /proc/1/mem cannot be read here even by root: the agent answers 403
+	// forbidden, its own refusal, not a refused gateway token.
+	resp, body := call(t, http.MethodGet, gw.URL+"/v1/sandboxes/sbx-1/files?path=/proc/1/mem", testKey, nil)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, "body %s", body)
+	e := decodeError(t, body)
+	assert.Equal(t, "forbidden", e.Code)
+	assert.Contains(t, e.Message, "/proc/1/mem")
+	assert.Contains(t, e.Message, "permission denied")
+}
+
+func TestProxy_StreamedForbiddenPassesThrough(t *testing.T) {
+	const refusal = `{"error":{"code":"forbidden","message":"path /etc/x: permission denied"}}`
+	gw, _ := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(refusal))
+	})
+	tests := []struct {
+		name   string
+		method string
+		path   string
+		body   io.Reader
+	}{
+		{name: "download", method: http.MethodGet, path: "/files?path=/etc/x"},
+		{name: "archive download", method: http.MethodGet, path: "/files/archive?path=/etc/x"},
+		{name: "upload", method: http.MethodPut, path: "/files?path=/etc/x", body: strings.NewReader("data")},
+		{name: "archive upload", method: http.MethodPut, path: "/files/archive?path=/etc", body: strings.NewReader("tar")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := call(t, tt.method, gw.URL+"/v1/sandboxes/sbx-1"+tt.path, testKey, tt.body)
+			assert.Equal(t, http.StatusForbidden, resp.StatusCode, "body %s", body)
+			assert.Equal(t, refusal, string(body))
 		})
 	}
 }
@@ -409,6 +450,8 @@ func TestProxy_AgentAnswersMapped(t *testing.T) {
 			wantBody: `{"error":{"code":"payload_too_large","message":"file over 1 GiB"}}`},
 		{name: "stale generation is gone", status: 409, body: `{"error":{"code":"stale_generation","message":"generation 7 < 8"}}`, want: 410, code: "gone"},
 		{name: "refused token is a gateway problem", status: 401, body: `{"error":{"code":"unauthorized","message":"bad token"}}`, want: 502, code: "agent_unreachable"},
+		{name: "forbidden passes through", status: 403, body: `{"error":{"code":"forbidden","message":"path /root/x: permission denied"}}`, want: 403,
+			wantBody: `{"error":{"code":"forbidden","message":"path /root/x: permission denied"}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -569,4 +612,272 @@ func TestNewProxyRoute_AgentPath(t *testing.T) {
 			assert.Equal(t, tt.want, newProxyRoute(tt.path, kindJSON).parts)
 		})
 	}
+}
+
+// cutProxy relays TCP connections to an agent until cut closes them all, as
+// if the agent died mid-call.
+type cutProxy struct {
+	URL string
+
+	target string
+	ln     net.Listener
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+// startCutProxy relays 127.0.0.1 connections to targetURL's host; it stops
+// when the test ends.
+func startCutProxy(t *testing.T, targetURL string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &cutProxy{URL: "http://" + ln.Addr().String(), target: strings.TrimPrefix(targetURL, "http://"), ln: ln}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *cutProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(c, up)
+		go p.pipe(up, c)
+	}
+}
+
+func (p *cutProxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	_, _ = io.Copy(dst, src)
+	_ = dst.Close()
+}
+
+// cut closes every relayed connection.
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+func TestProxy_StreamCutByAgentEndsWithErrorEvent_RealAgent(t *testing.T) {
+	alive := func(_ context.Context, l warmpool.Lease) (warmpool.Lease, error) { return l, nil }
+	lost := func(_ context.Context, l warmpool.Lease) (warmpool.Lease, error) {
+		l.State, l.Reason = warmpool.LeaseLost, "task stopped: exit 137"
+		return l, nil
+	}
+	tests := []struct {
+		name    string
+		follow  bool
+		check   func(context.Context, warmpool.Lease) (warmpool.Lease, error)
+		code    string
+		message string
+	}{
+		{name: "exec, task alive", check: alive, code: "agent_unreachable", message: "the agent of sandbox sbx-1"},
+		{name: "exec, lease lost", check: lost, code: "gone", message: "sandbox sbx-1 was lost (task stopped: exit 137)"},
+		{name: "process follow, task alive", follow: true, check: alive, code: "agent_unreachable", message: "the agent of sandbox sbx-1"},
+		{name: "process follow, lease lost", follow: true, check: lost, code: "gone", message: "sandbox sbx-1 was lost (task stopped: exit 137)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			agent := startAgent(t)
+			proxy := startCutProxy(t, agent.URL)
+			mgr := newFakeManager(proxy.URL)
+			mgr.addLease("sbx-1", testKey, proxy.URL, 1)
+			mgr.CheckTaskFn = tt.check
+			gw := startGateway(t, mgr, nil)
+			base := gw.URL + "/v1/sandboxes/sbx-1"
+
+			var resp *http.Response
+			if tt.follow {
+				r, body := callJSON(t, http.MethodPost, base+"/processes", testKey, agentapi.ProcessStartRequest{Command: "echo first; sleep 60"})
+				require.Less(t, r.StatusCode, 300, "body %s", body)
+				proc := decode[agentapi.ProcessInfo](t, body)
+				resp = openStream(t, http.MethodGet, base+"/processes/"+proc.ID+"/output?follow=true", nil)
+			} else {
+				b, err := json.Marshal(agentapi.ExecRequest{Command: "echo first; sleep 60", TimeoutMS: 90000})
+				require.NoError(t, err)
+				resp = openStream(t, http.MethodPost, base+"/exec", bytes.NewReader(b), "Accept", "text/event-stream")
+			}
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			events := readEvents(resp.Body)
+			first := <-events
+			require.Contains(t, first.data, "first")
+			proxy.cut()
+
+			var last sseEvent
+			n := 0
+			for ev := range events {
+				last = ev
+				n++
+			}
+			require.Equal(t, 1, n, "one event after the cut: the error")
+			assert.Equal(t, agentapi.EventError, last.name)
+			var detail agentapi.ErrorDetail
+			require.NoError(t, json.Unmarshal([]byte(last.data), &detail), "data %s", last.data)
+			assert.Equal(t, tt.code, detail.Code)
+			assert.Contains(t, detail.Message, tt.message)
+			assert.Equal(t, []string{"CheckTask:sbx-1"}, mgr.Calls("CheckTask"))
+		})
+	}
+}
+
+func TestEventWatch_FinalEvent(t *testing.T) {
+	tests := []struct {
+		name       string
+		chunks     []string
+		final      bool
+		terminator string
+	}{
+		{name: "exit event", chunks: []string{"event: stdout\ndata: {}\n\n", "event: exit\ndata: {}\n\n"}, final: true},
+		{name: "error event split across reads", chunks: []string{"event: err", "or\r\ndata: {\"code\":\"gone\"}\r\n", "\r\n"}, final: true},
+		{name: "exit without its blank line", chunks: []string{"event: exit\ndata: {}\n"}, terminator: "\n"},
+		{name: "cut mid-line", chunks: []string{"event: stdout\ndata: {\"da"}, terminator: "\n\n"},
+		{name: "only keep-alives", chunks: []string{": keep-alive\n\n"}},
+		{name: "output then nothing", chunks: []string{"event: output\ndata: {}\n\n"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var w eventWatch
+			for _, c := range tt.chunks {
+				w.feed([]byte(c))
+			}
+			assert.Equal(t, tt.final, w.final)
+			assert.Equal(t, tt.terminator, string(w.terminator()))
+		})
+	}
+}
+
+func TestProxy_AgentShutdownGoneIs410(t *testing.T) {
+	const agentGone = `{"error":{"code":"gone","message":"the command was killed: the agent is shutting down"}}`
+	tests := []struct {
+		name     string
+		check    func(context.Context, warmpool.Lease) (warmpool.Lease, error)
+		wantBody string // exact pass-through when set
+		message  string
+	}{
+		{name: "lease still active: the agent's answer passes through",
+			check: func(_ context.Context, l warmpool.Lease) (warmpool.Lease, error) { return l, nil }, wantBody: agentGone},
+		{name: "check fails: the agent's answer passes through",
+			check: func(context.Context, warmpool.Lease) (warmpool.Lease, error) {
+				return warmpool.Lease{}, warmpool.ErrUnavailable
+			}, wantBody: agentGone},
+		{name: "lease released: says so",
+			check: func(_ context.Context, l warmpool.Lease) (warmpool.Lease, error) {
+				l.State, l.Reason = warmpool.LeaseReleased, "released by its owner"
+				return l, nil
+			}, message: "sandbox sbx-1 was released (released by its owner)"},
+		{name: "lease expired: says so",
+			check: func(_ context.Context, l warmpool.Lease) (warmpool.Lease, error) {
+				l.State = warmpool.LeaseExpired
+				return l, nil
+			}, message: "sandbox sbx-1 expired"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			gw, mgr := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusGone)
+				_, _ = w.Write([]byte(agentGone))
+			})
+			mgr.CheckTaskFn = tt.check
+			resp, body := callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/exec", testKey, agentapi.ExecRequest{Command: "sleep 100"})
+			assert.Equal(t, http.StatusGone, resp.StatusCode, "body %s", body)
+			if tt.wantBody != "" {
+				assert.Equal(t, tt.wantBody, string(body))
+			} else {
+				e := decodeError(t, body)
+				assert.Equal(t, "gone", e.Code)
+				assert.Contains(t, e.Message, tt.message)
+			}
+			assert.Len(t, mgr.Calls("CheckTask"), 1)
+		})
+	}
+}
+
+func TestProxy_AgentShutdownErrorEventPassesThrough(t *testing.T) {
+	const final = "event: error\ndata: {\"code\":\"gone\",\"message\":\"the command was killed: the agent is shutting down\"}\n\n"
+	gw, mgr := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "event: stdout\ndata: {\"data\":\"hi\\n\"}\n\n: keep-alive\n\n"+final)
+	})
+	resp, body := call(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/exec", testKey, strings.NewReader(`{"command":"x"}`),
+		"Content-Type", "application/json", "Accept", "text/event-stream")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.True(t, strings.HasSuffix(string(body), final), "the agent's error event ends the stream, nothing added: %s", body)
+	assert.Equal(t, 1, strings.Count(string(body), "event: error"))
+	assert.Empty(t, mgr.Calls("CheckTask"), "a stream that ended whole needs no check")
+}
+
+func TestProxy_AgentShutdownKillsCommand_RealAgent(t *testing.T) {
+	released := func(_ context.Context, l warmpool.Lease) (warmpool.Lease, error) {
+		l.State, l.Reason = warmpool.LeaseReleased, "released by its owner"
+		return l, nil
+	}
+	closeAgent := func(t *testing.T, agent *testAgent) {
+		ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+		defer cancel()
+		require.NoError(t, agent.Srv.Close(ctx)) // the sandbox stops
+	}
+	body, err := json.Marshal(agentapi.ExecRequest{Command: "echo started; touch started; sleep 60", TimeoutMS: 90000})
+	require.NoError(t, err)
+
+	t.Run("buffered exec answers 410 saying how the lease ended", func(t *testing.T) {
+		gw, agent, mgr := withAgent(t, nil)
+		mgr.CheckTaskFn = released
+		done := callAsync(context.Background(), http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/exec", testKey, bytes.NewReader(body),
+			"Content-Type", "application/json")
+		eventually(t, func() bool {
+			_, err := os.Stat(filepath.Join(agent.Workdir, "started"))
+			return err == nil
+		}, "the command runs")
+		closeAgent(t, agent)
+		r := <-done
+		require.NoError(t, r.err)
+		assert.Equal(t, http.StatusGone, r.status, "body %s", r.body)
+		e := decodeError(t, r.body)
+		assert.Equal(t, "gone", e.Code)
+		assert.Contains(t, e.Message, "sandbox sbx-1 was released (released by its owner)")
+	})
+	t.Run("streaming exec ends with the agent's error event", func(t *testing.T) {
+		gw, agent, _ := withAgent(t, nil)
+		resp := openStream(t, http.MethodPost, gw.URL+"/v1/sandboxes/sbx-1/exec", bytes.NewReader(body),
+			"Content-Type", "application/json", "Accept", "text/event-stream")
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		events := readEvents(resp.Body)
+		require.Equal(t, agentapi.EventStdout, (<-events).name)
+		closeAgent(t, agent)
+		var names []string
+		var last sseEvent
+		for ev := range events {
+			names, last = append(names, ev.name), ev
+		}
+		assert.Equal(t, []string{agentapi.EventError}, names, "one error event, the agent's")
+		var detail agentapi.ErrorDetail
+		require.NoError(t, json.Unmarshal([]byte(last.data), &detail), "data %s", last.data)
+		assert.Equal(t, "gone", detail.Code)
+	})
 }

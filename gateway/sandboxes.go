@@ -24,8 +24,6 @@ const (
 	maxIDLen          = 128
 	maxNameLen        = 63
 	maxLeaseSeconds   = 30 * 24 * 3600
-	maxEnvVars        = 256
-	maxEnvValueLen    = 64 << 10
 	maxLabels         = 64
 	maxLabelValueLen  = 256
 	maxIdempotencyLen = 255
@@ -119,16 +117,8 @@ func (r *createRequest) validate() error {
 	if r.LeaseSeconds < 0 || r.LeaseSeconds > maxLeaseSeconds {
 		return warmpool.Invalid("lease_seconds", "must be between 0 (the pool's default) and %d", maxLeaseSeconds)
 	}
-	if len(r.Env) > maxEnvVars {
-		return warmpool.Invalid("env", "at most %d variables", maxEnvVars)
-	}
-	for _, k := range sortedKeys(r.Env) {
-		if !isEnvName(k) {
-			return warmpool.Invalid("env", "%q is not a variable name (letters, digits and _, not starting with a digit)", k)
-		}
-		if v := r.Env[k]; len(v) > maxEnvValueLen || strings.IndexByte(v, 0) >= 0 {
-			return warmpool.Invalid("env."+k, "must be at most %d bytes without NUL", maxEnvValueLen)
-		}
+	if err := warmpool.ValidateEnv("env", r.Env); err != nil {
+		return err // the manager's own limits: a lease keeps its env
 	}
 	if len(r.Labels) > maxLabels {
 		return warmpool.Invalid("labels", "at most %d labels", maxLabels)
@@ -341,18 +331,6 @@ func isNameChars(s string) bool {
 
 func isAlnum(b byte) bool {
 	return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9')
-}
-
-func isEnvName(s string) bool {
-	if s == "" || len(s) > 256 || (s[0] >= '0' && s[0] <= '9') {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if b := s[i]; !isAlnum(b) && b != '_' {
-			return false
-		}
-	}
-	return true
 }
 
 // printable reports whether s is printable ASCII (spaces allowed).

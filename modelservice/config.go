@@ -11,6 +11,9 @@ import (
 	"github.com/quarryhq/quarry/warmpool"
 )
 
+// MaxTranscriptLimit bounds a transcript page's limit.
+const MaxTranscriptLimit = 1000
+
 // Defaults of Config's zero fields.
 const (
 	DefaultTimeout          = 600 * time.Second
@@ -24,7 +27,6 @@ const (
 	DefaultPurgeInterval    = time.Minute
 	DefaultModelName        = "policy"
 	maxTimeout              = 24 * time.Hour
-	maxTranscriptPageLimit  = 1000
 	defaultTranscriptLimit  = 100
 	disconnectedReason      = "the agent disconnected"
 	upstreamFailedReason    = "the upstream failed"

@@ -25,7 +25,18 @@ var (
 	// ErrUpstreamNotAllowed: the lease's model.upstream_url label names an
 	// upstream that is not allowed.
 	ErrUpstreamNotAllowed = errors.New("upstream not allowed")
+	// ErrShuttingDown: the caller's context ended with this cause because
+	// the gateway is shutting down. A waiting Relay or Claim returns it
+	// (wrapped) at once and leaves the broker's requests as they are, so
+	// that another replica (shared broker) can still serve them.
+	ErrShuttingDown = errors.New("the gateway is shutting down; retry")
 )
+
+// shuttingDown reports whether ctx ended because the gateway is shutting
+// down (its cause is ErrShuttingDown).
+func shuttingDown(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrShuttingDown)
+}
 
 // BadRequestError is bad input that the caller can fix: Field names what
 // is wrong (a query parameter, "body", "body.choices").
@@ -215,18 +226,25 @@ type callBody struct {
 // parseCall checks that body is a JSON object and reads its stream flags.
 func parseCall(body []byte) (callBody, error) {
 	var cb callBody
+	return cb, decodeObject(body, "an OpenAI request", &cb)
+}
+
+// decodeObject decodes body, which must be a JSON object (what names what
+// it should be), into v. A *BadRequestError for field "body" says what is
+// wrong: not an object, or where its JSON is malformed.
+func decodeObject(body []byte, what string, v any) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return cb, badRequest("body", "must be a JSON object (an OpenAI request)")
+		return badRequest("body", "must be a JSON object (%s)", what)
 	}
-	if err := json.Unmarshal(trimmed, &cb); err != nil {
+	if err := json.Unmarshal(trimmed, v); err != nil {
 		var syn *json.SyntaxError
 		if errors.As(err, &syn) {
-			return cb, badRequest("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
+			return badRequest("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
 		}
-		return cb, badRequest("body", "%s", err.Error())
+		return badRequest("body", "%s", err.Error())
 	}
-	return cb, nil
+	return nil
 }
 
 // Relay queues an agent's call (route "chat/completions" or "completions",
@@ -234,8 +252,9 @@ func parseCall(body []byte) (callBody, error) {
 // up to the pool's timeout. A call with "stream": true whose answer is a
 // whole completion gets it as server-sent-event chunks. When ctx ends
 // (the agent disconnected), the request is cancelled and ctx's error is
-// returned; when the timeout passes first, the request expires and
-// ErrTimeout is returned.
+// returned; when ctx ends with cause ErrShuttingDown, ErrShuttingDown is
+// returned and the request stays in the broker as it is; when the timeout
+// passes first, the request expires and ErrTimeout is returned.
 //
 // Errors: *BadRequestError for a body that is not a JSON object; broker
 // errors (ErrFull, ErrUnavailable, ErrClosed).
@@ -243,6 +262,9 @@ func (s *Service) Relay(ctx context.Context, l warmpool.Lease, route string, bod
 	cb, err := parseCall(body)
 	if err != nil {
 		return Response{}, "", err
+	}
+	if shuttingDown(ctx) {
+		return Response{}, "", fmt.Errorf("relay model call: %w", ErrShuttingDown)
 	}
 	now := s.clock.Now()
 	timeout := s.pools[l.Pool].timeout
@@ -262,9 +284,14 @@ func (s *Service) Relay(ctx context.Context, l warmpool.Lease, route string, bod
 	wctx, cancel := context.WithDeadline(ctx, req.Deadline)
 	resp, err := s.broker.Await(wctx, req.ID)
 	cancel()
-	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+	switch {
+	case err != nil && ctx.Err() == nil && wctx.Err() != nil:
 		resp, err = s.end(ctx, req.ID, End{State: StateExpired, Reason: fmt.Sprintf("no answer within %s", timeout)}, ErrTimeout)
-	} else if err != nil && ctx.Err() != nil {
+	case err != nil && shuttingDown(ctx):
+		// Only this wait ends: the request stays queued (a shared broker
+		// lets another replica's trainers answer it until its deadline).
+		return Response{}, req.ID, fmt.Errorf("await model request %s: %w", req.ID, ErrShuttingDown)
+	case err != nil && ctx.Err() != nil:
 		_, cerr := s.end(ctx, req.ID, End{State: StateCancelled, Reason: disconnectedReason}, nil)
 		if cerr != nil {
 			s.log.Warn("cancel model request", "request", req.ID, "err", cerr)
@@ -327,7 +354,9 @@ type ClaimParams struct {
 
 // Claim claims up to p.Max pending requests of owner (bounded by
 // Config.MaxClaim and Config.MaxClaimBytes), waiting up to p.Wait (at most
-// Config.MaxWait) for the first. *BadRequestError for bad bounds.
+// Config.MaxWait) for the first. *BadRequestError for bad bounds;
+// ErrShuttingDown when ctx ended with that cause before any request was
+// claimed (requests claimed by then are returned).
 func (s *Service) Claim(ctx context.Context, owner string, p ClaimParams) ([]Request, error) {
 	if p.Max < 1 || p.Max > s.cfg.MaxClaim {
 		return nil, badRequest("max", "must be between 1 and %d", s.cfg.MaxClaim)
@@ -337,17 +366,22 @@ func (s *Service) Claim(ctx context.Context, owner string, p ClaimParams) ([]Req
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.Wait+s.cfg.BrokerTimeout)
 	defer cancel()
-	return s.broker.Claim(ctx, ClaimQuery{
+	reqs, err := s.broker.Claim(ctx, ClaimQuery{
 		Owner: owner, Pool: p.Pool, Labels: p.Labels, Max: p.Max, MaxBytes: s.cfg.MaxClaimBytes,
 		Wait: p.Wait, Visibility: s.cfg.Visibility,
 	})
+	if err == nil && len(reqs) == 0 && shuttingDown(ctx) {
+		return nil, fmt.Errorf("claim model requests: %w", ErrShuttingDown)
+	}
+	return reqs, err
 }
 
 // Respond answers request id of owner with status (200, or 400-599 for an
 // error the agent receives), contentType (JSON or text/event-stream) and
 // body. A 200 JSON answer must be a completion object with a "choices"
 // array; an error answer with an empty body gets an OpenAI-shaped error
-// body. Errors: *BadRequestError; ErrNotFound, ErrAnswered, ErrGone.
+// body; an event stream answer must be "data:" lines (checkEventStream).
+// Errors: *BadRequestError; ErrNotFound, ErrAnswered, ErrGone.
 func (s *Service) Respond(ctx context.Context, owner, id string, status int, contentType string, body []byte) error {
 	if err := CheckRequestID(id); err != nil {
 		return badRequest("rid", "%s", err.Error())
@@ -364,8 +398,8 @@ func (s *Service) Respond(ctx context.Context, owner, id string, status int, con
 			body = errorBody(status, "the trainer answered with an error")
 		}
 	case ContentTypeSSE:
-		if len(body) == 0 {
-			return badRequest("body", "an event stream answer must not be empty")
+		if err := checkEventStream(body); err != nil {
+			return err
 		}
 	default:
 		return badRequest("Content-Type", "must be application/json or text/event-stream, got %q", contentType)
@@ -384,16 +418,15 @@ func checkAnswer(status int, body []byte) error {
 		}
 		return nil
 	}
-	if !json.Valid(trimmed) || trimmed[0] != '{' {
-		return badRequest("body", "must be a JSON object")
+	var c struct {
+		Choices json.RawMessage `json:"choices"`
+	}
+	if err := decodeObject(trimmed, "an OpenAI completion or error", &c); err != nil {
+		return err
 	}
 	if status != http.StatusOK {
 		return nil
 	}
-	var c struct {
-		Choices json.RawMessage `json:"choices"`
-	}
-	_ = json.Unmarshal(trimmed, &c)
 	if len(c.Choices) == 0 || c.Choices[0] != '[' {
 		return badRequest("body.choices", "a 200 answer must be an OpenAI completion object with a \"choices\" array")
 	}
@@ -415,8 +448,8 @@ func (s *Service) Transcript(ctx context.Context, leaseID, owner, after string, 
 	if limit == 0 {
 		limit = defaultTranscriptLimit
 	}
-	if limit < 1 || limit > maxTranscriptPageLimit {
-		return nil, false, badRequest("limit", "must be between 1 and %d", maxTranscriptPageLimit)
+	if limit < 1 || limit > MaxTranscriptLimit {
+		return nil, false, badRequest("limit", "must be between 1 and %d", MaxTranscriptLimit)
 	}
 	if after != "" {
 		if err := CheckRequestID(after); err != nil {

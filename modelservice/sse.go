@@ -142,3 +142,31 @@ func jsonString(s string) json.RawMessage {
 	b, _ := json.Marshal(s)
 	return b
 }
+
+// checkEventStream checks that an event stream answer is what an OpenAI
+// server streams: "data:" lines (and ":" comments) in events separated by
+// blank lines, at least one data line. A *BadRequestError for field "body"
+// names the first line that is not.
+func checkEventStream(body []byte) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badRequest("body", "an event stream answer must not be empty")
+	}
+	data := false
+	for i, line := range bytes.Split(body, []byte("\n")) {
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		switch {
+		case len(line) == 0, line[0] == ':':
+		case bytes.HasPrefix(line, []byte("data:")):
+			data = true
+		default:
+			if len(line) > 40 {
+				line = append(line[:40:40], "..."...)
+			}
+			return badRequest("body", "an event stream answer must be server-sent events of \"data: ...\" lines separated by blank lines; line %d is %q", i+1, line)
+		}
+	}
+	if !data {
+		return badRequest("body", "an event stream answer must hold at least one \"data: ...\" line")
+	}
+	return nil
+}

@@ -171,3 +171,32 @@ func TestModelsList_IsJSON(t *testing.T) {
 	require.Len(t, out.Data, 1)
 	assert.Equal(t, "pi", out.Data[0].ID)
 }
+
+func TestCheckEventStream(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		err  string // "" when accepted
+	}{
+		{name: "data lines", body: "data: {}\n\ndata: [DONE]\n\n"},
+		{name: "CRLF and comments", body: ": hi\r\ndata: {}\r\n\r\n"},
+		{name: "empty", body: " \n", err: "must not be empty"},
+		{name: "JSON", body: `{"choices":[]}`, err: `line 1 is "{\"choices\":[]}"`},
+		{name: "event field", body: "event: x\ndata: {}\n\n", err: `line 1 is "event: x"`},
+		{name: "comments only", body: ":a\n\n", err: `at least one "data: ..." line`},
+		{name: "long line cut", body: "data: {}\n" + strings.Repeat("x", 100), err: `line 2 is "` + strings.Repeat("x", 40) + `..."`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkEventStream([]byte(tt.body))
+			if tt.err == "" {
+				assert.NoError(t, err)
+				return
+			}
+			var bad *BadRequestError
+			require.ErrorAs(t, err, &bad)
+			assert.Equal(t, "body", bad.Field)
+			assert.Contains(t, bad.Message, tt.err)
+		})
+	}
+}

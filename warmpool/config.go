@@ -196,6 +196,15 @@ func (p PoolConfig) Validate() error {
 }
 
 // validateEnv checks environment variable names and sizes.
+// ValidateEnv checks env vars of a lease or pool (field names them in the
+// error): shell variable names, at most 64 entries, names at most 128 and
+// values at most 4096 bytes, no NUL. Acquire applies it; callers that
+// validate a request before it reaches the manager use it for the same
+// answer.
+func ValidateEnv(field string, env map[string]string) error {
+	return validateEnv(field, env)
+}
+
 func validateEnv(field string, env map[string]string) error {
 	return validateMap(field, env, envKeyPattern, envKeyDescription)
 }

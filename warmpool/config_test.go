@@ -153,3 +153,21 @@ func TestLoadPools_FileErrorsNameTheFile(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "larger than")
 }
+
+func TestPoolConfig_ProviderOptions_LeavesOutServiceOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		options map[string]string
+		want    map[string]string
+	}{
+		{name: "none", options: nil, want: nil},
+		{name: "only the relay's", options: map[string]string{"model.timeout_seconds": "3", "model.name": "p"}, want: nil},
+		{name: "mixed", options: map[string]string{"model.upstream_url": "http://x", "network": "host"}, want: map[string]string{"network": "host"}},
+		{name: "a provider option that merely contains model", options: map[string]string{"modelx": "1"}, want: map[string]string{"modelx": "1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, warmpool.PoolConfig{Options: tt.options}.ProviderOptions())
+		})
+	}
+}

@@ -799,3 +799,17 @@ func leasedTasks(t *testing.T, leases []warmpool.Lease) map[string]bool {
 	}
 	return tasks
 }
+
+func TestManager_Launch_ModelOptionsNeverReachTheProvider(t *testing.T) {
+	pool := testPool(0, 2)
+	pool.Options = map[string]string{"model.timeout_seconds": "3", "model.name": "policy", "network": "host"}
+	e := newEnv(t, fastConfig(), pool)
+	seen := make(chan map[string]string, 4)
+	e.prov.setOnLaunch(func(_ context.Context, spec providers.Spec, _ []string) error {
+		seen <- spec.Options
+		return nil
+	})
+	_, _, err := e.m.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "default", Owner: "alice"})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"network": "host"}, <-seen)
+}

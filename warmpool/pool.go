@@ -42,7 +42,7 @@ func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger) *pool {
 		provider: prov,
 		spec: providers.Spec{
 			Pool: cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMB: int(cfg.Memory),
-			Env: maps.Clone(cfg.Env), Labels: labels, Options: maps.Clone(cfg.Options),
+			Env: maps.Clone(cfg.Env), Labels: labels, Options: cfg.ProviderOptions(),
 		},
 		log:        log.With("pool", cfg.Name),
 		wake:       make(chan struct{}, 1),

@@ -2,6 +2,7 @@ package warmpool
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -26,7 +27,33 @@ type PoolConfig struct {
 	StartupTimeoutSeconds int               `json:"startup_timeout_seconds,omitempty"`
 	Env                   map[string]string `json:"env,omitempty"`
 	Labels                map[string]string `json:"labels,omitempty"`
-	Options               map[string]string `json:"options,omitempty"`
+	// Options are the provider's settings, except those in a gateway
+	// service's namespace ("model.*": the model relay's, see
+	// docs/MODELSERVICE.md), which never reach the provider
+	// (ProviderOptions).
+	Options map[string]string `json:"options,omitempty"`
+}
+
+// ServiceOptionPrefix is the namespace of the pool options that a gateway
+// service reads from the pools file (the model relay's "model.*"); the
+// provider does not see them.
+const ServiceOptionPrefix = "model."
+
+// ProviderOptions returns a copy of p.Options without the options of
+// gateway services ("model.*"), or nil when none remain: what the pool's
+// provider receives in providers.Spec.Options.
+func (p PoolConfig) ProviderOptions() map[string]string {
+	var out map[string]string
+	for k, v := range p.Options {
+		if strings.HasPrefix(k, ServiceOptionPrefix) {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]string, len(p.Options))
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // MiB is a memory size in mebibytes. In the pools file it is a number (MiB)
