@@ -88,8 +88,11 @@ const (
 )
 
 // maxAPIKeyLen bounds one API key; longer Authorization values are refused
-// before hashing.
-const maxAPIKeyLen = 256
+// before hashing. minAPIKeyLen refuses keys short enough to guess.
+const (
+	maxAPIKeyLen = 256
+	minAPIKeyLen = 16
+)
 
 // Validate checks c (before defaults are applied: zero means default) and
 // returns an error naming the environment variable of the first bad value.
@@ -156,6 +159,9 @@ func checkAPIKey(k string) error {
 	}
 	if len(k) > maxAPIKeyLen {
 		return fmt.Errorf("must be at most %d bytes", maxAPIKeyLen)
+	}
+	if len(k) < minAPIKeyLen {
+		return fmt.Errorf("must be at least %d characters (a short key can be guessed; e.g. openssl rand -hex 24)", minAPIKeyLen)
 	}
 	if strings.IndexFunc(k, func(r rune) bool { return r <= ' ' || r > '~' || r == ',' }) >= 0 {
 		return errors.New("must be printable ASCII without spaces or commas")

@@ -26,6 +26,7 @@ func TestConfig_ValidateNamesTheVariable(t *testing.T) {
 		{name: "empty key", mutate: func(c *Config) { c.APIKeys = []string{""} }, want: "QUARRY_API_KEYS: key 1"},
 		{name: "key with space", mutate: func(c *Config) { c.APIKeys = []string{"a b"} }, want: "QUARRY_API_KEYS: key 1"},
 		{name: "key too long", mutate: func(c *Config) { c.APIKeys = []string{strings.Repeat("k", 300)} }, want: "QUARRY_API_KEYS"},
+		{name: "key too short", mutate: func(c *Config) { c.APIKeys = []string{testKey, "x"} }, want: "QUARRY_API_KEYS: key 2: must be at least 16 characters"},
 		{name: "bad default pool", mutate: func(c *Config) { c.DefaultPool = "a b" }, want: "QUARRY_DEFAULT_POOL"},
 		{name: "negative size", mutate: func(c *Config) { c.MaxJSONBody = -1 }, want: "QUARRY_MAX_JSON_BODY"},
 		{name: "negative duration", mutate: func(c *Config) { c.IdleTimeout = -time.Second }, want: "QUARRY_IDLE_TIMEOUT"},

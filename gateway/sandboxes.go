@@ -200,6 +200,9 @@ func (g *Gateway) getSandbox(c *fiber.Ctx) error {
 
 // heartbeatSandbox handles POST /v1/sandboxes/{id}/heartbeat.
 func (g *Gateway) heartbeatSandbox(c *fiber.Ctx) error {
+	if b := bytes.TrimSpace(c.Body()); len(b) > 0 && !bytes.Equal(b, []byte("{}")) {
+		return warmpool.Invalid("body", "a heartbeat takes no fields: it extends the lease by the lease_seconds it was created with")
+	}
 	return g.endOrExtend(c, g.mgr.Heartbeat)
 }
 

@@ -108,6 +108,11 @@ func TestSandboxes_CreateGetListHeartbeatDelete(t *testing.T) {
 	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
 	assert.False(t, decode[sandbox](t, body).ExpiresAt.Before(sb.ExpiresAt))
+	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, strings.NewReader(" {} "))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "an empty object is no fields: body %s", body)
+	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, strings.NewReader(`{"lease_seconds": 5}`))
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "a field that would be ignored is refused: body %s", body)
+	assert.Contains(t, decodeError(t, body).Message, "heartbeat takes no fields")
 
 	resp, body = call(t, http.MethodDelete, gw.URL+"/v1/sandboxes/"+sb.ID, testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
