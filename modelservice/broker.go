@@ -41,7 +41,8 @@ const (
 	StateClaimed State = "claimed"
 	// StateAnswered: a trainer (or, in passthrough, the upstream) answered.
 	StateAnswered State = "answered"
-	// StateCancelled: the agent disconnected before an answer.
+	// StateCancelled: the agent disconnected, or its lease ended, before an
+	// answer.
 	StateCancelled State = "cancelled"
 	// StateExpired: no answer arrived within the request's timeout.
 	StateExpired State = "expired"

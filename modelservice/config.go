@@ -25,6 +25,7 @@ const (
 	DefaultTranscriptBytes  = 64 << 20
 	DefaultBrokerTimeout    = 10 * time.Second
 	DefaultPurgeInterval    = time.Minute
+	DefaultLeaseCheck       = 10 * time.Second
 	DefaultModelName        = "policy"
 	maxTimeout              = 24 * time.Hour
 	defaultTranscriptLimit  = 100
@@ -87,6 +88,10 @@ type Config struct {
 	// PurgeInterval is how often exchanges past their retention are purged
 	// from brokers that need it (default 1 min).
 	PurgeInterval time.Duration `envconfig:"QUARRY_RELAY_PURGE_INTERVAL"`
+	// LeaseCheck is how often a call waiting for a trainer re-reads its
+	// lease: a call whose lease has ended (released, expired, lost) is
+	// cancelled, so trainers stop being offered it (default 10 s).
+	LeaseCheck time.Duration `envconfig:"QUARRY_RELAY_LEASE_CHECK"`
 	// AllowedUpstreams are the upstream URLs a lease may pick with the
 	// label model.upstream_url (QUARRY_RELAY_ALLOWED_UPSTREAMS, comma
 	// separated; default none).
@@ -105,6 +110,7 @@ func (c Config) WithDefaults() Config {
 	def(&c.MaxWait, DefaultMaxWait)
 	def(&c.BrokerTimeout, DefaultBrokerTimeout)
 	def(&c.PurgeInterval, DefaultPurgeInterval)
+	def(&c.LeaseCheck, DefaultLeaseCheck)
 	if c.MaxClaim == 0 {
 		c.MaxClaim = DefaultMaxClaim
 	}
@@ -137,6 +143,7 @@ func (c Config) Validate() error {
 	positive("RELAY_MAX_WAIT", c.MaxWait)
 	positive("RELAY_BROKER_TIMEOUT", c.BrokerTimeout)
 	positive("RELAY_PURGE_INTERVAL", c.PurgeInterval)
+	positive("RELAY_LEASE_CHECK", c.LeaseCheck)
 	if c.Timeout > maxTimeout {
 		errs = append(errs, fmt.Errorf("QUARRY_RELAY_TIMEOUT: %s is above %s", c.Timeout, maxTimeout))
 	}

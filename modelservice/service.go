@@ -30,6 +30,9 @@ var (
 	// (wrapped) at once and leaves the broker's requests as they are, so
 	// that another replica (shared broker) can still serve them.
 	ErrShuttingDown = errors.New("the gateway is shutting down; retry")
+	// ErrLeaseEnded: the sandbox's lease ended while its call waited for a
+	// trainer; the request was cancelled. It wraps warmpool.ErrLeaseEnded.
+	ErrLeaseEnded = fmt.Errorf("the sandbox's lease ended while its model call waited: %w", warmpool.ErrLeaseEnded)
 )
 
 // shuttingDown reports whether ctx ended because the gateway is shutting
@@ -281,11 +284,11 @@ func (s *Service) Relay(ctx context.Context, l warmpool.Lease, route string, bod
 	if err != nil {
 		return Response{}, req.ID, err
 	}
-	wctx, cancel := context.WithDeadline(ctx, req.Deadline)
-	resp, err := s.broker.Await(wctx, req.ID)
-	cancel()
+	resp, err, expired, ended := s.await(ctx, l, req)
 	switch {
-	case err != nil && ctx.Err() == nil && wctx.Err() != nil:
+	case ended != "":
+		resp, err = s.end(ctx, req.ID, End{State: StateCancelled, Reason: ended}, fmt.Errorf("%w (%s)", ErrLeaseEnded, ended))
+	case expired:
 		resp, err = s.end(ctx, req.ID, End{State: StateExpired, Reason: fmt.Sprintf("no answer within %s", timeout)}, ErrTimeout)
 	case err != nil && shuttingDown(ctx):
 		// Only this wait ends: the request stays queued (a shared broker
@@ -305,6 +308,48 @@ func (s *Service) Relay(ctx context.Context, l warmpool.Lease, route string, bod
 		resp = s.asStream(req, resp, cb.StreamOptions.IncludeUsage)
 	}
 	return resp, req.ID, nil
+}
+
+// await waits for req's answer until its deadline or ctx's end (the
+// broker's error), re-reading lease l every LeaseCheck meanwhile: when the
+// lease has ended it stops and returns why (ended).
+func (s *Service) await(ctx context.Context, l warmpool.Lease, req Request) (resp Response, err error, expired bool, ended string) {
+	for {
+		until, last := s.clock.Now().Add(s.cfg.LeaseCheck), false
+		if !until.Before(req.Deadline) {
+			until, last = req.Deadline, true
+		}
+		wctx, cancel := context.WithDeadline(ctx, until)
+		resp, err = s.broker.Await(wctx, req.ID)
+		timedOut := err != nil && ctx.Err() == nil && wctx.Err() != nil
+		cancel()
+		if !timedOut || last {
+			return resp, err, timedOut, ""
+		}
+		if why := s.leaseEnded(ctx, l.ID); why != "" {
+			return Response{}, err, false, why
+		}
+	}
+}
+
+// leaseEnded re-reads lease id and says how it ended ("" while it is
+// active, or when it cannot be read: the next check tries again).
+func (s *Service) leaseEnded(ctx context.Context, id string) string {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.BrokerTimeout)
+	defer cancel()
+	l, err := s.leases.GetLease(rctx, id)
+	switch {
+	case err != nil:
+		return ""
+	case l.State != warmpool.LeaseActive:
+		if l.Reason != "" {
+			return fmt.Sprintf("lease %s was %s: %s", id, l.State, l.Reason)
+		}
+		return fmt.Sprintf("lease %s was %s", id, l.State)
+	case !s.clock.Now().Before(l.ExpiresAt):
+		return fmt.Sprintf("lease %s expired", id)
+	}
+	return ""
 }
 
 // end cancels request id; an answer that won the race is returned instead

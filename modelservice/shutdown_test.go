@@ -27,12 +27,20 @@ func (m leaseMap) GetLease(_ context.Context, id string) (warmpool.Lease, error)
 // newService builds a Service on a memory broker.
 func newService(t *testing.T) (*modelservice.Service, *membroker.Broker) {
 	t.Helper()
+	return newServiceWith(t, modelservice.Config{}, leaseMap{})
+}
+
+// newServiceWith builds a Service of cfg (its SandboxURL set) reading
+// leases, on a memory broker, with one pool "p".
+func newServiceWith(t *testing.T, cfg modelservice.Config, leases modelservice.LeaseReader) (*modelservice.Service, *membroker.Broker) {
+	t.Helper()
 	tok, err := modelservice.NewTokens([]byte(strings.Repeat("k", modelservice.MinSecretLen)))
 	require.NoError(t, err)
 	b := membroker.New(membroker.Config{})
 	t.Cleanup(func() { _ = b.Close(context.Background()) })
-	svc, err := modelservice.New(modelservice.Config{SandboxURL: "http://127.0.0.1:1"}, modelservice.Deps{
-		Broker: b, Leases: leaseMap{}, Tokens: tok, Pools: []warmpool.PoolConfig{{Name: "p"}}})
+	cfg.SandboxURL = "http://127.0.0.1:1"
+	svc, err := modelservice.New(cfg, modelservice.Deps{
+		Broker: b, Leases: leases, Tokens: tok, Pools: []warmpool.PoolConfig{{Name: "p"}}})
 	require.NoError(t, err)
 	return svc, b
 }
