@@ -44,6 +44,9 @@ import (
 	"github.com/quarryhq/quarry/providers/docker"
 )
 
+// benchKey is the gateway's API key (at least 16 characters).
+const benchKey = "dockerbench-key-0123456789"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -256,7 +259,7 @@ func startGateway(ctx context.Context, o options, bin, gwID string) (*gateway, e
 	defer logf.Close()
 	cmd := exec.Command(filepath.Join(bin, "gateway"))
 	cmd.Env = append(os.Environ(),
-		"QUARRY_ADDR="+addr, "QUARRY_API_KEYS=bench-key", "QUARRY_DATA_DIR="+dir,
+		"QUARRY_ADDR="+addr, "QUARRY_API_KEYS="+benchKey, "QUARRY_DATA_DIR="+dir,
 		"QUARRY_POOLS_FILE="+filepath.Join(dir, "pools.yaml"), "QUARRY_PROVIDER=docker",
 		"QUARRY_AGENT_BINARY="+filepath.Join(bin, "execagent"), "QUARRY_GATEWAY_ID="+gwID,
 		"QUARRY_LOG_LEVEL=warn",
@@ -265,11 +268,11 @@ func startGateway(ctx context.Context, o options, bin, gwID string) (*gateway, e
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	g := &gateway{cmd: cmd, done: make(chan struct{}), c: client.New("http://"+addr, "bench-key"), dir: dir}
+	g := &gateway{cmd: cmd, done: make(chan struct{}), c: client.New("http://"+addr, benchKey), dir: dir}
 	go func() { _ = cmd.Wait(); close(g.done) }()
 	if err := g.waitReady(ctx, size, false, o.waitLimit); err != nil {
+		b, _ := os.ReadFile(filepath.Join(dir, "gateway.log")) // before stop removes dir
 		g.stop()
-		b, _ := os.ReadFile(filepath.Join(dir, "gateway.log"))
 		return nil, fmt.Errorf("%w; gateway log:\n%s", err, tail(b, 4<<10))
 	}
 	return g, nil
