@@ -313,7 +313,7 @@ type FileList struct {
 
 // WriteResult is the answer of PUT /v1/files and PUT /v1/files/archive.
 type WriteResult struct {
-	Path    string `json:"path"`
+	Path    string `json:"path,omitempty"` // files and archives; absent for process stdin
 	Bytes   int64  `json:"bytes"`
 	Entries int    `json:"entries,omitempty"` // archive: entries extracted
 }
