@@ -37,6 +37,7 @@ type Server struct {
 
 	sessions  *sessionTable
 	processes *processTable
+	calls     callTable // requests in flight that carry a call id
 
 	leaseMu    sync.Mutex
 	generation int64
@@ -200,6 +201,7 @@ func (s *Server) routes() http.Handler {
 	fenced("POST "+agentapi.RouteProcessSignal, s.handleProcessSignal)
 	fenced("POST "+agentapi.RouteProcessStdin, s.handleProcessStdin)
 	fenced("POST "+agentapi.RouteProcessCall, s.handleProcessCall)
+	fenced("DELETE "+agentapi.RouteCall, s.handleCallCancel)
 	fenced("GET "+agentapi.RouteFiles, s.handleFileRead)
 	fenced("PUT "+agentapi.RouteFiles, s.handleFileWrite)
 	fenced("DELETE "+agentapi.RouteFiles, s.handleFileDelete)
@@ -229,6 +231,12 @@ func (s *Server) wrap(h handlerFunc, fenced bool) http.Handler {
 				return
 			}
 		}
+		r, done, err := s.calls.begin(r)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		defer done()
 		if err := h(w, r); err != nil {
 			writeError(w, err)
 		}

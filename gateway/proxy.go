@@ -3,7 +3,11 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -99,6 +103,7 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	}
 
 	stream := false
+	callID := "" // set on command calls answered whole: cancelled when the client leaves
 	timeout := g.cfg.RequestTimeout
 	switch rt.kind {
 	case kindUpload:
@@ -129,6 +134,8 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 			stream = true
 		case rt.kind == kindCommand:
 			timeout = g.commandTimeout(req.Body())
+			callID = newCallID()
+			req.Header.Set(agentapi.HeaderCallID, callID)
 		case rt.kind == kindOutput:
 			follow := string(c.Context().QueryArgs().Peek("follow"))
 			stream = sse || follow == "true" || follow == "1"
@@ -147,8 +154,13 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 			return g.agentFailed(c, id, lease, err)
 		}
 		g.passStream(context.WithoutCancel(c.UserContext()), id, lease, up, resp)
-	} else if err := ac.unary.DoTimeout(req, resp, timeout); err != nil {
-		return g.agentFailed(c, id, lease, err)
+	} else {
+		stop := g.cancelIfClientLeaves(c, ac, lease, callID)
+		err := ac.unary.DoTimeout(req, resp, timeout)
+		stop()
+		if err != nil {
+			return g.agentFailed(c, id, lease, err)
+		}
 	}
 	// The agent's Connection: close concerns the gateway's connection to it,
 	// not the client's.
@@ -294,4 +306,57 @@ func (g *Gateway) checkTask(ctx context.Context, lease warmpool.Lease) *leaseGon
 		return nil
 	}
 	return g.leaseGone(l)
+}
+
+// cancelCallTimeout bounds the call that cancels an agent call.
+const cancelCallTimeout = 5 * time.Second
+
+// newCallID returns a random agentapi.HeaderCallID value.
+func newCallID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// cancelIfClientLeaves watches c's client while the agent runs call callID
+// ("": nothing to watch): when the client closes its connection, the agent
+// is asked to cancel the call (DELETE /v1/calls/{id}), so the command stops
+// and its session is free for the client's retry, instead of running to
+// its timeout for nobody. It returns the function that ends the watch.
+func (g *Gateway) cancelIfClientLeaves(c *fiber.Ctx, ac *agentClient, lease warmpool.Lease, callID string) func() {
+	if callID == "" {
+		return func() {}
+	}
+	ctx, stopWatch := g.watchAgent(c, false)
+	stopAfter := context.AfterFunc(ctx, func() {
+		if !errors.Is(context.Cause(ctx), errAgentLeft) {
+			return
+		}
+		if err := g.cancelAgentCall(ac, lease, callID); err != nil {
+			g.log.Debug("cancel agent call", "sandbox", lease.ID, "call", callID, "err", err)
+		}
+	})
+	return func() {
+		stopAfter()
+		stopWatch()
+	}
+}
+
+// cancelAgentCall sends DELETE /v1/calls/{callID} to the agent of lease.
+func (g *Gateway) cancelAgentCall(ac *agentClient, lease warmpool.Lease, callID string) error {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(ac.base + "/v1/calls/" + callID)
+	req.Header.SetMethod(fiber.MethodDelete)
+	req.Header.Set(fiber.HeaderAuthorization, "Bearer "+lease.AgentToken)
+	req.Header.Set(agentapi.HeaderGeneration, strconv.FormatInt(lease.Generation, 10))
+	if err := ac.unary.DoTimeout(req, resp, cancelCallTimeout); err != nil {
+		return err
+	}
+	if s := resp.StatusCode(); s != fiber.StatusNoContent && s != fiber.StatusNotFound {
+		return fmt.Errorf("agent answered %d: %s", s, resp.Body())
+	}
+	return nil
 }

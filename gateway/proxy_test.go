@@ -296,6 +296,37 @@ func TestProxy_FileCreateExclusiveAndDelete_RealAgent(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 }
 
+// A client that gives up on a command answered whole (its HTTP timeout,
+// a retry) ends the command in the sandbox: the session is free for the
+// retry instead of busy until the command's own timeout.
+func TestProxy_ClientLeavingCancelsTheCommand_RealAgent(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	base := gw.URL + "/v1/sandboxes/sbx-1"
+	resp, body := callJSON(t, http.MethodPost, base+"/sessions", testKey, agentapi.SessionCreateRequest{})
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "body %s", body)
+	run := base + "/sessions/" + decode[agentapi.SessionInfo](t, body).ID + "/run"
+
+	impatient := &http.Client{Timeout: 500 * time.Millisecond}
+	req, err := http.NewRequest(http.MethodPost, run, strings.NewReader(`{"command": "sleep 120", "timeout_ms": 300000}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set("Content-Type", "application/json")
+	_, err = impatient.Do(req)
+	require.Error(t, err, "the client gave up")
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, body = callJSON(t, http.MethodPost, run, testKey, agentapi.SessionRunRequest{Command: "echo free"})
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		require.Equal(t, http.StatusConflict, resp.StatusCode, "body %s", body)
+		require.True(t, time.Now().Before(deadline), "the session is still busy with the abandoned command")
+		time.Sleep(50 * time.Millisecond)
+	}
+	assert.Equal(t, "free\n", decode[agentapi.SessionRunResult](t, body).Output)
+}
+
 func TestProxy_ArchiveRoundTrip_RealAgent(t *testing.T) {
 	gw, _, _ := withAgent(t, nil)
 	base := gw.URL + "/v1/sandboxes/sbx-1"

@@ -324,6 +324,14 @@ func (c *Client) writeFile(ctx context.Context, path string, mode fs.FileMode, b
 	return res, err
 }
 
+// CancelCall calls DELETE /v1/calls/{id}: the request in flight that
+// carries HeaderCallID id ends as if its client had gone away (a command is
+// killed, a session run interrupted). An *Error with status 404 when no
+// such call is in flight.
+func (c *Client) CancelCall(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/calls/"+url.PathEscape(id), nil, nil)
+}
+
 // DeleteFile calls DELETE /v1/files: removes a file, a symlink or an empty
 // directory; an *Error with status 404 when nothing is at path.
 func (c *Client) DeleteFile(ctx context.Context, path string) error {

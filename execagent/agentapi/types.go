@@ -16,6 +16,11 @@ const (
 	// lower than the one set by the latest /v1/init. A request without the
 	// header counts as generation 0.
 	HeaderGeneration = "X-Quarry-Generation"
+	// HeaderCallID names a request so that the caller can cancel it while it
+	// runs (DELETE RouteCall): 1 to 64 letters, digits, '-' or '_'. The
+	// gateway sets it on command calls and cancels them when its own client
+	// goes away, so that the command stops (and its session is free again).
+	HeaderCallID = "X-Quarry-Call-Id"
 )
 
 // Routes served by the agent. Every route requires "Authorization: Bearer <token>".
@@ -37,6 +42,7 @@ const (
 	RouteProcessSignal = "/v1/processes/{id}/signal" // POST
 	RouteProcessStdin  = "/v1/processes/{id}/stdin"  // POST raw bytes (?close=true)
 	RouteProcessCall   = "/v1/processes/{id}/call"   // POST one JSON line in, one line out (rpc processes)
+	RouteCall          = "/v1/calls/{id}"            // DELETE: cancel the request carrying that X-Quarry-Call-Id
 	RouteFiles         = "/v1/files"                 // GET read, PUT write (?path=&exclusive=), DELETE remove
 	RouteFileStat      = "/v1/files/stat"            // GET (?path=)
 	RouteFileList      = "/v1/files/list"            // GET (?path=)
