@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -322,23 +323,47 @@ func newCallID() string {
 // ("": nothing to watch): when the client closes its connection, the agent
 // is asked to cancel the call (DELETE /v1/calls/{id}), so the command stops
 // and its session is free for the client's retry, instead of running to
-// its timeout for nobody. It returns the function that ends the watch.
+// its timeout for nobody. The watch starts after disconnectPoll, so the
+// many calls that end sooner cost a timer and nothing else. It returns the
+// function that ends the watch.
 func (g *Gateway) cancelIfClientLeaves(c *fiber.Ctx, ac *agentClient, lease warmpool.Lease, callID string) func() {
 	if callID == "" {
 		return func() {}
 	}
-	ctx, stopWatch := g.watchAgent(c, false)
-	stopAfter := context.AfterFunc(ctx, func() {
-		if !errors.Is(context.Cause(ctx), errAgentLeft) {
+	parent, conn := c.UserContext(), c.Context().Conn()
+	var (
+		mu      sync.Mutex
+		stopped bool
+		stop    func()
+	)
+	t := time.AfterFunc(disconnectPoll, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
 			return
 		}
-		if err := g.cancelAgentCall(ac, lease, callID); err != nil {
-			g.log.Debug("cancel agent call", "sandbox", lease.ID, "call", callID, "err", err)
+		ctx, stopWatch := watchConn(parent, conn, nil)
+		stopAfter := context.AfterFunc(ctx, func() {
+			if !errors.Is(context.Cause(ctx), errAgentLeft) {
+				return
+			}
+			if err := g.cancelAgentCall(ac, lease, callID); err != nil {
+				g.log.Debug("cancel agent call", "sandbox", lease.ID, "call", callID, "err", err)
+			}
+		})
+		stop = func() {
+			stopAfter()
+			stopWatch()
 		}
 	})
 	return func() {
-		stopAfter()
-		stopWatch()
+		t.Stop()
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		if stop != nil {
+			stop()
+		}
 	}
 }
 
