@@ -174,19 +174,6 @@ func (s *connSet) closeUnserved(age time.Duration) {
 	}
 }
 
-// served returns how many open connections had a request reach the app.
-func (s *connSet) served() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for c := range s.m {
-		if c.served.Load() {
-			n++
-		}
-	}
-	return n
-}
-
 // idleListener wraps every accepted connection in an idleConn tracked in set.
 type idleListener struct {
 	net.Listener

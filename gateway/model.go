@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -201,13 +200,8 @@ func (g *Gateway) watchAgent(c *fiber.Ctx, drain bool) (context.Context, func())
 	if drain {
 		draining = g.draining
 	}
-	return watchConn(c.UserContext(), c.Context().Conn(), draining)
-}
-
-// watchConn is watchAgent on parent and conn, which it reads from its own
-// goroutine only.
-func watchConn(parent context.Context, conn net.Conn, draining <-chan struct{}) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(parent)
+	ctx, cancel := context.WithCancelCause(c.UserContext())
+	conn := c.Context().Conn()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -6,13 +6,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -325,45 +323,34 @@ func newCallID() string {
 // and its session is free for the client's retry, instead of running to
 // its timeout for nobody. The watch starts after disconnectPoll, so the
 // many calls that end sooner cost a timer and nothing else. It returns the
-// function that ends the watch.
+// function that ends the watch and waits for it.
 func (g *Gateway) cancelIfClientLeaves(c *fiber.Ctx, ac *agentClient, lease warmpool.Lease, callID string) func() {
 	if callID == "" {
 		return func() {}
 	}
-	parent, conn := c.UserContext(), c.Context().Conn()
-	var (
-		mu      sync.Mutex
-		stopped bool
-		stop    func()
-	)
+	conn := c.Context().Conn()
+	done, finished := make(chan struct{}), make(chan struct{})
 	t := time.AfterFunc(disconnectPoll, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return
-		}
-		ctx, stopWatch := watchConn(parent, conn, nil)
-		stopAfter := context.AfterFunc(ctx, func() {
-			if !errors.Is(context.Cause(ctx), errAgentLeft) {
+		defer close(finished)
+		tick := time.NewTicker(disconnectPoll)
+		defer tick.Stop()
+		for !peerClosed(conn) {
+			select {
+			case <-done:
 				return
+			case <-tick.C:
 			}
-			if err := g.cancelAgentCall(ac, lease, callID); err != nil {
-				g.log.Debug("cancel agent call", "sandbox", lease.ID, "call", callID, "err", err)
-			}
-		})
-		stop = func() {
-			stopAfter()
-			stopWatch()
+		}
+		if err := g.cancelAgentCall(ac, lease, callID); err != nil {
+			g.log.Debug("cancel agent call", "sandbox", lease.ID, "call", callID, "err", err)
 		}
 	})
 	return func() {
-		t.Stop()
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		if stop != nil {
-			stop()
+		if t.Stop() {
+			return // the watch never started
 		}
+		close(done)
+		<-finished
 	}
 }
 

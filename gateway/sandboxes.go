@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -137,7 +136,7 @@ func (r *createRequest) validate() error {
 // listSandboxes handles GET /v1/sandboxes?pool=&state=&label=k=v&limit=.
 func (g *Gateway) listSandboxes(c *fiber.Ctx) error {
 	args := c.Context().QueryArgs()
-	f := warmpool.LeaseFilter{Owner: ownerOf(c), Limit: maxListLimit}
+	f := warmpool.LeaseFilter{Owner: ownerOf(c)}
 	if p := string(args.Peek("pool")); p != "" {
 		if err := checkName(p); err != nil {
 			return warmpool.Invalid("pool", "%s", err.Error())
@@ -152,23 +151,15 @@ func (g *Gateway) listSandboxes(c *fiber.Ctx) error {
 			return warmpool.Invalid("state", "must be active, released, expired or lost")
 		}
 	}
-	for _, l := range args.PeekMulti("label") {
-		k, v, ok := bytes.Cut(l, []byte("="))
-		if !ok || checkName(string(k)) != nil {
-			return warmpool.Invalid("label", "must be key=value with a label key, got %q", l)
-		}
-		if f.Labels == nil {
-			f.Labels = make(map[string]string)
-		}
-		f.Labels[string(k)] = string(v)
+	labels, err := labelFilter(args.PeekMulti("label"))
+	if err != nil {
+		return err
 	}
-	if s := args.Peek("limit"); len(s) > 0 {
-		n, err := strconv.Atoi(string(s))
-		if err != nil || n < 1 || n > maxListLimit {
-			return warmpool.Invalid("limit", "must be between 1 and %d", maxListLimit)
-		}
-		f.Limit = n
+	limit, err := queryInt(args, "limit", maxListLimit, 1, maxListLimit)
+	if err != nil {
+		return err
 	}
+	f.Labels, f.Limit = labels, int(limit)
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
 	defer cancel()
 	leases, err := g.mgr.List(ctx, f)
