@@ -19,6 +19,7 @@ if [ "$QUARRY_PROVIDER" = docker ]; then
 fi
 export QUARRY_POOLS_FILE="${QUARRY_POOLS_FILE:-$PWD/config/pools.yaml}"
 export QUARRY_AGENT_BINARY="${QUARRY_AGENT_BINARY:-$PWD/bin/execagent}"
+gateway_bin="${QUARRY_GATEWAY_BINARY:-$PWD/bin/gateway}" # the tests run their own build
 mkdir -p "$QUARRY_DATA_DIR"
 if [ -z "${QUARRY_ENVS_FILE:-}" ] && [ "$QUARRY_POOLS_FILE" = "$PWD/config/pools.yaml" ]; then
   # The example envs (examples/envs) on the default pool, with their paths on this machine.
@@ -36,7 +37,7 @@ if curl -sk -o /dev/null --max-time 2 "$url/healthz" 2>/dev/null; then
   exit 1
 fi
 
-./bin/gateway &
+"$gateway_bin" &
 gw=$!
 trap 'kill -TERM $gw 2>/dev/null; wait $gw 2>/dev/null' INT TERM
 
