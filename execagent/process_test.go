@@ -198,8 +198,10 @@ func TestProcess_Stdin_WriteAndClose(t *testing.T) {
 		out, err := a.client.ProcessOutput(ctx, p.ID, 0, 0)
 		return err == nil && out.Data == "got:{\"a\":1}\n"
 	}, "first line not echoed")
-	_, err = a.client.WriteProcessStdin(ctx, p.ID, strings.NewReader("last\n"), true)
+	var raw map[string]any
+	err = a.client.DoRaw(ctx, http.MethodPost, "/v1/processes/"+p.ID+"/stdin?close=true", strings.NewReader("last\n"), &raw)
 	require.NoError(t, err)
+	assert.Equal(t, map[string]any{"bytes": 5.0}, raw, "the answer is the byte count, with no empty path")
 	info := waitProcessExited(t, a, p.ID)
 	assert.Equal(t, 0, *info.ExitCode)
 	out, err := a.client.ProcessOutput(ctx, p.ID, 0, 0)
