@@ -9,20 +9,6 @@ import (
 // its env is no longer in the registry. Callers answer 409.
 var ErrNotEnv = errors.New("sandbox has no env")
 
-// ValidationError is bad input that a person can fix: Field names the
-// request field (JSON name), Message says what is wrong with it.
-type ValidationError struct {
-	Field   string
-	Message string
-}
-
-func (e *ValidationError) Error() string { return e.Field + ": " + e.Message }
-
-// invalid returns a *ValidationError for field.
-func invalid(field, format string, args ...any) error {
-	return &ValidationError{Field: field, Message: fmt.Sprintf(format, args...)}
-}
-
 // Kind classifies an *Error.
 type Kind string
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // Operations of the JSON-lines protocol (docs/ENVS.md).
@@ -52,7 +54,7 @@ type request struct {
 // may be nil; options, when not empty, must be a JSON object.
 func EncodeReset(seed *int64, options json.RawMessage) (json.RawMessage, error) {
 	if len(options) > 0 && !isObject(options) {
-		return nil, invalid("options", "must be a JSON object")
+		return nil, badinput.New("options", "must be a JSON object")
 	}
 	return json.Marshal(request{Op: OpReset, Seed: seed, Options: options})
 }
@@ -61,10 +63,10 @@ func EncodeReset(seed *int64, options json.RawMessage) (json.RawMessage, error) 
 // must be present.
 func EncodeStep(action json.RawMessage) (json.RawMessage, error) {
 	if len(bytes.TrimSpace(action)) == 0 {
-		return nil, invalid("action", "required: any JSON value the env accepts")
+		return nil, badinput.New("action", "required: any JSON value the env accepts")
 	}
 	if !json.Valid(action) {
-		return nil, invalid("action", "must be a JSON value")
+		return nil, badinput.New("action", "must be a JSON value")
 	}
 	return json.Marshal(request{Op: OpStep, Action: action})
 }

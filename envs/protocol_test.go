@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,7 +31,7 @@ func TestEncode_Requests(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := tt.encode()
 			if tt.errField != "" {
-				var ve *ValidationError
+				var ve *badinput.Error
 				require.ErrorAs(t, err, &ve)
 				assert.Equal(t, tt.errField, ve.Field)
 				return

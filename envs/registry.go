@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"sigs.k8s.io/yaml"
 )
 
@@ -115,11 +116,11 @@ func LoadRegistry(path string) (*Registry, error) {
 
 // ParseRegistry parses a registry document (YAML or JSON) strictly: an
 // unknown or duplicate field is an error that names it. Every env is
-// validated (NewRegistry); errors are *ValidationError naming the field as
+// validated (NewRegistry); errors are *badinput.Error naming the field as
 // envs[i].field.
 func ParseRegistry(data []byte) (*Registry, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, invalid("envs", "the envs file is empty; it needs {\"envs\": [...]} with at least one env")
+		return nil, badinput.New("envs", "the envs file is empty; it needs {\"envs\": [...]} with at least one env")
 	}
 	var doc RegistryFile
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
@@ -135,10 +136,10 @@ func ParseRegistry(data []byte) (*Registry, error) {
 // one env; ids must be unique.
 func NewRegistry(specs []Spec) (*Registry, error) {
 	if len(specs) == 0 {
-		return nil, invalid("envs", "at least one env is required")
+		return nil, badinput.New("envs", "at least one env is required")
 	}
 	if len(specs) > maxEnvs {
-		return nil, invalid("envs", "has %d envs; at most %d are allowed", len(specs), maxEnvs)
+		return nil, badinput.New("envs", "has %d envs; at most %d are allowed", len(specs), maxEnvs)
 	}
 	r := &Registry{byID: make(map[string]Spec, len(specs))}
 	for i, s := range specs {
@@ -147,15 +148,15 @@ func NewRegistry(specs []Spec) (*Registry, error) {
 			return nil, err
 		}
 		if _, dup := r.byID[s.ID]; dup {
-			return nil, invalid(field+".id", "duplicate env id %q", s.ID)
+			return nil, badinput.New(field+".id", "duplicate env id %q", s.ID)
 		}
 		if s.Defaults != nil {
 			b, err := json.Marshal(s.Defaults)
 			if err != nil {
-				return nil, invalid(field+".defaults", "cannot be encoded as JSON: %s", err.Error())
+				return nil, badinput.New(field+".defaults", "cannot be encoded as JSON: %s", err.Error())
 			}
 			if len(b) > maxDefaultsBytes {
-				return nil, invalid(field+".defaults", "is %d bytes as JSON; at most %d are allowed", len(b), maxDefaultsBytes)
+				return nil, badinput.New(field+".defaults", "is %d bytes as JSON; at most %d are allowed", len(b), maxDefaultsBytes)
 			}
 			s.defaults = b
 		}
@@ -169,35 +170,35 @@ func NewRegistry(specs []Spec) (*Registry, error) {
 func (s Spec) validate(field string) error {
 	switch {
 	case !envIDPattern.MatchString(s.ID):
-		return invalid(field+".id", "must be 1 to 63 letters, digits, '.', '_', '/' or '-', starting with a letter or digit, got %q", s.ID)
+		return badinput.New(field+".id", "must be 1 to 63 letters, digits, '.', '_', '/' or '-', starting with a letter or digit, got %q", s.ID)
 	case s.Pool == "":
-		return invalid(field+".pool", "required: the pool the env's sandboxes are leased from")
+		return badinput.New(field+".pool", "required: the pool the env's sandboxes are leased from")
 	case len(s.Command) == 0 || s.Command[0] == "":
-		return invalid(field+".command", "required: the env program's argv, e.g. [\"python3\", \"/opt/envs/game.py\"]")
+		return badinput.New(field+".command", "required: the env program's argv, e.g. [\"python3\", \"/opt/envs/game.py\"]")
 	case len(s.Command) > maxArgs:
-		return invalid(field+".command", "has %d arguments; at most %d are allowed", len(s.Command), maxArgs)
+		return badinput.New(field+".command", "has %d arguments; at most %d are allowed", len(s.Command), maxArgs)
 	case len(s.Env) > maxEnvVars:
-		return invalid(field+".env", "has %d variables; at most %d are allowed", len(s.Env), maxEnvVars)
+		return badinput.New(field+".env", "has %d variables; at most %d are allowed", len(s.Env), maxEnvVars)
 	case s.StepTimeoutMS < 0 || s.StepTimeoutMS > MaxCallTimeout.Milliseconds():
-		return invalid(field+".step_timeout_ms", "must be between 0 (the default, %d) and %d", DefaultStepTimeout.Milliseconds(), MaxCallTimeout.Milliseconds())
+		return badinput.New(field+".step_timeout_ms", "must be between 0 (the default, %d) and %d", DefaultStepTimeout.Milliseconds(), MaxCallTimeout.Milliseconds())
 	case s.ResetTimeoutMS < 0 || s.ResetTimeoutMS > MaxCallTimeout.Milliseconds():
-		return invalid(field+".reset_timeout_ms", "must be between 0 (the default, %d) and %d", DefaultResetTimeout.Milliseconds(), MaxCallTimeout.Milliseconds())
+		return badinput.New(field+".reset_timeout_ms", "must be between 0 (the default, %d) and %d", DefaultResetTimeout.Milliseconds(), MaxCallTimeout.Milliseconds())
 	case s.LeaseSeconds < 0:
-		return invalid(field+".lease_seconds", "must be 0 (the pool's default) or positive")
+		return badinput.New(field+".lease_seconds", "must be 0 (the pool's default) or positive")
 	case strings.ContainsRune(s.Cwd, 0):
-		return invalid(field+".cwd", "contains a NUL byte")
+		return badinput.New(field+".cwd", "contains a NUL byte")
 	}
 	for i, a := range s.Command {
 		if strings.ContainsRune(a, 0) {
-			return invalid(fmt.Sprintf("%s.command[%d]", field, i), "contains a NUL byte")
+			return badinput.New(fmt.Sprintf("%s.command[%d]", field, i), "contains a NUL byte")
 		}
 	}
 	for k, v := range s.Env {
 		if !envNamePattern.MatchString(k) {
-			return invalid(field+".env", "invalid variable name %q", k)
+			return badinput.New(field+".env", "invalid variable name %q", k)
 		}
 		if strings.ContainsRune(v, 0) {
-			return invalid(field+".env."+k, "contains a NUL byte")
+			return badinput.New(field+".env."+k, "contains a NUL byte")
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // LabelEnv is the lease label that names the env of a sandbox made by Make.
@@ -102,15 +103,15 @@ func (s *Service) Registry() *Registry { return s.reg }
 
 // Make leases a sandbox from the env's pool (labelled LabelEnv=envID) and
 // starts the env program in it; it returns the sandbox id. An unknown env
-// is a *ValidationError for env_id. When the program cannot be started the
+// is a *badinput.Error for env_id. When the program cannot be started the
 // sandbox is released and the error is an *Error of KindEnv. A replayed
 // idempotency key returns the earlier sandbox (its program is left as it
-// is); one that made another env's sandbox is a *ValidationError for
+// is); one that made another env's sandbox is a *badinput.Error for
 // env_id, and that sandbox is left alone.
 func (s *Service) Make(ctx context.Context, owner, envID string, opts MakeOptions) (string, error) {
 	spec, ok := s.reg.Get(envID)
 	if !ok {
-		return "", invalid("env_id", "unknown env %q", envID)
+		return "", badinput.New("env_id", "unknown env %q", envID)
 	}
 	labels := maps.Clone(opts.Labels)
 	if labels == nil {
@@ -132,7 +133,7 @@ func (s *Service) Make(ctx context.Context, owner, envID string, opts MakeOption
 	if err == nil && sbx.Labels[LabelEnv] != envID {
 		// A replayed key that made another env's sandbox: that sandbox is
 		// not this call's to start or release.
-		return "", invalid("env_id", "the Idempotency-Key was first used to make env %q (sandbox %s), not %q: a key makes one sandbox; use a new key",
+		return "", badinput.New("env_id", "the Idempotency-Key was first used to make env %q (sandbox %s), not %q: a key makes one sandbox; use a new key",
 			sbx.Labels[LabelEnv], id, envID)
 	}
 	if err == nil {
@@ -191,7 +192,7 @@ func (s *Service) open(ctx context.Context, owner, id string) (Sandbox, Spec, er
 // options, or the env's defaults when options is empty) to the env program,
 // starting a fresh program first when none is running (never started,
 // crashed, killed after a protocol error or timeout). Errors: whatever Open
-// returns; ErrNotEnv; *ValidationError for options; *Error for the
+// returns; ErrNotEnv; *badinput.Error for options; *Error for the
 // program's failures and refusals; *agentapi.Error for the agent's other
 // refusals (e.g. busy with a concurrent call).
 func (s *Service) Reset(ctx context.Context, owner, id string, seed *int64, options json.RawMessage) (ResetResult, error) {

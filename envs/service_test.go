@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // fakeSandboxes is a scriptable Sandboxes: the function fields replace an
@@ -107,7 +108,7 @@ func TestService_Make_LabelsAndStartsTheProgram(t *testing.T) {
 	assert.Equal(t, agentapi.ProcessStartRequest{Argv: []string{"python3", "game.py"}, Name: ProcessName, RPC: true}, ag.starts[0])
 
 	_, err = svc.Make(context.Background(), "owner-1", "nope", MakeOptions{})
-	var ve *ValidationError
+	var ve *badinput.Error
 	require.ErrorAs(t, err, &ve)
 	assert.Equal(t, "env_id", ve.Field)
 }
@@ -119,7 +120,7 @@ func TestService_Make_ReplayedKeyOfAnotherEnvIsRefusedAndLeftAlone(t *testing.T)
 		return Sandbox{Labels: map[string]string{LabelEnv: "other"}, Agent: ag}, nil
 	}
 	_, err := svc.Make(context.Background(), "owner-1", "game", MakeOptions{IdempotencyKey: "k"})
-	var ve *ValidationError
+	var ve *badinput.Error
 	require.ErrorAs(t, err, &ve)
 	assert.Equal(t, "env_id", ve.Field)
 	assert.Contains(t, ve.Message, `first used to make env "other"`)

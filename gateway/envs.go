@@ -15,6 +15,7 @@ import (
 
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -98,14 +99,14 @@ func (g *Gateway) makeEnv(c *fiber.Ctx) error {
 	}
 	idem := string(c.Request().Header.Peek("Idempotency-Key"))
 	if len(idem) > maxIdempotencyLen || !printable(idem) {
-		return warmpool.Invalid("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
+		return badinput.New("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
 	}
 	var req makeEnvRequest
 	if err := g.decodeEnvBody(c, &req, makeEnvFields); err != nil {
 		return err
 	}
 	if req.EnvID == "" {
-		return warmpool.Invalid("env_id", "required: one of GET /v1/envs")
+		return badinput.New("env_id", "required: one of GET /v1/envs")
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.CreateTimeout)
 	defer cancel()
@@ -206,7 +207,7 @@ func (e envSandboxes) Acquire(ctx context.Context, req envs.AcquireRequest) (str
 		Env: req.Env, Labels: req.Labels, IdempotencyKey: req.IdempotencyKey,
 	})
 	if errors.Is(err, warmpool.ErrNotFound) {
-		return "", warmpool.Invalid("env_id", "the env's pool %q does not exist on this gateway", req.Pool)
+		return "", badinput.New("env_id", "the env's pool %q does not exist on this gateway", req.Pool)
 	}
 	if err != nil {
 		return "", err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
@@ -112,7 +113,7 @@ func describe(err error) answer {
 	}
 	var (
 		api   *apiError
-		ve    *warmpool.ValidationError
+		ve    *badinput.Error
 		fe    *fiber.Error
 		gone  *leaseGoneError
 		ae    *agentapi.Error
@@ -168,7 +169,7 @@ func describe(err error) answer {
 // for any other error.
 func describeModel(subject string, err error) (answer, bool) {
 	var (
-		bad *modelservice.BadRequestError
+		bad *badinput.Error
 		up  *modelservice.UpstreamError
 	)
 	switch {
@@ -208,7 +209,7 @@ func describeModel(subject string, err error) (answer, bool) {
 // error.
 func describeEnv(subject string, err error) (answer, bool) {
 	var (
-		bad *envs.ValidationError
+		bad *badinput.Error
 		ee  *envs.Error
 	)
 	switch {

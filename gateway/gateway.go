@@ -27,7 +27,7 @@ import (
 type Manager interface {
 	// Acquire leases a sandbox from req.Pool. replayed is true when
 	// req.IdempotencyKey was used before by the same owner (the earlier
-	// lease is returned). Bad input is a *warmpool.ValidationError; a full
+	// lease is returned). Bad input is a *badinput.Error; a full
 	// pool is warmpool.ErrNoCapacity.
 	Acquire(ctx context.Context, req warmpool.AcquireRequest) (lease warmpool.Lease, replayed bool, err error)
 	// Get returns the lease in any state; warmpool.ErrNotFound when unknown

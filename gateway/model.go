@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -272,7 +273,7 @@ func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
 	p := modelservice.ClaimParams{Max: int(maxN), Wait: time.Duration(wait) * time.Millisecond}
 	if s := string(args.Peek("pool")); s != "" {
 		if err := checkName(s); err != nil {
-			return warmpool.Invalid("pool", "%s", err.Error())
+			return badinput.New("pool", "%s", err.Error())
 		}
 		p.Pool = s
 	}
@@ -313,7 +314,7 @@ func queryInt(args *fasthttp.Args, name string, def, lo, hi int64) (int64, error
 	}
 	n, err := strconv.ParseInt(string(s), 10, 64)
 	if err != nil || n < lo || n > hi {
-		return 0, warmpool.Invalid(name, "must be a whole number between %d and %d, got %q", lo, hi, s)
+		return 0, badinput.New(name, "must be a whole number between %d and %d, got %q", lo, hi, s)
 	}
 	return n, nil
 }
@@ -324,7 +325,7 @@ func labelFilter(vals [][]byte) (map[string]string, error) {
 	for _, l := range vals {
 		k, v, ok := bytes.Cut(l, []byte("="))
 		if !ok || checkName(string(k)) != nil {
-			return nil, warmpool.Invalid("label", "must be key=value with a label key, got %q", l)
+			return nil, badinput.New("label", "must be key=value with a label key, got %q", l)
 		}
 		if labels == nil {
 			labels = make(map[string]string)
@@ -370,7 +371,7 @@ func (g *Gateway) answerModelRequest(c *fiber.Ctx) error {
 	status := http.StatusOK
 	if s := c.Context().QueryArgs().Peek("status"); len(s) > 0 {
 		if status, err = strconv.Atoi(string(s)); err != nil {
-			return warmpool.Invalid("status", "must be an HTTP status, got %q", s)
+			return badinput.New("status", "must be an HTTP status, got %q", s)
 		}
 	}
 	ct := string(c.Request().Header.ContentType())

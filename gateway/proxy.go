@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -211,7 +212,7 @@ func buildAgentRequest(c *fiber.Ctx, rt *proxyRoute, base string, lease warmpool
 		name := p[1:]
 		v := c.Params(name)
 		if err := checkID(v); err != nil {
-			return warmpool.Invalid(name, "%s", err.Error())
+			return badinput.New(name, "%s", err.Error())
 		}
 		uri = append(uri, v...)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/bytebufferpool"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -72,7 +73,7 @@ var createFields = []string{"pool", "lease_seconds", "env", "labels"}
 func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	idem := string(c.Request().Header.Peek("Idempotency-Key"))
 	if len(idem) > maxIdempotencyLen || !printable(idem) {
-		return warmpool.Invalid("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
+		return badinput.New("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
 	}
 	bb, err := readBody(c, g.cfg.MaxJSONBody)
 	if err != nil {
@@ -97,7 +98,7 @@ func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 		Env: req.Env, Labels: req.Labels, IdempotencyKey: idem,
 	})
 	if errors.Is(err, warmpool.ErrNotFound) {
-		return warmpool.Invalid("pool", "unknown pool %q", req.Pool)
+		return badinput.New("pool", "unknown pool %q", req.Pool)
 	}
 	if err != nil {
 		return err
@@ -111,23 +112,23 @@ func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 
 func (r *createRequest) validate() error {
 	if err := checkName(r.Pool); err != nil {
-		return warmpool.Invalid("pool", "%s", err.Error())
+		return badinput.New("pool", "%s", err.Error())
 	}
 	if r.LeaseSeconds < 0 || r.LeaseSeconds > maxLeaseSeconds {
-		return warmpool.Invalid("lease_seconds", "must be between 0 (the pool's default) and %d", maxLeaseSeconds)
+		return badinput.New("lease_seconds", "must be between 0 (the pool's default) and %d", maxLeaseSeconds)
 	}
 	if err := warmpool.ValidateEnv("env", r.Env); err != nil {
 		return err // the manager's own limits: a lease keeps its env
 	}
 	if len(r.Labels) > maxLabels {
-		return warmpool.Invalid("labels", "at most %d labels", maxLabels)
+		return badinput.New("labels", "at most %d labels", maxLabels)
 	}
 	for _, k := range sortedKeys(r.Labels) {
 		if err := checkName(k); err != nil {
-			return warmpool.Invalid("labels", "key %q: %s", k, err.Error())
+			return badinput.New("labels", "key %q: %s", k, err.Error())
 		}
 		if v := r.Labels[k]; len(v) > maxLabelValueLen || !printable(v) {
-			return warmpool.Invalid("labels."+k, "must be at most %d printable ASCII characters", maxLabelValueLen)
+			return badinput.New("labels."+k, "must be at most %d printable ASCII characters", maxLabelValueLen)
 		}
 	}
 	return nil
@@ -139,7 +140,7 @@ func (g *Gateway) listSandboxes(c *fiber.Ctx) error {
 	f := warmpool.LeaseFilter{Owner: ownerOf(c)}
 	if p := string(args.Peek("pool")); p != "" {
 		if err := checkName(p); err != nil {
-			return warmpool.Invalid("pool", "%s", err.Error())
+			return badinput.New("pool", "%s", err.Error())
 		}
 		f.Pool = p
 	}
@@ -148,7 +149,7 @@ func (g *Gateway) listSandboxes(c *fiber.Ctx) error {
 		case warmpool.LeaseActive, warmpool.LeaseReleased, warmpool.LeaseExpired, warmpool.LeaseLost:
 			f.State = st
 		default:
-			return warmpool.Invalid("state", "must be active, released, expired or lost")
+			return badinput.New("state", "must be active, released, expired or lost")
 		}
 	}
 	labels, err := labelFilter(args.PeekMulti("label"))
@@ -192,7 +193,7 @@ func (g *Gateway) getSandbox(c *fiber.Ctx) error {
 // heartbeatSandbox handles POST /v1/sandboxes/{id}/heartbeat.
 func (g *Gateway) heartbeatSandbox(c *fiber.Ctx) error {
 	if b := bytes.TrimSpace(c.Body()); len(b) > 0 && !bytes.Equal(b, []byte("{}")) {
-		return warmpool.Invalid("body", "a heartbeat takes no fields: it extends the lease by the lease_seconds it was created with")
+		return badinput.New("body", "a heartbeat takes no fields: it extends the lease by the lease_seconds it was created with")
 	}
 	return g.endOrExtend(c, g.mgr.Heartbeat)
 }
@@ -291,7 +292,7 @@ func (g *Gateway) listPools(c *fiber.Ctx) error {
 func pathID(c *fiber.Ctx, name string) (string, error) {
 	id := c.Params(name)
 	if err := checkID(id); err != nil {
-		return "", warmpool.Invalid(name, "%s", err.Error())
+		return "", badinput.New(name, "%s", err.Error())
 	}
 	return strings.Clone(id), nil
 }
@@ -347,7 +348,7 @@ func sortedKeys(m map[string]string) []string {
 }
 
 // decodeStrict decodes a JSON object into v, refusing fields not in allowed
-// and answering every problem as a *warmpool.ValidationError naming the
+// and answering every problem as a *badinput.Error naming the
 // field. An empty body is an empty object.
 func decodeStrict(body []byte, v any, allowed []string) error {
 	body = bytes.TrimSpace(body)
@@ -366,7 +367,7 @@ func decodeStrict(body []byte, v any, allowed []string) error {
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return warmpool.Invalid(unknown[0], "unknown field (known: %s)", strings.Join(allowed, ", "))
+		return badinput.New(unknown[0], "unknown field (known: %s)", strings.Join(allowed, ", "))
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		return jsonError(err)
@@ -382,15 +383,15 @@ func jsonError(err error) error {
 	)
 	switch {
 	case errors.As(err, &typ) && typ.Field != "":
-		return warmpool.Invalid(typ.Field, "must be %s, not %s", jsonType(typ.Type.Kind().String()), typ.Value)
+		return badinput.New(typ.Field, "must be %s, not %s", jsonType(typ.Type.Kind().String()), typ.Value)
 	case errors.As(err, &typ):
-		return warmpool.Invalid("body", "must be a JSON object, not %s", typ.Value)
+		return badinput.New("body", "must be a JSON object, not %s", typ.Value)
 	case errors.As(err, &syn):
-		return warmpool.Invalid("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
+		return badinput.New("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return warmpool.Invalid("body", "truncated JSON")
+		return badinput.New("body", "truncated JSON")
 	default:
-		return warmpool.Invalid("body", "invalid JSON: %s", err.Error())
+		return badinput.New("body", "invalid JSON: %s", err.Error())
 	}
 }
 

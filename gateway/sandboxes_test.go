@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -206,7 +207,7 @@ func TestSandboxes_ManagerErrorsMapped(t *testing.T) {
 		message    string
 		retryAfter bool
 	}{
-		{name: "validation", err: warmpool.Invalid("lease_seconds", "above the pool's maximum 3600"), status: 400, code: "bad_request", message: "lease_seconds: above the pool's maximum 3600"},
+		{name: "validation", err: badinput.New("lease_seconds", "above the pool's maximum 3600"), status: 400, code: "bad_request", message: "lease_seconds: above the pool's maximum 3600"},
 		{name: "unknown pool", err: fmt.Errorf("acquire: %w", warmpool.ErrNotFound), status: 400, code: "bad_request", message: "pool:"},
 		{name: "no capacity", err: fmt.Errorf("reserve: %w", warmpool.ErrNoCapacity), status: 503, code: "no_capacity", retryAfter: true},
 		{name: "provider no capacity", err: &providers.LaunchError{Pool: "default", Reason: "quota", Err: providers.ErrNoCapacity}, status: 503, code: "no_capacity", retryAfter: true},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -193,7 +194,7 @@ type poolSettings struct {
 }
 
 // parsePoolOptions reads the model.* options of each pool. Errors are
-// *warmpool.ValidationError naming "pools[i].options.<key>".
+// *badinput.Error naming "pools[i].options.<key>".
 func parsePoolOptions(pools []warmpool.PoolConfig, def time.Duration) (map[string]poolSettings, error) {
 	out := make(map[string]poolSettings, len(pools))
 	var errs []error
@@ -203,13 +204,13 @@ func parsePoolOptions(pools []warmpool.PoolConfig, def time.Duration) (map[strin
 		if v, ok := p.Options[OptionTimeout]; ok {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > int(maxTimeout/time.Second) {
-				errs = append(errs, warmpool.Invalid(field(OptionTimeout), "%q: want whole seconds between 1 and %d", v, int(maxTimeout/time.Second)))
+				errs = append(errs, badinput.New(field(OptionTimeout), "%q: want whole seconds between 1 and %d", v, int(maxTimeout/time.Second)))
 			}
 			ps.timeout = time.Duration(n) * time.Second
 		}
 		if v, ok := p.Options[OptionUpstreamURL]; ok {
 			if err := checkURL(v); err != nil {
-				errs = append(errs, warmpool.Invalid(field(OptionUpstreamURL), "%s", err.Error()))
+				errs = append(errs, badinput.New(field(OptionUpstreamURL), "%s", err.Error()))
 			}
 			ps.upstream = strings.TrimRight(v, "/")
 		}

@@ -37,7 +37,7 @@ type Forwarded struct {
 // method and route are the agent's ("POST chat/completions", "GET
 // models"); body is sent verbatim. ctx ending before the headers arrive
 // (the agent disconnected) cancels the call. The answer must then be read
-// and Finish called. Errors: *BadRequestError for a POST body that is not
+// and Finish called. Errors: *badinput.Error for a POST body that is not
 // a JSON object; *UpstreamError when the upstream cannot be reached.
 func (s *Service) Forward(ctx context.Context, l warmpool.Lease, method, route string, body []byte, upstream, key string) (*Forwarded, error) {
 	record := method == http.MethodPost

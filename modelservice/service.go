@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -39,19 +40,6 @@ var (
 // down (its cause is ErrShuttingDown).
 func shuttingDown(ctx context.Context) bool {
 	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrShuttingDown)
-}
-
-// BadRequestError is bad input that the caller can fix: Field names what
-// is wrong (a query parameter, "body", "body.choices").
-type BadRequestError struct {
-	Field   string
-	Message string
-}
-
-func (e *BadRequestError) Error() string { return e.Field + ": " + e.Message }
-
-func badRequest(field, format string, args ...any) error {
-	return &BadRequestError{Field: field, Message: fmt.Sprintf(format, args...)}
 }
 
 // UpstreamError: a passthrough upstream could not be reached or failed.
@@ -233,19 +221,19 @@ func parseCall(body []byte) (callBody, error) {
 }
 
 // decodeObject decodes body, which must be a JSON object (what names what
-// it should be), into v. A *BadRequestError for field "body" says what is
+// it should be), into v. A *badinput.Error for field "body" says what is
 // wrong: not an object, or where its JSON is malformed.
 func decodeObject(body []byte, what string, v any) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return badRequest("body", "must be a JSON object (%s)", what)
+		return badinput.New("body", "must be a JSON object (%s)", what)
 	}
 	if err := json.Unmarshal(trimmed, v); err != nil {
 		var syn *json.SyntaxError
 		if errors.As(err, &syn) {
-			return badRequest("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
+			return badinput.New("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
 		}
-		return badRequest("body", "%s", err.Error())
+		return badinput.New("body", "%s", err.Error())
 	}
 	return nil
 }
@@ -259,7 +247,7 @@ func decodeObject(body []byte, what string, v any) error {
 // returned and the request stays in the broker as it is; when the timeout
 // passes first, the request expires and ErrTimeout is returned.
 //
-// Errors: *BadRequestError for a body that is not a JSON object; broker
+// Errors: *badinput.Error for a body that is not a JSON object; broker
 // errors (ErrFull, ErrUnavailable, ErrClosed).
 func (s *Service) Relay(ctx context.Context, l warmpool.Lease, route string, body []byte) (Response, string, error) {
 	cb, err := parseCall(body)
@@ -399,15 +387,15 @@ type ClaimParams struct {
 
 // Claim claims up to p.Max pending requests of owner (bounded by
 // Config.MaxClaim and Config.MaxClaimBytes), waiting up to p.Wait (at most
-// Config.MaxWait) for the first. *BadRequestError for bad bounds;
+// Config.MaxWait) for the first. *badinput.Error for bad bounds;
 // ErrShuttingDown when ctx ended with that cause before any request was
 // claimed (requests claimed by then are returned).
 func (s *Service) Claim(ctx context.Context, owner string, p ClaimParams) ([]Request, error) {
 	if p.Max < 1 || p.Max > s.cfg.MaxClaim {
-		return nil, badRequest("max", "must be between 1 and %d", s.cfg.MaxClaim)
+		return nil, badinput.New("max", "must be between 1 and %d", s.cfg.MaxClaim)
 	}
 	if p.Wait < 0 || p.Wait > s.cfg.MaxWait {
-		return nil, badRequest("wait_ms", "must be between 0 and %d", s.cfg.MaxWait.Milliseconds())
+		return nil, badinput.New("wait_ms", "must be between 0 and %d", s.cfg.MaxWait.Milliseconds())
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.Wait+s.cfg.BrokerTimeout)
 	defer cancel()
@@ -426,13 +414,13 @@ func (s *Service) Claim(ctx context.Context, owner string, p ClaimParams) ([]Req
 // body. A 200 JSON answer must be a completion object with a "choices"
 // array; an error answer with an empty body gets an OpenAI-shaped error
 // body; an event stream answer must be "data:" lines (checkEventStream).
-// Errors: *BadRequestError; ErrNotFound, ErrAnswered, ErrGone.
+// Errors: *badinput.Error; ErrNotFound, ErrAnswered, ErrGone.
 func (s *Service) Respond(ctx context.Context, owner, id string, status int, contentType string, body []byte) error {
 	if err := CheckRequestID(id); err != nil {
-		return badRequest("rid", "%s", err.Error())
+		return badinput.New("rid", "%s", err.Error())
 	}
 	if status != http.StatusOK && (status < 400 || status > 599) {
-		return badRequest("status", "must be 200 or an error status between 400 and 599, got %d", status)
+		return badinput.New("status", "must be 200 or an error status between 400 and 599, got %d", status)
 	}
 	switch contentType {
 	case ContentTypeJSON:
@@ -447,7 +435,7 @@ func (s *Service) Respond(ctx context.Context, owner, id string, status int, con
 			return err
 		}
 	default:
-		return badRequest("Content-Type", "must be application/json or text/event-stream, got %q", contentType)
+		return badinput.New("Content-Type", "must be application/json or text/event-stream, got %q", contentType)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.BrokerTimeout)
 	defer cancel()
@@ -459,7 +447,7 @@ func checkAnswer(status int, body []byte) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		if status == http.StatusOK {
-			return badRequest("body", "a 200 answer must be an OpenAI completion object")
+			return badinput.New("body", "a 200 answer must be an OpenAI completion object")
 		}
 		return nil
 	}
@@ -473,7 +461,7 @@ func checkAnswer(status int, body []byte) error {
 		return nil
 	}
 	if len(c.Choices) == 0 || c.Choices[0] != '[' {
-		return badRequest("body.choices", "a 200 answer must be an OpenAI completion object with a \"choices\" array")
+		return badinput.New("body.choices", "a 200 answer must be an OpenAI completion object with a \"choices\" array")
 	}
 	return nil
 }
@@ -494,11 +482,11 @@ func (s *Service) Transcript(ctx context.Context, leaseID, owner, after string, 
 		limit = defaultTranscriptLimit
 	}
 	if limit < 1 || limit > MaxTranscriptLimit {
-		return nil, false, badRequest("limit", "must be between 1 and %d", MaxTranscriptLimit)
+		return nil, false, badinput.New("limit", "must be between 1 and %d", MaxTranscriptLimit)
 	}
 	if after != "" {
 		if err := CheckRequestID(after); err != nil {
-			return nil, false, badRequest("after", "%s", err.Error())
+			return nil, false, badinput.New("after", "%s", err.Error())
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.BrokerTimeout)

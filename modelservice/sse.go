@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // CompletionToSSE turns a whole OpenAI completion (route "chat/completions"
@@ -145,11 +147,11 @@ func jsonString(s string) json.RawMessage {
 
 // checkEventStream checks that an event stream answer is what an OpenAI
 // server streams: "data:" lines (and ":" comments) in events separated by
-// blank lines, at least one data line. A *BadRequestError for field "body"
+// blank lines, at least one data line. A *badinput.Error for field "body"
 // names the first line that is not.
 func checkEventStream(body []byte) error {
 	if len(bytes.TrimSpace(body)) == 0 {
-		return badRequest("body", "an event stream answer must not be empty")
+		return badinput.New("body", "an event stream answer must not be empty")
 	}
 	data := false
 	for i, line := range bytes.Split(body, []byte("\n")) {
@@ -162,11 +164,11 @@ func checkEventStream(body []byte) error {
 			if len(line) > 40 {
 				line = append(line[:40:40], "..."...)
 			}
-			return badRequest("body", "an event stream answer must be server-sent events of \"data: ...\" lines separated by blank lines; line %d is %q", i+1, line)
+			return badinput.New("body", "an event stream answer must be server-sent events of \"data: ...\" lines separated by blank lines; line %d is %q", i+1, line)
 		}
 	}
 	if !data {
-		return badRequest("body", "an event stream answer must hold at least one \"data: ...\" line")
+		return badinput.New("body", "an event stream answer must hold at least one \"data: ...\" line")
 	}
 	return nil
 }

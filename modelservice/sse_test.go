@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -193,7 +194,7 @@ func TestCheckEventStream(t *testing.T) {
 				assert.NoError(t, err)
 				return
 			}
-			var bad *BadRequestError
+			var bad *badinput.Error
 			require.ErrorAs(t, err, &bad)
 			assert.Equal(t, "body", bad.Field)
 			assert.Contains(t, bad.Message, tt.err)

@@ -14,6 +14,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -78,7 +79,7 @@ func (s *Service) execute(c *fiber.Ctx, owner string) (any, error) {
 	case json.Unmarshal(req.Command, &argv) == nil && len(argv) > 0:
 		er.Argv = argv
 	default:
-		return nil, warmpool.Invalid("command", "must be a non-empty string or a non-empty list of strings")
+		return nil, badinput.New("command", "must be a non-empty string or a non-empty list of strings")
 	}
 	ms, bound := s.commandTimeout(req.Timeout)
 	er.TimeoutMS = ms
@@ -111,7 +112,7 @@ var tempSession = regexp.MustCompile(`^bash-[0-9]+$`)
 // starting with '.'.
 func checkSession(name string) error {
 	if name == "" || len(name) > 128 || name[0] == '.' || !safePath(name) || strings.Contains(name, "/") {
-		return warmpool.Invalid("session", "must be 1 to 128 letters, digits, '.', '_' or '-', not starting with '.', got %q", name)
+		return badinput.New("session", "must be 1 to 128 letters, digits, '.', '_' or '-', not starting with '.', got %q", name)
 	}
 	return nil
 }
@@ -226,7 +227,7 @@ func (s *Service) createSession(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	if req.RemoteUser != nil && *req.RemoteUser != "" {
-		return nil, warmpool.Invalid("remote_user", "is not supported: sessions run as the sandbox's user")
+		return nil, badinput.New("remote_user", "is not supported: sessions run as the sandbox's user")
 	}
 	if tempSession.MatchString(name) && len(req.StartupSource) == 0 && len(req.Env) == 0 {
 		return createSessionResult{SessionType: "bash"}, nil
@@ -267,7 +268,7 @@ func (s *Service) createSession(c *fiber.Ctx, owner string) (any, error) {
 
 // sessionExists is create_session's answer for a name in use.
 func sessionExists(name, sandboxID string) error {
-	return warmpool.Invalid("session", "session %q already exists in sandbox %s; close it first", name, sandboxID)
+	return badinput.New("session", "session %q already exists in sandbox %s; close it first", name, sandboxID)
 }
 
 // runRequest is ROCK's SandboxBashAction.
@@ -303,17 +304,17 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	if req.Command == nil {
-		return nil, warmpool.Invalid("command", "is required")
+		return nil, badinput.New("command", "is required")
 	}
 	check := "raise"
 	if req.Check != nil {
 		check = *req.Check
 	}
 	if check != "raise" && check != "silent" && check != "ignore" {
-		return nil, warmpool.Invalid("check", "must be raise, silent or ignore, got %q", check)
+		return nil, badinput.New("check", "must be raise, silent or ignore, got %q", check)
 	}
 	if req.IsInteractiveCommand || req.IsInteractiveQuit {
-		return nil, warmpool.Invalid("is_interactive_command", "interactive programs are not supported; use the process API")
+		return nil, badinput.New("is_interactive_command", "interactive programs are not supported; use the process API")
 	}
 	ms, bound := s.commandTimeout(req.Timeout)
 	ctx, cancel := context.WithTimeout(c.UserContext(), s.cfg.ManagerTimeout+s.cfg.RequestTimeout+bound)
@@ -323,7 +324,7 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	if sid == "" && !tempSession.MatchString(name) {
-		return nil, warmpool.Invalid("session", "session %q does not exist in sandbox %s; call create_session first", name, req.SandboxID)
+		return nil, badinput.New("session", "session %q does not exist in sandbox %s; call create_session first", name, req.SandboxID)
 	}
 	cmd := *req.Command
 	cmd = rewriteNohup(cmd, s.stateDir(l))
@@ -353,7 +354,7 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 		var ae *agentapi.Error
 		if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
 			_ = s.forgetSession(ctx, ac, l, name)
-			return nil, warmpool.Invalid("session", "session %q of sandbox %s has ended (its shell exited); create it again", name, req.SandboxID)
+			return nil, badinput.New("session", "session %q of sandbox %s has ended (its shell exited); create it again", name, req.SandboxID)
 		}
 		if err != nil {
 			return nil, &sandboxErr{id: req.SandboxID, err: err}
@@ -418,7 +419,7 @@ func (s *Service) closeSession(c *fiber.Ctx, owner string) (any, error) {
 		if tempSession.MatchString(name) {
 			return map[string]string{"session_type": "bash"}, nil
 		}
-		return nil, warmpool.Invalid("session", "session %q does not exist in sandbox %s", name, req.SandboxID)
+		return nil, badinput.New("session", "session %q does not exist in sandbox %s", name, req.SandboxID)
 	}
 	var ae *agentapi.Error
 	if err := ac.CloseSession(ctx, sid); err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {

@@ -12,6 +12,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -109,7 +110,7 @@ func describe(err error) failure {
 		subject = "sandbox " + sbx.id
 	}
 	var (
-		ve  *warmpool.ValidationError
+		ve  *badinput.Error
 		ce  *commandError
 		ae  *agentapi.Error
 		ne  net.Error

@@ -12,8 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gofiber/fiber/v2"
-
-	"github.com/quarryhq/quarry/warmpool"
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // readFileRequest is ROCK's SandboxReadFileRequest.
@@ -33,7 +32,7 @@ func (s *Service) readFile(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	if req.Path == "" {
-		return nil, warmpool.Invalid("path", "is required")
+		return nil, badinput.New("path", "is required")
 	}
 	enc := "utf-8"
 	if req.Encoding != nil && *req.Encoding != "" {
@@ -45,9 +44,9 @@ func (s *Service) readFile(c *fiber.Ctx, owner string) (any, error) {
 	}
 	switch {
 	case enc != "utf-8" && enc != "utf8" && enc != "latin-1" && enc != "latin1" && enc != "iso-8859-1" && enc != "ascii":
-		return nil, warmpool.Invalid("encoding", "must be utf-8, ascii or latin-1, got %q", *req.Encoding)
+		return nil, badinput.New("encoding", "must be utf-8, ascii or latin-1, got %q", *req.Encoding)
 	case mode != "strict" && mode != "replace" && mode != "ignore":
-		return nil, warmpool.Invalid("errors", "must be strict, replace or ignore, got %q", mode)
+		return nil, badinput.New("errors", "must be strict, replace or ignore, got %q", mode)
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), s.cfg.ManagerTimeout+s.cfg.RequestTimeout)
 	defer cancel()
@@ -65,11 +64,11 @@ func (s *Service) readFile(c *fiber.Ctx, owner string) (any, error) {
 		return nil, &sandboxErr{id: req.SandboxID, err: fmt.Errorf("read %s: %w", req.Path, err)}
 	}
 	if int64(len(b)) > s.cfg.MaxReadFile {
-		return nil, warmpool.Invalid("path", "%s is larger than read_file's limit of %d bytes; use execute or download it in parts", req.Path, s.cfg.MaxReadFile)
+		return nil, badinput.New("path", "%s is larger than read_file's limit of %d bytes; use execute or download it in parts", req.Path, s.cfg.MaxReadFile)
 	}
 	content, err := decodeText(b, enc, mode)
 	if err != nil {
-		return nil, warmpool.Invalid("encoding", "%s: %s", req.Path, err.Error())
+		return nil, badinput.New("encoding", "%s: %s", req.Path, err.Error())
 	}
 	return map[string]string{"content": content}, nil
 }
@@ -134,10 +133,10 @@ func (s *Service) writeFile(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	if req.Path == "" {
-		return nil, warmpool.Invalid("path", "is required")
+		return nil, badinput.New("path", "is required")
 	}
 	if req.Content == nil {
-		return nil, warmpool.Invalid("content", "is required")
+		return nil, badinput.New("content", "is required")
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), s.cfg.ManagerTimeout+s.cfg.RequestTimeout)
 	defer cancel()
@@ -158,7 +157,7 @@ func (s *Service) writeFile(c *fiber.Ctx, owner string) (any, error) {
 func (s *Service) upload(c *fiber.Ctx, owner string) (any, error) {
 	_, params, err := mime.ParseMediaType(string(c.Request().Header.ContentType()))
 	if err != nil || params["boundary"] == "" {
-		return nil, warmpool.Invalid("body", "must be multipart/form-data with fields file, target_path and sandbox_id")
+		return nil, badinput.New("body", "must be multipart/form-data with fields file, target_path and sandbox_id")
 	}
 	body, err := s.body(c, s.cfg.MaxUploadBody)
 	if err != nil {
@@ -174,10 +173,10 @@ func (s *Service) upload(c *fiber.Ctx, owner string) (any, error) {
 	defer cancel()
 	write := func(r io.Reader) error {
 		if sandboxID == "" {
-			return warmpool.Invalid("sandbox_id", "is required")
+			return badinput.New("sandbox_id", "is required")
 		}
 		if target == "" {
-			return warmpool.Invalid("target_path", "is required")
+			return badinput.New("target_path", "is required")
 		}
 		l, err := s.active(ctx, owner, sandboxID)
 		if err != nil {
@@ -195,13 +194,13 @@ func (s *Service) upload(c *fiber.Ctx, owner string) (any, error) {
 			break
 		}
 		if err != nil {
-			return nil, warmpool.Invalid("body", "malformed multipart body: %s", err.Error())
+			return nil, badinput.New("body", "malformed multipart body: %s", err.Error())
 		}
 		switch part.FormName() {
 		case "sandbox_id", "target_path":
 			v, err := io.ReadAll(io.LimitReader(part, 4097))
 			if err != nil || len(v) > 4096 {
-				return nil, warmpool.Invalid(part.FormName(), "must be at most 4096 bytes")
+				return nil, badinput.New(part.FormName(), "must be at most 4096 bytes")
 			}
 			if part.FormName() == "sandbox_id" {
 				sandboxID = string(v)
@@ -210,7 +209,7 @@ func (s *Service) upload(c *fiber.Ctx, owner string) (any, error) {
 			}
 		case "file":
 			if written || buffered != nil {
-				return nil, warmpool.Invalid("file", "only one file part is allowed")
+				return nil, badinput.New("file", "only one file part is allowed")
 			}
 			fileName = part.FileName()
 			if sandboxID != "" && target != "" {
@@ -221,7 +220,7 @@ func (s *Service) upload(c *fiber.Ctx, owner string) (any, error) {
 			}
 			buffered = new(bytes.Buffer)
 			if n, err := buffered.ReadFrom(io.LimitReader(part, s.cfg.MaxJSONBody+1)); err != nil || n > s.cfg.MaxJSONBody {
-				return nil, warmpool.Invalid("file", "send sandbox_id and target_path before a file part larger than %d bytes", s.cfg.MaxJSONBody)
+				return nil, badinput.New("file", "send sandbox_id and target_path before a file part larger than %d bytes", s.cfg.MaxJSONBody)
 			}
 		default:
 			_, _ = io.Copy(io.Discard, io.LimitReader(part, 1<<20))
@@ -229,7 +228,7 @@ func (s *Service) upload(c *fiber.Ctx, owner string) (any, error) {
 	}
 	if !written {
 		if buffered == nil {
-			return nil, warmpool.Invalid("file", "is required")
+			return nil, badinput.New("file", "is required")
 		}
 		if err := write(buffered); err != nil {
 			return nil, err

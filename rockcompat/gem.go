@@ -10,7 +10,7 @@ import (
 
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
-	"github.com/quarryhq/quarry/warmpool"
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // GemPrefix is the path prefix of ROCK's GEM env routes.
@@ -74,7 +74,7 @@ func (s *Service) GemRoutes(e Envs) []Route {
 	}
 	need := func(field, v string) error {
 		if v == "" {
-			return warmpool.Invalid(field, "is required")
+			return badinput.New(field, "is required")
 		}
 		return nil
 	}
@@ -116,7 +116,7 @@ func (s *Service) GemRoutes(e Envs) []Route {
 // describeGem maps an env API error to an HTTP status and message.
 func describeGem(err error) (int, string) {
 	var (
-		ve *envs.ValidationError
+		ve *badinput.Error
 		ee *envs.Error
 		ae *agentapi.Error
 	)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -72,7 +73,7 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 	areq := warmpool.AcquireRequest{Pool: pool.Name, Owner: owner, Labels: map[string]string{}}
 	if req.Image != "" {
 		if len(req.Image) > maxLabelLen || !printable(req.Image) {
-			return nil, warmpool.Invalid("image", "must be at most %d printable ASCII characters", maxLabelLen)
+			return nil, badinput.New("image", "must be at most %d printable ASCII characters", maxLabelLen)
 		}
 		areq.Labels[LabelImage] = req.Image
 	}
@@ -89,7 +90,7 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 		minutes = req.AutoClearTime
 	}
 	if minutes != nil && (*minutes < 0 || math.IsNaN(*minutes) || math.IsInf(*minutes, 0)) {
-		return nil, warmpool.Invalid("auto_clear_time_minutes", "must be a positive number of minutes (0 or absent: the pool's default), got %v", *minutes)
+		return nil, badinput.New("auto_clear_time_minutes", "must be a positive number of minutes (0 or absent: the pool's default), got %v", *minutes)
 	}
 	if minutes != nil && *minutes > 0 {
 		limit := pool.MaxLeaseSeconds
@@ -116,7 +117,7 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 		if lease.Reason != "" {
 			why += ": " + lease.Reason
 		}
-		return nil, warmpool.Invalid("sandbox_id", "%q named sandbox %s, which has ended (%s); a sandbox does not start again: choose a new sandbox_id",
+		return nil, badinput.New("sandbox_id", "%q named sandbox %s, which has ended (%s); a sandbox does not start again: choose a new sandbox_id",
 			areq.Labels[LabelSandboxID], lease.ID, why)
 	}
 	return startResult{SandboxID: lease.ID, HostName: lease.TaskID}, nil
@@ -137,7 +138,7 @@ func (s *Service) poolFor(image string, pools []warmpool.PoolConfig) (warmpool.P
 		if p, ok := byName[name]; ok {
 			return p, nil
 		}
-		return warmpool.PoolConfig{}, warmpool.Invalid("image", "image %q maps to pool %q, which does not exist (pools: %s)",
+		return warmpool.PoolConfig{}, badinput.New("image", "image %q maps to pool %q, which does not exist (pools: %s)",
 			image, name, strings.Join(names, ", "))
 	}
 	if name, ok := s.cfg.Images[image]; ok {
@@ -154,7 +155,7 @@ func (s *Service) poolFor(image string, pools []warmpool.PoolConfig) (warmpool.P
 	if image == "" || image == SDKDefaultImage {
 		return find(s.cfg.DefaultPool)
 	}
-	return warmpool.PoolConfig{}, warmpool.Invalid("image",
+	return warmpool.PoolConfig{}, badinput.New("image",
 		"no pool serves image %q: name a pool as the image, run a pool with that image, or map it in QUARRY_ROCK_IMAGES (pools: %s)",
 		image, strings.Join(names, ", "))
 }
@@ -162,11 +163,11 @@ func (s *Service) poolFor(image string, pools []warmpool.PoolConfig) (warmpool.P
 // checkSandboxID accepts 1..128 letters, digits, '.', '_' and '-'.
 func checkSandboxID(id string) error {
 	if id == "" || len(id) > maxSandboxIDLen {
-		return warmpool.Invalid("sandbox_id", "must be 1 to %d characters", maxSandboxIDLen)
+		return badinput.New("sandbox_id", "must be 1 to %d characters", maxSandboxIDLen)
 	}
 	for i := 0; i < len(id); i++ {
 		if b := id[i]; !isAlnum(b) && b != '.' && b != '_' && b != '-' {
-			return warmpool.Invalid("sandbox_id", "must be letters, digits, '.', '_' or '-', got %q", id)
+			return badinput.New("sandbox_id", "must be letters, digits, '.', '_' or '-', got %q", id)
 		}
 	}
 	return nil
@@ -343,7 +344,7 @@ func (s *Service) isAlive(c *fiber.Ctx, owner string) (any, error) {
 	ctx, cancel := context.WithTimeout(c.UserContext(), s.cfg.ManagerTimeout)
 	defer cancel()
 	l, err := s.lookup(ctx, owner, id)
-	var ve *warmpool.ValidationError
+	var ve *badinput.Error
 	switch {
 	case errors.As(err, &ve):
 		return nil, err
@@ -390,20 +391,20 @@ func (s *Service) decode(c *fiber.Ctx, v any) error {
 	}
 	b, err := io.ReadAll(io.LimitReader(r, s.cfg.MaxJSONBody+1))
 	if err != nil {
-		return warmpool.Invalid("body", "read: %s", err.Error())
+		return badinput.New("body", "read: %s", err.Error())
 	}
 	if int64(len(b)) > s.cfg.MaxJSONBody {
-		return warmpool.Invalid("body", "larger than %d bytes", s.cfg.MaxJSONBody)
+		return badinput.New("body", "larger than %d bytes", s.cfg.MaxJSONBody)
 	}
 	if len(strings.TrimSpace(string(b))) == 0 {
-		return warmpool.Invalid("body", "a JSON object is required")
+		return badinput.New("body", "a JSON object is required")
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
-			return warmpool.Invalid(te.Field, "must not be %s", te.Value)
+			return badinput.New(te.Field, "must not be %s", te.Value)
 		}
-		return warmpool.Invalid("body", "invalid JSON: %s", err.Error())
+		return badinput.New("body", "invalid JSON: %s", err.Error())
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ const Prefix = "/apis/envs/sandbox/v1"
 
 // Leases is what the compatibility layer needs of the warm pool;
 // *warmpool.Manager (and the gateway's Manager) implement it. Errors are the
-// warmpool sentinels and *warmpool.ValidationError. Implementations must be
+// warmpool sentinels and *badinput.Error. Implementations must be
 // safe for concurrent use.
 type Leases interface {
 	// Acquire leases a sandbox; replayed is true when req.IdempotencyKey was

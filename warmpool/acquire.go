@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/providers"
 )
 
@@ -25,7 +26,7 @@ const (
 // ready, launches one if the pool has room below max_total (a cold start)
 // or waits for a launching task (bounded by ctx and Config.AcquireTimeout).
 //
-// Errors: *ValidationError for bad input (unknown pool, lease_seconds above
+// Errors: *badinput.Error for bad input (unknown pool, lease_seconds above
 // the pool's maximum, bad env or label keys, too long idempotency key);
 // ErrNoCapacity when every task is leased at max_total; a
 // *providers.LaunchError when the pool's image cannot be launched; store
@@ -61,19 +62,19 @@ func (m *Manager) validateAcquire(req AcquireRequest) (*pool, time.Duration, err
 	p := m.pools[req.Pool]
 	if p == nil {
 		if req.Pool == "" {
-			return nil, 0, Invalid("pool", "is required (configured pools: %s)", strings.Join(m.names, ", "))
+			return nil, 0, badinput.New("pool", "is required (configured pools: %s)", strings.Join(m.names, ", "))
 		}
-		return nil, 0, Invalid("pool", "unknown pool %q (configured pools: %s)", req.Pool, strings.Join(m.names, ", "))
+		return nil, 0, badinput.New("pool", "unknown pool %q (configured pools: %s)", req.Pool, strings.Join(m.names, ", "))
 	}
 	if req.Owner == "" {
-		return nil, 0, Invalid("owner", "is required")
+		return nil, 0, badinput.New("owner", "is required")
 	}
 	secs := req.LeaseSeconds
 	if secs == 0 {
 		secs = p.cfg.DefaultLeaseSeconds
 	}
 	if secs < 1 || secs > p.cfg.MaxLeaseSeconds {
-		return nil, 0, Invalid("lease_seconds", "must be between 1 and %d for pool %q, got %d", p.cfg.MaxLeaseSeconds, p.cfg.Name, req.LeaseSeconds)
+		return nil, 0, badinput.New("lease_seconds", "must be between 1 and %d for pool %q, got %d", p.cfg.MaxLeaseSeconds, p.cfg.Name, req.LeaseSeconds)
 	}
 	if err := validateEnv("env", req.Env); err != nil {
 		return nil, 0, err
@@ -82,11 +83,11 @@ func (m *Manager) validateAcquire(req AcquireRequest) (*pool, time.Duration, err
 		return nil, 0, err
 	}
 	if k := req.IdempotencyKey; len(k) > maxIdempotencyKeyLen {
-		return nil, 0, Invalid("idempotency_key", "is %d characters long; at most %d are allowed", len(k), maxIdempotencyKeyLen)
+		return nil, 0, badinput.New("idempotency_key", "is %d characters long; at most %d are allowed", len(k), maxIdempotencyKeyLen)
 	}
 	for _, r := range req.IdempotencyKey {
 		if r < 0x20 || r > 0x7e {
-			return nil, 0, Invalid("idempotency_key", "must be printable ASCII")
+			return nil, 0, badinput.New("idempotency_key", "must be printable ASCII")
 		}
 	}
 	return p, time.Duration(secs) * time.Second, nil

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"sigs.k8s.io/yaml"
 )
 
@@ -84,7 +85,7 @@ func LoadPools(path string) ([]PoolConfig, error) {
 // empty when the file leaves it empty: cmd/ fills in its default provider.
 func ParsePools(data []byte) ([]PoolConfig, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, Invalid("pools", "the pools file is empty; it needs {\"pools\": [...]} with at least one pool")
+		return nil, badinput.New("pools", "the pools file is empty; it needs {\"pools\": [...]} with at least one pool")
 	}
 	var doc PoolsFile
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
@@ -129,14 +130,14 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 }
 
 // ValidatePools validates every pool and checks that names are unique. The
-// error joins one *ValidationError per problem; fields are named like
+// error joins one *badinput.Error per problem; fields are named like
 // "pools[1].min_warm".
 func ValidatePools(pools []PoolConfig) error {
 	if len(pools) == 0 {
-		return Invalid("pools", "at least one pool is required")
+		return badinput.New("pools", "at least one pool is required")
 	}
 	if len(pools) > maxPools {
-		return Invalid("pools", "%d pools configured; at most %d are allowed", len(pools), maxPools)
+		return badinput.New("pools", "%d pools configured; at most %d are allowed", len(pools), maxPools)
 	}
 	var errs []error
 	seen := make(map[string]int, len(pools))
@@ -144,7 +145,7 @@ func ValidatePools(pools []PoolConfig) error {
 		prefix := fmt.Sprintf("pools[%d]", i)
 		errs = append(errs, prefixErrors(prefix, p.Validate())...)
 		if j, dup := seen[p.Name]; dup && p.Name != "" {
-			errs = append(errs, Invalid(prefix+".name", "%q is already the name of pools[%d]; pool names must be unique", p.Name, j))
+			errs = append(errs, badinput.New(prefix+".name", "%q is already the name of pools[%d]; pool names must be unique", p.Name, j))
 			continue
 		}
 		seen[p.Name] = i
@@ -153,10 +154,10 @@ func ValidatePools(pools []PoolConfig) error {
 }
 
 // Validate checks one pool (after defaults) and returns every problem
-// joined, each a *ValidationError naming the field ("min_warm").
+// joined, each a *badinput.Error naming the field ("min_warm").
 func (p PoolConfig) Validate() error {
 	var errs []error
-	bad := func(field, format string, args ...any) { errs = append(errs, Invalid(field, format, args...)) }
+	bad := func(field, format string, args ...any) { errs = append(errs, badinput.New(field, format, args...)) }
 	if !poolNamePattern.MatchString(p.Name) {
 		bad("name", "%q %s", p.Name, poolNameDescription)
 	}
@@ -218,7 +219,7 @@ func validateLabels(field string, labels map[string]string, reserved bool) error
 	if reserved {
 		for k := range labels {
 			if strings.HasPrefix(k, reservedLabelPrefix) {
-				return Invalid(field, "key %q: the prefix %q is reserved for Quarry's own labels", k, reservedLabelPrefix)
+				return badinput.New(field, "key %q: the prefix %q is reserved for Quarry's own labels", k, reservedLabelPrefix)
 			}
 		}
 	}
@@ -229,27 +230,27 @@ func validateLabels(field string, labels map[string]string, reserved bool) error
 // value lengths, and no NUL bytes in values.
 func validateMap(field string, m map[string]string, keyPattern *regexp.Regexp, keyDescription string) error {
 	if len(m) > maxMapEntries {
-		return Invalid(field, "has %d entries; at most %d are allowed", len(m), maxMapEntries)
+		return badinput.New(field, "has %d entries; at most %d are allowed", len(m), maxMapEntries)
 	}
 	for k, v := range m {
 		if len(k) > maxMapKeyLen {
-			return Invalid(field, "key %.20q... is %d characters long; at most %d are allowed", k, len(k), maxMapKeyLen)
+			return badinput.New(field, "key %.20q... is %d characters long; at most %d are allowed", k, len(k), maxMapKeyLen)
 		}
 		if !keyPattern.MatchString(k) {
-			return Invalid(field, "key %q %s", k, keyDescription)
+			return badinput.New(field, "key %q %s", k, keyDescription)
 		}
 		if len(v) > maxMapValueLen {
-			return Invalid(field, "value of %q is %d bytes long; at most %d are allowed", k, len(v), maxMapValueLen)
+			return badinput.New(field, "value of %q is %d bytes long; at most %d are allowed", k, len(v), maxMapValueLen)
 		}
 		if strings.IndexByte(v, 0) >= 0 {
-			return Invalid(field, "value of %q contains a NUL byte", k)
+			return badinput.New(field, "value of %q contains a NUL byte", k)
 		}
 	}
 	return nil
 }
 
 // prefixErrors returns the errors joined in err, with prefix+"." added to
-// the Field of each *ValidationError.
+// the Field of each *badinput.Error.
 func prefixErrors(prefix string, err error) []error {
 	if err == nil {
 		return nil
@@ -262,9 +263,9 @@ func prefixErrors(prefix string, err error) []error {
 	}
 	out := make([]error, 0, len(list))
 	for _, e := range list {
-		var ve *ValidationError
+		var ve *badinput.Error
 		if errors.As(e, &ve) {
-			out = append(out, &ValidationError{Field: prefix + "." + ve.Field, Message: ve.Message})
+			out = append(out, &badinput.Error{Field: prefix + "." + ve.Field, Message: ve.Message})
 			continue
 		}
 		out = append(out, fmt.Errorf("%s: %w", prefix, e))

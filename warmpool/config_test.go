@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -77,7 +78,7 @@ func TestParsePools_RejectsWithActionableMessages(t *testing.T) {
 
 func TestParsePools_ValidationErrorsNameTheField(t *testing.T) {
 	_, err := warmpool.ParsePools([]byte("pools:\n  - name: a\n    min_warm: 3\n    max_total: 1\n"))
-	var ve *warmpool.ValidationError
+	var ve *badinput.Error
 	require.True(t, errors.As(err, &ve))
 	assert.Equal(t, "pools[0].min_warm", ve.Field)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/providers"
 )
 
@@ -270,11 +271,11 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	for i, pc := range deps.Pools {
 		field := fmt.Sprintf("pools[%d].provider", i)
 		if pc.Provider == "" {
-			return nil, Invalid(field, "pool %q names no provider (cmd/ sets the default provider before New)", pc.Name)
+			return nil, badinput.New(field, "pool %q names no provider (cmd/ sets the default provider before New)", pc.Name)
 		}
 		prov, ok := provs[pc.Provider]
 		if !ok {
-			return nil, Invalid(field, "pool %q uses provider %q, which is not configured (configured: %v)", pc.Name, pc.Provider, slices.Sorted(maps.Keys(provs)))
+			return nil, badinput.New(field, "pool %q uses provider %q, which is not configured (configured: %v)", pc.Name, pc.Provider, slices.Sorted(maps.Keys(provs)))
 		}
 		pools[pc.Name] = newPool(pc, prov, log)
 		names = append(names, pc.Name)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
 	"github.com/quarryhq/quarry/warmpool/boltstore"
@@ -625,7 +626,7 @@ func TestManager_Acquire_RejectsBadInput(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := e.m.Acquire(t.Context(), tc.req)
-			var ve *warmpool.ValidationError
+			var ve *badinput.Error
 			require.ErrorAs(t, err, &ve)
 			assert.Equal(t, tc.field, ve.Field)
 			assert.NotEmpty(t, ve.Message)

@@ -1,7 +1,6 @@
 package warmpool
 
 import (
-	"fmt"
 	"strings"
 	"time"
 )
@@ -75,27 +74,11 @@ type AcquireRequest struct {
 	Pool  string
 	Owner string
 	// LeaseSeconds: 0 means the pool's default; above the pool's maximum is
-	// a ValidationError.
+	// a badinput.Error.
 	LeaseSeconds   int
 	Env            map[string]string
 	Labels         map[string]string
 	IdempotencyKey string
-}
-
-// ValidationError is bad input that a person can fix: Field names the
-// request field (JSON name), Message says what is wrong with it.
-type ValidationError struct {
-	Field   string
-	Message string
-}
-
-func (e *ValidationError) Error() string {
-	return fmt.Sprintf("%s: %s", e.Field, e.Message)
-}
-
-// Invalid returns a *ValidationError for field.
-func Invalid(field, format string, args ...any) error {
-	return &ValidationError{Field: field, Message: fmt.Sprintf(format, args...)}
 }
 
 // Clock is the manager's source of time; tests inject a fake one.
