@@ -9,6 +9,10 @@ import (
 // its env is no longer in the registry. Callers answer 409.
 var ErrNotEnv = errors.New("sandbox has no env")
 
+// ErrOff: the gateway was built without an env registry, so the env API
+// (Quarry's env routes and ROCK's GEM routes) is off. Callers answer 404.
+var ErrOff = errors.New("the env API is not configured on this gateway (QUARRY_ENVS_FILE)")
+
 // Kind classifies an *Error.
 type Kind string
 

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // ownerLocal is the fiber Locals key of the authenticated caller's owner id.
@@ -60,18 +61,18 @@ var bearerPrefix = []byte("Bearer ")
 func (g *Gateway) authenticate(c *fiber.Ctx) error {
 	h := c.Request().Header.Peek(fiber.HeaderAuthorization)
 	if len(h) == 0 {
-		return unauthorized("missing API key: send Authorization: Bearer <api key>")
+		return errclass.Unauthorized("missing API key: send Authorization: Bearer <api key>")
 	}
 	if len(h) < len(bearerPrefix) || !bytes.EqualFold(h[:len(bearerPrefix)], bearerPrefix) {
-		return unauthorized("malformed Authorization header: expected Bearer <api key>")
+		return errclass.Unauthorized("malformed Authorization header: expected Bearer <api key>")
 	}
 	key := bytes.TrimSpace(h[len(bearerPrefix):])
 	if len(key) == 0 || len(key) > maxAPIKeyLen {
-		return unauthorized("invalid API key")
+		return errclass.Unauthorized("invalid API key")
 	}
 	owner, ok := g.keys.owner(key)
 	if !ok {
-		return unauthorized("invalid API key")
+		return errclass.Unauthorized("invalid API key")
 	}
 	c.Locals(ownerLocal, owner)
 	return c.Next()

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/valyala/bytebufferpool"
 )
 
@@ -53,7 +54,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		b.eof = true
 	case err != nil:
-		b.err = &bodyReadError{Err: err}
+		b.err = &errclass.BodyReadError{Err: err}
 		return n, b.err
 	}
 	return n, err
@@ -61,7 +62,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 
 // tooLarge is the 413 error of a body over limit bytes.
 func tooLarge(limit int64) error {
-	return fmt.Errorf("body: larger than the limit of %d bytes: %w", limit, errBodyTooLarge)
+	return fmt.Errorf("body: larger than the limit of %d bytes: %w", limit, errclass.ErrTooLarge)
 }
 
 // openBody returns a reader of c's request body bounded by limit. A declared

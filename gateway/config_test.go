@@ -1,18 +1,12 @@
 package gateway
 
 import (
-	"errors"
-	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/valyala/fasthttp"
-
-	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
 func TestConfig_ValidateNamesTheVariable(t *testing.T) {
@@ -52,33 +46,4 @@ func TestNew_RefusesBadConfigAndMissingManager(t *testing.T) {
 	assert.ErrorContains(t, err, "QUARRY_API_KEYS")
 	_, err = New(Config{APIKeys: []string{testKey}}, Deps{})
 	assert.ErrorContains(t, err, "Manager")
-}
-
-// TestDescribe covers the mappings that the route tests do not reach.
-func TestDescribe(t *testing.T) {
-	tests := []struct {
-		name   string
-		err    error
-		status int
-		code   string
-	}{
-		{name: "agent connection limit", err: &sandboxError{ID: "s", Err: newAgentCallError(fasthttp.ErrNoFreeConns)}, status: 503, code: "unavailable"},
-		{name: "agent answer too large", err: newAgentCallError(fmt.Errorf("read: %w", fasthttp.ErrBodyTooLarge)), status: 502, code: "agent_unreachable"},
-		{name: "agent timeout", err: newAgentCallError(fasthttp.ErrTimeout), status: 504, code: "timeout"},
-		{name: "agent refused", err: newAgentCallError(errors.New("connection refused")), status: 502, code: "agent_unreachable"},
-		{name: "agent 5xx", err: &agentapi.Error{Status: 500, Code: "internal", Message: "boom"}, status: 502, code: "agent_unreachable"},
-		{name: "agent 4xx", err: &agentapi.Error{Status: 404, Code: "not_found", Message: "no session"}, status: 404, code: "not_found"},
-		{name: "client body", err: &bodyReadError{Err: errors.New("unexpected EOF")}, status: 400, code: "bad_request"},
-		{name: "too large", err: tooLarge(10), status: 413, code: "payload_too_large"},
-		{name: "unauthorized", err: unauthorized("x"), status: 401, code: "unauthorized"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			a := describe(tt.err)
-			assert.Equal(t, tt.status, a.status)
-			assert.Equal(t, tt.code, a.code)
-			assert.NotEmpty(t, a.message)
-			assert.Equal(t, tt.status == http.StatusServiceUnavailable, a.retry)
-		})
-	}
 }

@@ -16,11 +16,9 @@ import (
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
 )
-
-// errEnvsOff: the gateway was built without an env registry (404).
-var errEnvsOff = errors.New("the env API is not configured on this gateway (QUARRY_ENVS_FILE)")
 
 // makeEnvRequest is the body of POST /v1/envs.
 type makeEnvRequest struct {
@@ -81,7 +79,7 @@ func newEnvService(g *Gateway, reg *envs.Registry) (*envs.Service, error) {
 // listEnvs handles GET /v1/envs.
 func (g *Gateway) listEnvs(c *fiber.Ctx) error {
 	if g.envs == nil {
-		return errEnvsOff
+		return envs.ErrOff
 	}
 	specs := g.envs.Registry().List()
 	out := make([]envInfo, 0, len(specs))
@@ -95,7 +93,7 @@ func (g *Gateway) listEnvs(c *fiber.Ctx) error {
 // makeEnv handles POST /v1/envs: 201 with the new sandbox's id.
 func (g *Gateway) makeEnv(c *fiber.Ctx) error {
 	if g.envs == nil {
-		return errEnvsOff
+		return envs.ErrOff
 	}
 	idem := string(c.Request().Header.Peek("Idempotency-Key"))
 	if len(idem) > maxIdempotencyLen || !printable(idem) {
@@ -123,7 +121,7 @@ func (g *Gateway) makeEnv(c *fiber.Ctx) error {
 // not nil, decodes its body strictly into req.
 func (g *Gateway) envSandboxID(c *fiber.Ctx, req any, fields []string) (string, error) {
 	if g.envs == nil {
-		return "", errEnvsOff
+		return "", envs.ErrOff
 	}
 	id, err := pathID(c, "id")
 	if err != nil {
@@ -146,7 +144,7 @@ func (g *Gateway) resetEnv(c *fiber.Ctx) error {
 	}
 	res, err := g.envs.Reset(c.UserContext(), ownerOf(c), id, req.Seed, req.Options)
 	if err != nil {
-		return &sandboxError{ID: id, Err: err}
+		return errclass.Sandbox(id, err)
 	}
 	return c.JSON(res)
 }
@@ -160,7 +158,7 @@ func (g *Gateway) stepEnv(c *fiber.Ctx) error {
 	}
 	res, err := g.envs.Step(c.UserContext(), ownerOf(c), id, req.Action)
 	if err != nil {
-		return &sandboxError{ID: id, Err: err}
+		return errclass.Sandbox(id, err)
 	}
 	return c.JSON(res)
 }
@@ -174,7 +172,7 @@ func (g *Gateway) closeEnv(c *fiber.Ctx) error {
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout+10*time.Second)
 	defer cancel()
 	if err := g.envs.Close(ctx, ownerOf(c), id); err != nil {
-		return &sandboxError{ID: id, Err: err}
+		return errclass.Sandbox(id, err)
 	}
 	return c.JSON(fiber.Map{"sandbox_id": id, "closed": true})
 }
@@ -270,7 +268,7 @@ func (a *envAgent) CallProcess(ctx context.Context, id string, req agentapi.Proc
 }
 
 // do POSTs in to path and decodes a 2xx answer into out. The agent's
-// refusals are *agentapi.Error; a failed call is an *agentCallError, or the
+// refusals are *agentapi.Error; a failed call is an *agentapi.CallError, or the
 // lease's end when the manager finds the task dead. The call is bounded by
 // ctx's deadline (RequestTimeout without one).
 func (a *envAgent) do(ctx context.Context, path string, in, out any) error {
@@ -293,7 +291,7 @@ func (a *envAgent) do(ctx context.Context, path string, in, out any) error {
 		deadline = time.Now().Add(a.g.cfg.RequestTimeout)
 	}
 	if err := a.ac.unary.DoDeadline(req, resp, deadline); err != nil {
-		return a.failed(ctx, err)
+		return a.g.agentCallFailed(ctx, a.lease, err)
 	}
 	if status := resp.StatusCode(); status < 200 || status > 299 {
 		var eb agentapi.ErrorBody
@@ -307,24 +305,4 @@ func (a *envAgent) do(ctx context.Context, path string, in, out any) error {
 		return fmt.Errorf("decode agent answer to %s: %w", path, err)
 	}
 	return nil
-}
-
-// failed turns a failed agent call into its error: when the agent may be
-// down the manager checks the task, and a dead task's lease is gone.
-func (a *envAgent) failed(ctx context.Context, err error) error {
-	ce := newAgentCallError(err)
-	if !ce.agentDown() {
-		return ce
-	}
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.g.cfg.ManagerTimeout)
-	defer cancel()
-	l, cerr := a.g.mgr.CheckTask(mctx, a.lease)
-	if cerr != nil {
-		a.g.log.Warn("check task after agent failure", "lease", a.lease.ID, "task", a.lease.TaskID, "err", cerr)
-		return ce
-	}
-	if gone := a.g.leaseGone(l); gone != nil {
-		return gone
-	}
-	return ce
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -34,8 +35,8 @@ const disconnectPoll = 250 * time.Millisecond
 
 // errRelayOff answers the relay routes of a gateway built without a model
 // relay.
-var errRelayOff = &apiError{Status: http.StatusNotFound, Code: agentapi.CodeNotFound,
-	Message: "the model relay is not configured on this gateway"}
+var errRelayOff = errclass.New(http.StatusNotFound, agentapi.CodeNotFound,
+	"the model relay is not configured on this gateway")
 
 // errAgentLeft is the cause of a relay call's context when its agent
 // disconnected.
@@ -59,10 +60,10 @@ func (g *Gateway) relayLease(c *fiber.Ctx) (warmpool.Lease, error) {
 	defer cancel()
 	lease, err := g.model.Lease(ctx, id, token)
 	if err != nil {
-		return lease, &sandboxError{ID: id, Err: err}
+		return lease, errclass.Sandbox(id, err)
 	}
 	if gone := g.leaseGone(lease); gone != nil {
-		return lease, &sandboxError{ID: id, Err: gone}
+		return lease, errclass.Sandbox(id, gone)
 	}
 	return lease, nil
 }
@@ -71,10 +72,10 @@ func (g *Gateway) relayLease(c *fiber.Ctx) (warmpool.Lease, error) {
 func bearer(c *fiber.Ctx) (string, error) {
 	h := c.Request().Header.Peek(fiber.HeaderAuthorization)
 	if len(h) == 0 {
-		return "", unauthorized("missing relay token: send Authorization: Bearer $OPENAI_API_KEY")
+		return "", errclass.Unauthorized("missing relay token: send Authorization: Bearer $OPENAI_API_KEY")
 	}
 	if len(h) < len(bearerPrefix) || !bytes.EqualFold(h[:len(bearerPrefix)], bearerPrefix) {
-		return "", unauthorized("malformed Authorization header: expected Bearer <relay token>")
+		return "", errclass.Unauthorized("malformed Authorization header: expected Bearer <relay token>")
 	}
 	tok := bytes.TrimSpace(h[len(bearerPrefix):])
 	if len(tok) == 0 || len(tok) > maxAPIKeyLen {
@@ -100,7 +101,7 @@ func (g *Gateway) modelCall(route string) fiber.Handler {
 		bytebufferpool.Put(bb)
 		upstream, key, err := g.model.Upstream(lease)
 		if err != nil {
-			return &sandboxError{ID: lease.ID, Err: err}
+			return errclass.Sandbox(lease.ID, err)
 		}
 		if upstream != "" {
 			ctx, stop := g.watchAgent(c, false)
@@ -114,7 +115,7 @@ func (g *Gateway) modelCall(route string) fiber.Handler {
 			if context.Cause(ctx) == errAgentLeft {
 				return agentLeft(c)
 			}
-			return &sandboxError{ID: lease.ID, Err: err}
+			return errclass.Sandbox(lease.ID, err)
 		}
 		c.Set(headerRequestID, rid)
 		c.Set(fiber.HeaderContentType, resp.ContentType)
@@ -143,7 +144,7 @@ func (g *Gateway) modelModels(c *fiber.Ctx) error {
 	}
 	upstream, key, err := g.model.Upstream(lease)
 	if err != nil {
-		return &sandboxError{ID: lease.ID, Err: err}
+		return errclass.Sandbox(lease.ID, err)
 	}
 	if upstream != "" {
 		ctx, stop := g.watchAgent(c, false)
@@ -162,7 +163,7 @@ func (g *Gateway) forwardModel(c *fiber.Ctx, ctx context.Context, lease warmpool
 		if context.Cause(ctx) == errAgentLeft {
 			return agentLeft(c)
 		}
-		return &sandboxError{ID: lease.ID, Err: err}
+		return errclass.Sandbox(lease.ID, err)
 	}
 	c.Status(fw.Status)
 	if fw.ContentType != "" {
@@ -433,7 +434,7 @@ func (g *Gateway) modelTranscript(c *fiber.Ctx) error {
 	defer cancel()
 	owner := ownerOf(c)
 	if _, err := g.mgr.Get(ctx, id, owner); err != nil {
-		return &sandboxError{ID: id, Err: err}
+		return errclass.Sandbox(id, err)
 	}
 	page, more, err := g.model.Transcript(ctx, id, owner, string(args.Peek("after")), int(limit))
 	if err != nil {

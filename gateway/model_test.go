@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/modelservice/membroker"
 	"github.com/quarryhq/quarry/modelservice/modeltest"
@@ -567,7 +568,7 @@ func TestModel_Passthrough_UpstreamDownIs502(t *testing.T) {
 	id, token := e.sandbox("sbx-p", testKey, "eval", nil)
 	resp, b := call(t, http.MethodPost, e.relayURL(id, "chat/completions"), token, strings.NewReader(`{"messages":[]}`))
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", b)
-	assert.Equal(t, codeUpstreamUnreachable, decodeError(t, b).Code)
+	assert.Equal(t, errclass.CodeUpstreamUnreachable, decodeError(t, b).Code)
 	page, _, err := e.svc.Transcript(context.Background(), id, OwnerOf(testKey), "", 10)
 	require.NoError(t, err)
 	require.Len(t, page, 1)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -94,7 +95,7 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	}
 	ac, err := g.agents.get(lease.AgentURL)
 	if err != nil {
-		return &sandboxError{ID: id, Err: err}
+		return errclass.Sandbox(id, err)
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
@@ -168,13 +169,13 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	switch status := resp.StatusCode(); status {
 	case http.StatusConflict, http.StatusUnauthorized:
 		if err := g.inspectAgentError(resp, lease, status); err != nil {
-			return &sandboxError{ID: id, Err: err}
+			return errclass.Sandbox(id, err)
 		}
 	case http.StatusGone:
 		// The agent ended the call because it is shutting down: say how
 		// the lease ended when the manager knows.
 		if gone := g.checkTask(c.UserContext(), lease); gone != nil {
-			return &sandboxError{ID: id, Err: gone}
+			return errclass.Sandbox(id, gone)
 		}
 	}
 	if stream {
@@ -190,10 +191,10 @@ func (g *Gateway) activeLease(c *fiber.Ctx, id string) (warmpool.Lease, error) {
 	defer cancel()
 	lease, err := g.mgr.Get(ctx, id, ownerOf(c))
 	if err != nil {
-		return lease, &sandboxError{ID: id, Err: err}
+		return lease, errclass.Sandbox(id, err)
 	}
 	if gone := g.leaseGone(lease); gone != nil {
-		return lease, &sandboxError{ID: id, Err: gone}
+		return lease, errclass.Sandbox(id, gone)
 	}
 	return lease, nil
 }
@@ -286,19 +287,28 @@ func (g *Gateway) agentFailed(c *fiber.Ctx, id string, lease warmpool.Lease, err
 	if br, _ := c.Locals(bodyLocal).(*bodyReader); br != nil && br.err != nil {
 		return br.err
 	}
-	ce := newAgentCallError(err)
-	if ce.agentDown() {
-		if gone := g.checkTask(c.UserContext(), lease); gone != nil {
-			return &sandboxError{ID: id, Err: gone}
+	return errclass.Sandbox(id, g.agentCallFailed(c.UserContext(), lease, err))
+}
+
+// agentCallFailed turns a call to lease's agent that got no usable answer
+// (err) into its error: when the agent may be down, the manager checks the
+// task, and a dead task's lease answers how it ended
+// (*warmpool.LeaseEndedError); otherwise an *agentapi.CallError.
+func (g *Gateway) agentCallFailed(ctx context.Context, lease warmpool.Lease, err error) error {
+	ce := &agentapi.CallError{Err: err}
+	if errclass.AgentMayBeDown(ce) {
+		if gone := g.checkTask(ctx, lease); gone != nil {
+			return gone
 		}
 	}
-	return &sandboxError{ID: id, Err: ce}
+	return ce
 }
 
 // checkTask asks the manager whether the lease's task still lives; it
-// returns why the lease is gone, or nil (alive, or the check failed).
-func (g *Gateway) checkTask(ctx context.Context, lease warmpool.Lease) *leaseGoneError {
-	ctx, cancel := context.WithTimeout(ctx, g.cfg.ManagerTimeout)
+// returns why the lease is gone, or nil (alive, or the check failed). The
+// check runs even when ctx's client has gone, bounded by ManagerTimeout.
+func (g *Gateway) checkTask(ctx context.Context, lease warmpool.Lease) *warmpool.LeaseEndedError {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ManagerTimeout)
 	defer cancel()
 	l, err := g.mgr.CheckTask(ctx, lease)
 	if err != nil {

@@ -28,6 +28,7 @@ func (g *Gateway) newRock(images map[string]string) (*rockcompat.Service, error)
 		RequestTimeout:    g.cfg.RequestTimeout,
 		MaxCommandTimeout: g.cfg.MaxCommandTimeout,
 		TimeoutMargin:     g.cfg.TimeoutMargin,
+		RetryAfter:        g.cfg.RetryAfter,
 	}, rockcompat.Deps{
 		Leases: g.mgr,
 		Owner:  ownerOf,

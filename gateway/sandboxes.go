@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/bytebufferpool"
 
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -47,12 +48,8 @@ type sandbox struct {
 // toSandbox converts a lease for a client; an active lease past its expiry
 // (not yet reaped) is shown as expired, as the proxy treats it.
 func (g *Gateway) toSandbox(l warmpool.Lease) sandbox {
-	state := l.State
-	if state == warmpool.LeaseActive && !g.clock.Now().Before(l.ExpiresAt) {
-		state = warmpool.LeaseExpired
-	}
 	return sandbox{
-		ID: l.ID, Pool: l.Pool, State: string(state), Reason: l.Reason, Generation: l.Generation,
+		ID: l.ID, Pool: l.Pool, State: string(l.StateAt(g.clock.Now())), Reason: l.Reason, Generation: l.Generation,
 		CreatedAt: l.CreatedAt, ExpiresAt: l.ExpiresAt, EndedAt: l.EndedAt,
 		LeaseSeconds: int64(l.Duration / time.Second), Labels: l.Labels,
 	}
@@ -184,7 +181,7 @@ func (g *Gateway) getSandbox(c *fiber.Ctx) error {
 	defer cancel()
 	lease, err := g.mgr.Get(ctx, id, ownerOf(c))
 	if err != nil {
-		return &sandboxError{ID: id, Err: err}
+		return errclass.Sandbox(id, err)
 	}
 	g.leaseGone(lease)
 	return c.JSON(g.toSandbox(lease))
@@ -226,7 +223,7 @@ func (g *Gateway) endOrExtend(c *fiber.Ctx, op func(ctx context.Context, id, own
 		}
 	}
 	if err != nil {
-		return &sandboxError{ID: id, Err: err}
+		return errclass.Sandbox(id, err)
 	}
 	g.leaseGone(lease)
 	return c.JSON(g.toSandbox(lease))
@@ -234,14 +231,9 @@ func (g *Gateway) endOrExtend(c *fiber.Ctx, op func(ctx context.Context, id, own
 
 // leaseGone returns why l can no longer be used (nil while it is active and
 // unexpired) and drops the cached client of its agent when it cannot.
-func (g *Gateway) leaseGone(l warmpool.Lease) *leaseGoneError {
-	var gone *leaseGoneError
-	switch {
-	case l.State != warmpool.LeaseActive:
-		gone = &leaseGoneError{State: l.State, Reason: l.Reason}
-	case !g.clock.Now().Before(l.ExpiresAt):
-		gone = &leaseGoneError{State: warmpool.LeaseExpired}
-	default:
+func (g *Gateway) leaseGone(l warmpool.Lease) *warmpool.LeaseEndedError {
+	gone := l.Ended(g.clock.Now())
+	if gone == nil {
 		return nil
 	}
 	if l.AgentURL != "" {

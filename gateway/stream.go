@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -63,13 +64,9 @@ func (g *Gateway) streamEnd(ctx context.Context, id string, lease warmpool.Lease
 	if err == nil {
 		err = errStreamCut
 	}
-	var cause error = &sandboxError{ID: id, Err: newAgentCallError(err)}
-	if gone := g.checkTask(ctx, lease); gone != nil {
-		cause = &sandboxError{ID: id, Err: gone}
-	}
-	a := describe(cause)
-	g.log.Warn("agent event stream broke", "lease", lease.ID, "err", err, "code", a.code)
-	data, _ := json.Marshal(agentapi.ErrorDetail{Code: a.code, Message: a.message})
+	a := errclass.Of(errclass.Sandbox(id, g.agentCallFailed(ctx, lease, err)))
+	g.log.Warn("agent event stream broke", "lease", lease.ID, "err", err, "code", a.Code)
+	data, _ := json.Marshal(agentapi.ErrorDetail{Code: a.Code, Message: a.Message})
 	ev := make([]byte, 0, len(data)+32)
 	ev = append(ev, "event: "+agentapi.EventError+"\ndata: "...)
 	ev = append(ev, data...)

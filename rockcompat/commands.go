@@ -15,6 +15,7 @@ import (
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -91,10 +92,10 @@ func (s *Service) execute(c *fiber.Ctx, owner string) (any, error) {
 	}
 	res, err := s.agent(l).Exec(ctx, er)
 	if err != nil {
-		return nil, &sandboxErr{id: req.SandboxID, err: err}
+		return nil, errclass.Sandbox(req.SandboxID, err)
 	}
 	if res.TimedOut {
-		return nil, &commandError{msg: fmt.Sprintf("command timed out after %d ms and was killed", ms)}
+		return nil, &errclass.CommandError{Message: fmt.Sprintf("command timed out after %d ms and was killed", ms)}
 	}
 	code := res.ExitCode
 	return commandResult{Stdout: res.Stdout, Stderr: res.Stderr, ExitCode: &code}, nil
@@ -168,7 +169,7 @@ func (s *Service) openSession(ctx context.Context, owner, sandboxID, name string
 	ac := s.agent(l)
 	sid, err := s.sessionID(ctx, ac, l, name)
 	if err != nil {
-		return l, nil, "", &sandboxErr{id: sandboxID, err: err}
+		return l, nil, "", errclass.Sandbox(sandboxID, err)
 	}
 	return l, ac, sid, nil
 }
@@ -243,7 +244,7 @@ func (s *Service) createSession(c *fiber.Ctx, owner string) (any, error) {
 	}
 	info, err := ac.CreateSession(ctx, agentapi.SessionCreateRequest{Env: req.Env})
 	if err != nil {
-		return nil, &sandboxErr{id: req.SandboxID, err: err}
+		return nil, errclass.Sandbox(req.SandboxID, err)
 	}
 	// Claim the name: of two create_session calls racing for it, one
 	// creates the file and the other closes its new session again.
@@ -253,13 +254,13 @@ func (s *Service) createSession(c *fiber.Ctx, owner string) (any, error) {
 		if errors.As(err, &ae) && ae.Status == http.StatusConflict {
 			return nil, sessionExists(name, req.SandboxID)
 		}
-		return nil, &sandboxErr{id: req.SandboxID, err: err}
+		return nil, errclass.Sandbox(req.SandboxID, err)
 	}
 	var out strings.Builder
 	for _, src := range req.StartupSource {
 		res, err := ac.RunSession(ctx, info.ID, agentapi.SessionRunRequest{Command: ". " + shellQuote(src)})
 		if err != nil {
-			return nil, &sandboxErr{id: req.SandboxID, err: err}
+			return nil, errclass.Sandbox(req.SandboxID, err)
 		}
 		out.WriteString(res.Output)
 	}
@@ -346,7 +347,7 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 	if sid == "" {
 		res, err := ac.Exec(ctx, agentapi.ExecRequest{Command: "exec 2>&1\n" + cmd, TimeoutMS: ms})
 		if err != nil {
-			return nil, &sandboxErr{id: req.SandboxID, err: err}
+			return nil, errclass.Sandbox(req.SandboxID, err)
 		}
 		output, exitCode, timedOut = res.Stdout, res.ExitCode, res.TimedOut
 	} else {
@@ -357,7 +358,7 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 			return nil, badinput.New("session", "session %q of sandbox %s has ended (its shell exited); create it again", name, req.SandboxID)
 		}
 		if err != nil {
-			return nil, &sandboxErr{id: req.SandboxID, err: err}
+			return nil, errclass.Sandbox(req.SandboxID, err)
 		}
 		if res.Closed {
 			_ = s.forgetSession(ctx, ac, l, name)
@@ -366,7 +367,7 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 	}
 	output = strings.TrimSpace(output)
 	if timedOut {
-		return nil, &commandError{msg: fmt.Sprintf("timeout after %g seconds while running command %q (the session is still usable)",
+		return nil, &errclass.CommandError{Message: fmt.Sprintf("timeout after %g seconds while running command %q (the session is still usable)",
 			float64(ms)/1000, *req.Command)}
 	}
 	obs := observation{SessionType: "bash", Output: output}
@@ -375,7 +376,7 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 		if nohupCode != 0 {
 			reason := fmt.Sprintf("the nohup command writing %s exited with code %d", nohupOut, nohupCode)
 			if check == "raise" {
-				return nil, &commandError{msg: fmt.Sprintf("%s. Here is its output:\n%s", reason, output)}
+				return nil, &errclass.CommandError{Message: fmt.Sprintf("%s. Here is its output:\n%s", reason, output)}
 			}
 			exitCode = nohupCode
 			obs.FailureReason = reason
@@ -385,7 +386,7 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 		return obs, nil
 	}
 	if exitCode != 0 && check == "raise" {
-		return nil, &commandError{msg: fmt.Sprintf("Command %q failed with exit code %d. Here is the output:\n%s",
+		return nil, &errclass.CommandError{Message: fmt.Sprintf("Command %q failed with exit code %d. Here is the output:\n%s",
 			*req.Command, exitCode, output)}
 	}
 	obs.ExitCode = &exitCode
@@ -423,10 +424,10 @@ func (s *Service) closeSession(c *fiber.Ctx, owner string) (any, error) {
 	}
 	var ae *agentapi.Error
 	if err := ac.CloseSession(ctx, sid); err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
-		return nil, &sandboxErr{id: req.SandboxID, err: err}
+		return nil, errclass.Sandbox(req.SandboxID, err)
 	}
 	if err := s.forgetSession(ctx, ac, l, name); err != nil {
-		return nil, &sandboxErr{id: req.SandboxID, err: err}
+		return nil, errclass.Sandbox(req.SandboxID, err)
 	}
 	return map[string]string{"session_type": "bash"}, nil
 }

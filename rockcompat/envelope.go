@@ -2,18 +2,11 @@ package rockcompat
 
 import (
 	"bytes"
-	"context"
-	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
-
-	"github.com/quarryhq/quarry/execagent/agentapi"
-	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/warmpool"
+	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // ROCK's result codes (rock._codes): 2xxx ok, 4xxx the caller's fault,
@@ -44,22 +37,25 @@ type failedResult struct {
 type handlerFunc func(c *fiber.Ctx, owner string) (any, error)
 
 // handle wraps fn: a result becomes a "Success" envelope, an error a
-// "Failed" one (describe).
+// "Failed" one rendered from its classification (failureOf).
 func (s *Service) handle(name string, fn handlerFunc) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		res, err := fn(c, s.owner(c))
 		if err != nil {
-			f := describe(err)
-			if f.code == codeInternal {
+			f := failureOf(err)
+			if f.Status >= 500 {
 				s.log.Warn("rock call failed", "route", name, "err", err)
 			}
 			status := http.StatusOK
 			if name == "read_file" {
 				// The SDK's read_file reads result["content"] whatever the
 				// status says: only an HTTP error stops it cleanly.
-				status = f.httpStatus
+				status = f.Status
 			}
-			return WriteFailed(c, status, name+" failed", f.code, f.message)
+			if f.Retryable {
+				c.Set(fiber.HeaderRetryAfter, errclass.RetryAfter(s.cfg.RetryAfter))
+			}
+			return WriteFailed(c, status, name+" failed", f.code, f.Message)
 		}
 		return c.JSON(envelope{Status: "Success", Result: res})
 	}
@@ -74,93 +70,27 @@ func WriteFailed(c *fiber.Ctx, status int, message string, code int, errMsg stri
 		Result: failedResult{Code: code, FailureReason: errMsg}})
 }
 
-// failure is how one error is answered.
+// failure is an error's classification with its ROCK result code.
 type failure struct {
-	code       int
-	httpStatus int
-	message    string
+	errclass.Class
+	code int
 }
 
-// Errors the package decides itself.
-var (
-	// errGone: the sandbox's lease has ended.
-	errGone = errors.New("sandbox is no longer running")
-)
-
-// sandboxErr names the sandbox an error is about.
-type sandboxErr struct {
-	id  string
-	err error
-}
-
-func (e *sandboxErr) Error() string { return fmt.Sprintf("sandbox %s: %v", e.id, e.err) }
-func (e *sandboxErr) Unwrap() error { return e.err }
-
-// commandError: a command ran and failed (check "raise", a timeout, a
-// closed shell).
-type commandError struct{ msg string }
-
-func (e *commandError) Error() string { return e.msg }
-
-// describe is the one mapping from errors to ROCK answers.
-func describe(err error) failure {
-	subject := "the sandbox"
-	var sbx *sandboxErr
-	if errors.As(err, &sbx) {
-		subject = "sandbox " + sbx.id
-	}
-	var (
-		ve  *badinput.Error
-		ce  *commandError
-		ae  *agentapi.Error
-		ne  net.Error
-		bad = func(msg string) failure {
-			return failure{code: codeBadRequest, httpStatus: http.StatusBadRequest, message: msg}
-		}
-	)
+// failureOf classifies err (errclass.Of) and gives it ROCK's result code:
+// 6000 for a command that failed, 5000 — the code ROCK's SDK documents as
+// the one to retry — for what a retry can fix and for the service's own
+// failures, 4000 for the caller's. A retryable failure's message says
+// "retry"; the handlers also send Retry-After with it.
+func failureOf(err error) failure {
+	c := errclass.Of(err)
+	code := codeBadRequest
 	switch {
-	case errors.As(err, &ve):
-		return bad(ve.Error())
-	case errors.As(err, &ce):
-		return failure{code: codeCommand, httpStatus: http.StatusUnprocessableEntity, message: ce.msg}
-	case errors.Is(err, errGone), errors.Is(err, warmpool.ErrLeaseEnded):
-		return failure{code: codeBadRequest, httpStatus: http.StatusGone, message: err.Error()}
-	case errors.Is(err, warmpool.ErrNotFound), errors.Is(err, warmpool.ErrLeaseNotHeld):
-		return failure{code: codeBadRequest, httpStatus: http.StatusNotFound, message: subject + " not found"}
-	case errors.As(err, &ae):
-		return describeAgent(subject, ae)
-	case errors.Is(err, warmpool.ErrNoCapacity):
-		return failure{code: codeInternal, httpStatus: http.StatusServiceUnavailable,
-			message: "no sandbox available: the pool is at its max_total; retry later"}
-	case errors.Is(err, warmpool.ErrConflict):
-		return failure{code: codeInternal, httpStatus: http.StatusConflict, message: subject + " changed concurrently; retry"}
-	case errors.Is(err, warmpool.ErrUnavailable), errors.Is(err, warmpool.ErrClosed),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return failure{code: codeInternal, httpStatus: http.StatusServiceUnavailable,
-			message: "the lease store or the sandbox did not answer in time; retry later"}
-	case errors.As(err, &ne):
-		return failure{code: codeInternal, httpStatus: http.StatusBadGateway,
-			message: "the agent of " + subject + " is unreachable: " + ne.Error()}
-	default:
-		return failure{code: codeInternal, httpStatus: http.StatusInternalServerError, message: "internal error: " + err.Error()}
+	case c.Code == errclass.CodeCommandFailed:
+		code = codeCommand
+	case c.Retryable || c.Status >= 500:
+		code = codeInternal
 	}
-}
-
-// describeAgent maps an agent's error answer.
-func describeAgent(subject string, ae *agentapi.Error) failure {
-	switch {
-	case ae.Code == agentapi.CodeStaleGeneration:
-		return failure{code: codeBadRequest, httpStatus: http.StatusGone,
-			message: subject + " is no longer running (its lease has ended)"}
-	case ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden:
-		return failure{code: codeInternal, httpStatus: http.StatusBadGateway,
-			message: "the agent of " + subject + " refused the gateway's credentials"}
-	case ae.Status >= 400 && ae.Status < 500:
-		return failure{code: codeBadRequest, httpStatus: ae.Status, message: ae.Message}
-	default:
-		return failure{code: codeInternal, httpStatus: http.StatusBadGateway,
-			message: "the agent of " + subject + " failed: " + ae.Message}
-	}
+	return failure{Class: c, code: code}
 }
 
 func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }

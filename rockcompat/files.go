@@ -13,6 +13,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // readFileRequest is ROCK's SandboxReadFileRequest.
@@ -56,12 +57,12 @@ func (s *Service) readFile(c *fiber.Ctx, owner string) (any, error) {
 	}
 	rc, err := s.agent(l).ReadFile(ctx, req.Path, 0, s.cfg.MaxReadFile+1)
 	if err != nil {
-		return nil, &sandboxErr{id: req.SandboxID, err: err}
+		return nil, errclass.Sandbox(req.SandboxID, err)
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(io.LimitReader(rc, s.cfg.MaxReadFile+1))
 	if err != nil {
-		return nil, &sandboxErr{id: req.SandboxID, err: fmt.Errorf("read %s: %w", req.Path, err)}
+		return nil, errclass.Sandbox(req.SandboxID, fmt.Errorf("read %s: %w", req.Path, err))
 	}
 	if int64(len(b)) > s.cfg.MaxReadFile {
 		return nil, badinput.New("path", "%s is larger than read_file's limit of %d bytes; use execute or download it in parts", req.Path, s.cfg.MaxReadFile)
@@ -145,7 +146,7 @@ func (s *Service) writeFile(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	if _, err := s.agent(l).WriteFile(ctx, req.Path, 0, strings.NewReader(*req.Content)); err != nil {
-		return nil, &sandboxErr{id: req.SandboxID, err: err}
+		return nil, errclass.Sandbox(req.SandboxID, err)
 	}
 	return successResult{Success: true, Message: "wrote " + req.Path}, nil
 }
@@ -183,7 +184,7 @@ func (s *Service) upload(c *fiber.Ctx, owner string) (any, error) {
 			return err
 		}
 		if _, err := s.agent(l).WriteFile(ctx, target, 0, r); err != nil {
-			return &sandboxErr{id: sandboxID, err: err}
+			return errclass.Sandbox(sandboxID, err)
 		}
 		written = true
 		return nil

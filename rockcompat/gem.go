@@ -3,14 +3,12 @@ package rockcompat
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"net/http"
 
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/quarryhq/quarry/envs"
-	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // GemPrefix is the path prefix of ROCK's GEM env routes.
@@ -40,9 +38,6 @@ type gemRequest struct {
 	Action    json.RawMessage `json:"action"`
 }
 
-// errGemOff: the gateway has no env registry.
-var errGemOff = errors.New("the env API is not configured on this gateway (QUARRY_ENVS_FILE)")
-
 // GemRoutes returns ROCK's GEM routes (make, reset, step, close) over e
 // (nil: they answer 404).
 // Like ROCK's, they answer plain JSON bodies (no envelope); a failure is an
@@ -52,7 +47,7 @@ func (s *Service) GemRoutes(e Envs) []Route {
 	route := func(name string, fn func(ctx context.Context, owner string, req gemRequest) (any, error)) Route {
 		return Route{Method: fiber.MethodPost, Path: GemPrefix + "/" + name, Handler: func(c *fiber.Ctx) error {
 			if e == nil {
-				return c.Status(http.StatusNotFound).JSON(map[string]string{"detail": errGemOff.Error()})
+				return s.gemFailed(c, name, envs.ErrOff)
 			}
 			var req gemRequest
 			err := s.decode(c, &req)
@@ -63,11 +58,7 @@ func (s *Service) GemRoutes(e Envs) []Route {
 				res, err = fn(ctx, s.owner(c), req)
 			}
 			if err != nil {
-				status, msg := describeGem(err)
-				if status >= 500 {
-					s.log.Warn("gem call failed", "route", name, "err", err)
-				}
-				return c.Status(status).JSON(map[string]string{"detail": msg})
+				return s.gemFailed(c, name, err)
 			}
 			return c.JSON(res)
 		}}
@@ -113,32 +104,16 @@ func (s *Service) GemRoutes(e Envs) []Route {
 	}
 }
 
-// describeGem maps an env API error to an HTTP status and message.
-func describeGem(err error) (int, string) {
-	var (
-		ve *badinput.Error
-		ee *envs.Error
-		ae *agentapi.Error
-	)
-	switch {
-	case errors.As(err, &ve):
-		return http.StatusBadRequest, ve.Error()
-	case errors.Is(err, envs.ErrNotEnv):
-		return http.StatusConflict, err.Error()
-	case errors.As(err, &ee):
-		switch ee.Kind {
-		case envs.KindInvalidAction:
-			return http.StatusBadRequest, ee.Error()
-		case envs.KindNotRunning:
-			return http.StatusConflict, ee.Error()
-		case envs.KindTimeout:
-			return http.StatusGatewayTimeout, ee.Error()
-		default:
-			return http.StatusBadGateway, ee.Error()
-		}
-	case errors.As(err, &ae) && ae.Code == agentapi.CodeBusy:
-		return http.StatusConflict, ae.Message
+// gemFailed answers a failed GEM call as ROCK's GEM API does: the HTTP
+// status of err's classification with {"detail": message}, which the SDK's
+// RockEnv quotes in its exception; a retryable failure carries Retry-After.
+func (s *Service) gemFailed(c *fiber.Ctx, route string, err error) error {
+	f := errclass.Of(err)
+	if f.Status >= 500 {
+		s.log.Warn("gem call failed", "route", route, "err", err)
 	}
-	f := describe(err)
-	return f.httpStatus, f.message
+	if f.Retryable {
+		c.Set(fiber.HeaderRetryAfter, errclass.RetryAfter(s.cfg.RetryAfter))
+	}
+	return c.Status(f.Status).JSON(map[string]string{"detail": f.Message})
 }

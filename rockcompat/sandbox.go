@@ -14,6 +14,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -182,16 +183,16 @@ func (s *Service) lookup(ctx context.Context, owner, id string) (warmpool.Lease,
 	if warmpool.ValidLeaseID(id) {
 		l, err := s.leases.Get(ctx, id, owner)
 		if err != nil {
-			return l, &sandboxErr{id: id, err: err}
+			return l, errclass.Sandbox(id, err)
 		}
 		return l, nil
 	}
 	ls, err := s.leases.List(ctx, warmpool.LeaseFilter{Owner: owner, Labels: map[string]string{LabelSandboxID: id}, Limit: 100})
 	if err != nil {
-		return warmpool.Lease{}, &sandboxErr{id: id, err: err}
+		return warmpool.Lease{}, errclass.Sandbox(id, err)
 	}
 	if len(ls) == 0 {
-		return warmpool.Lease{}, &sandboxErr{id: id, err: warmpool.ErrNotFound}
+		return warmpool.Lease{}, errclass.Sandbox(id, warmpool.ErrNotFound)
 	}
 	best := ls[0]
 	for _, l := range ls[1:] {
@@ -217,14 +218,14 @@ func (s *Service) active(ctx context.Context, owner, id string) (warmpool.Lease,
 		return l, err
 	}
 	now := s.clock.Now()
-	if l.State != warmpool.LeaseActive || !now.Before(l.ExpiresAt) {
-		return l, &sandboxErr{id: id, err: fmt.Errorf("%w: its lease is %s", errGone, stateOf(l, now))}
+	if gone := l.Ended(now); gone != nil {
+		return l, errclass.Sandbox(id, gone)
 	}
 	if l.Duration > 0 && l.ExpiresAt.Sub(now) < l.Duration/2 {
 		renewed, err := s.leases.Heartbeat(ctx, l.ID, owner)
 		switch {
 		case errors.Is(err, warmpool.ErrLeaseEnded):
-			return l, &sandboxErr{id: id, err: fmt.Errorf("%w: its lease has ended", errGone)}
+			return l, errclass.Sandbox(id, err)
 		case err != nil:
 			s.log.Warn("renew lease", "lease", l.ID, "err", err)
 		default:
@@ -232,15 +233,6 @@ func (s *Service) active(ctx context.Context, owner, id string) (warmpool.Lease,
 		}
 	}
 	return l, nil
-}
-
-// stateOf is the lease's state as clients see it (an active lease past its
-// expiry is expired).
-func stateOf(l warmpool.Lease, now time.Time) warmpool.LeaseState {
-	if l.State == warmpool.LeaseActive && !now.Before(l.ExpiresAt) {
-		return warmpool.LeaseExpired
-	}
-	return l.State
 }
 
 // phase is one entry of SandboxStatusResponse.status, which the SDK's start
@@ -280,7 +272,7 @@ func (s *Service) getStatus(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	now := s.clock.Now()
-	state := stateOf(l, now)
+	state := l.StateAt(now)
 	alive := state == warmpool.LeaseActive
 	res := statusResult{
 		SandboxID: id, HostName: l.TaskID, IsAlive: alive, Image: l.Labels[LabelImage],
@@ -349,9 +341,9 @@ func (s *Service) isAlive(c *fiber.Ctx, owner string) (any, error) {
 	case errors.As(err, &ve):
 		return nil, err
 	case err != nil:
-		return aliveResult{Message: describe(err).message}, nil
+		return aliveResult{Message: errclass.Of(err).Message}, nil
 	}
-	if st := stateOf(l, s.clock.Now()); st != warmpool.LeaseActive {
+	if st := l.StateAt(s.clock.Now()); st != warmpool.LeaseActive {
 		return aliveResult{Message: fmt.Sprintf("sandbox %s is %s", id, st)}, nil
 	}
 	return aliveResult{IsAlive: true, Message: l.TaskID}, nil
@@ -376,7 +368,7 @@ func (s *Service) stop(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	if _, err := s.leases.Release(ctx, l.ID, owner); err != nil && !errors.Is(err, warmpool.ErrLeaseEnded) {
-		return nil, &sandboxErr{id: req.SandboxID, err: err}
+		return nil, errclass.Sandbox(req.SandboxID, err)
 	}
 	return req.SandboxID + " stopped", nil
 }

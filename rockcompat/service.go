@@ -67,6 +67,9 @@ type Config struct {
 	// 10s).
 	MaxCommandTimeout time.Duration
 	TimeoutMargin     time.Duration
+	// RetryAfter is the Retry-After sent with a failure that a retry can
+	// fix (default 2s).
+	RetryAfter time.Duration
 	// StateDir is the directory inside each sandbox where session names and
 	// nohup exit codes are kept (default /tmp/.quarry-rock).
 	StateDir string
@@ -90,6 +93,7 @@ func (c Config) withDefaults() Config {
 	setDefault(&c.RequestTimeout, 30*time.Second)
 	setDefault(&c.MaxCommandTimeout, 24*time.Hour)
 	setDefault(&c.TimeoutMargin, 10*time.Second)
+	setDefault(&c.RetryAfter, 2*time.Second)
 	setDefault(&c.StateDir, DefaultStateDir)
 	return c
 }

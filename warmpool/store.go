@@ -98,6 +98,42 @@ type Lease struct {
 	Version   int64         `json:"version"`
 }
 
+// StateAt is the lease's state as clients see it at now: an active lease
+// past ExpiresAt is expired, whether or not the reaper has ended it yet.
+func (l Lease) StateAt(now time.Time) LeaseState {
+	if l.State == LeaseActive && !now.Before(l.ExpiresAt) {
+		return LeaseExpired
+	}
+	return l.State
+}
+
+// Ended returns nil while l can be used at now (active and unexpired), and
+// otherwise a *LeaseEndedError saying how it ended.
+func (l Lease) Ended(now time.Time) *LeaseEndedError {
+	state := l.StateAt(now)
+	if state == LeaseActive {
+		return nil
+	}
+	return &LeaseEndedError{State: state, Reason: l.Reason}
+}
+
+// LeaseEndedError says how a lease ended: its final state and the reason
+// recorded with it. It matches ErrLeaseEnded (errors.Is).
+type LeaseEndedError struct {
+	State  LeaseState // LeaseReleased, LeaseExpired or LeaseLost
+	Reason string
+}
+
+func (e *LeaseEndedError) Error() string {
+	if e.Reason == "" {
+		return "lease " + string(e.State)
+	}
+	return "lease " + string(e.State) + ": " + e.Reason
+}
+
+// Is makes a *LeaseEndedError match ErrLeaseEnded.
+func (e *LeaseEndedError) Is(target error) bool { return target == ErrLeaseEnded }
+
 // ClaimRequest asks the store to hand one task to a new lease.
 type ClaimRequest struct {
 	// Pool to claim a ready task from.

@@ -27,6 +27,25 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("agent: %d %s: %s", e.Status, e.Code, e.Message)
 }
 
+// CallError is a call to an agent that got no usable answer: the
+// connection failed or timed out, or broke before the answer. Err is
+// the transport's error. Callers that reach agents another way (the
+// gateway's proxy) return it too, so that every surface classifies agent
+// failures alike (internal/errclass).
+type CallError struct {
+	Method, Path string
+	Err          error
+}
+
+func (e *CallError) Error() string {
+	if e.Method == "" {
+		return fmt.Sprintf("call agent: %v", e.Err)
+	}
+	return fmt.Sprintf("call agent %s %s: %v", e.Method, e.Path, e.Err)
+}
+
+func (e *CallError) Unwrap() error { return e.Err }
+
 // Client calls one exec agent. It is safe for concurrent use. Generation is
 // sent as HeaderGeneration on every call (0 sends nothing).
 type Client struct {
@@ -111,7 +130,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("call agent %s %s: %w", method, path, err)
+		return nil, &CallError{Method: method, Path: path, Err: err}
 	}
 	if err := CheckResponse(resp); err != nil {
 		resp.Body.Close()

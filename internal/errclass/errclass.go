@@ -1,0 +1,354 @@
+package errclass
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
+
+	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/modelservice"
+	"github.com/quarryhq/quarry/providers"
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// Codes that are not the agent's (agentapi.Code*): the gateway's own.
+const (
+	// CodeMethodNotAllowed: the path exists but not for this method (405).
+	CodeMethodNotAllowed = "method_not_allowed"
+	// CodeUpstreamUnreachable: a model relay upstream failed (502).
+	CodeUpstreamUnreachable = "upstream_unreachable"
+	// CodeCommandFailed: a command ran and failed where the caller asked
+	// for failure to be an error (ROCK's check "raise", a killed command);
+	// 422. ROCK's envelope answers it with its command code, 6000.
+	CodeCommandFailed = "command_failed"
+)
+
+// Class is how every API surface answers one error.
+type Class struct {
+	// Code is the machine-readable code: an agentapi.Code* or one of the
+	// Code* constants above (an env program's failure carries its
+	// envs.Kind).
+	Code string
+	// Status is the HTTP status on Quarry's own API.
+	Status int
+	// Retryable: the same request can succeed if it is sent again later;
+	// nothing about it is wrong. Quarry's API sends Retry-After with a
+	// retryable 503; ROCK's envelope answers code 5000, which ROCK's SDK
+	// documents as the one to retry.
+	Retryable bool
+	// Message is for people: what went wrong and, where it helps, what to
+	// do. It never carries the details of an unexpected error.
+	Message string
+}
+
+// Unexpected reports whether the class is an unexpected server failure
+// (code internal), which surfaces log at error level.
+func (c Class) Unexpected() bool { return c.Code == agentapi.CodeInternal }
+
+// SandboxError names the sandbox an error is about, so that its message
+// can say which.
+type SandboxError struct {
+	ID  string
+	Err error
+}
+
+// Sandbox returns err wrapped in a *SandboxError naming sandbox id; nil for
+// a nil err.
+func Sandbox(id string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &SandboxError{ID: id, Err: err}
+}
+
+func (e *SandboxError) Error() string { return fmt.Sprintf("sandbox %s: %v", e.ID, e.Err) }
+func (e *SandboxError) Unwrap() error { return e.Err }
+
+// Error is an error whose class its maker decided: an authentication
+// failure, a route that is switched off.
+type Error struct{ Class }
+
+func (e *Error) Error() string { return e.Message }
+
+// New returns an *Error of the class (code, status, message).
+func New(status int, code, message string) error {
+	return &Error{Class{Code: code, Status: status, Message: message}}
+}
+
+// Unauthorized returns the 401 answer with message.
+func Unauthorized(message string) error {
+	return New(http.StatusUnauthorized, agentapi.CodeUnauthorized, message)
+}
+
+// RetryAfter is the Retry-After header value (whole seconds, at least 1)
+// that surfaces send with a retryable answer, for the configured delay d.
+func RetryAfter(d time.Duration) string { return strconv.Itoa(max(1, int(d.Seconds()))) }
+
+// ErrTooLarge: a request body exceeded its limit (413). Wrap it with the
+// limit: fmt.Errorf("body: larger than %d bytes: %w", n, ErrTooLarge).
+var ErrTooLarge = errors.New("request body too large")
+
+// BodyReadError: reading the client's request body failed (the client went
+// away or sent a malformed chunked body); 400.
+type BodyReadError struct{ Err error }
+
+func (e *BodyReadError) Error() string { return fmt.Sprintf("read request body: %v", e.Err) }
+func (e *BodyReadError) Unwrap() error { return e.Err }
+
+// CommandError: a command ran and failed where the caller asked for that
+// to be an error (CodeCommandFailed, 422). Message says how it failed and
+// carries its output.
+type CommandError struct{ Message string }
+
+func (e *CommandError) Error() string { return e.Message }
+
+// AgentMayBeDown reports whether err, from a call to a sandbox's agent,
+// suggests that the task itself may be gone (so its lease should be
+// checked), as opposed to the gateway's own limits or the agent's answer.
+func AgentMayBeDown(err error) bool {
+	var ce *agentapi.CallError
+	return errors.As(err, &ce) && !errors.Is(ce.Err, fasthttp.ErrNoFreeConns) && !errors.Is(ce.Err, fasthttp.ErrBodyTooLarge)
+}
+
+// Of classifies err. It is the one mapping from Quarry's errors (the
+// contracts' sentinels and typed errors, wrapped or not) to what clients
+// are told; every surface renders its result. An error it does not know is
+// internal, and its text is not shown.
+func Of(err error) Class {
+	subject := "the sandbox"
+	var sbx *SandboxError
+	if errors.As(err, &sbx) {
+		subject = "sandbox " + sbx.ID
+	}
+	if c, ok := ofRequest(err); ok {
+		return c
+	}
+	if c, ok := ofModel(subject, err); ok {
+		return c
+	}
+	if c, ok := ofEnv(subject, err); ok {
+		return c
+	}
+	if c, ok := ofAgent(subject, err); ok {
+		return c
+	}
+	return ofLease(subject, err)
+}
+
+// ofRequest classifies the caller's own mistakes and the classes decided
+// where the error was made.
+func ofRequest(err error) (Class, bool) {
+	var (
+		fixed *Error
+		bad   *badinput.Error
+		body  *BodyReadError
+		cmd   *CommandError
+		fe    *fiber.Error
+	)
+	switch {
+	case errors.As(err, &fixed):
+		return fixed.Class, true
+	case errors.As(err, &bad):
+		return Class{Code: agentapi.CodeBadRequest, Status: http.StatusBadRequest, Message: bad.Error()}, true
+	case errors.Is(err, ErrTooLarge):
+		return Class{Code: agentapi.CodeTooLarge, Status: http.StatusRequestEntityTooLarge, Message: err.Error()}, true
+	case errors.As(err, &body):
+		return Class{Code: agentapi.CodeBadRequest, Status: http.StatusBadRequest, Message: "body: " + body.Err.Error()}, true
+	case errors.As(err, &cmd):
+		return Class{Code: CodeCommandFailed, Status: http.StatusUnprocessableEntity, Message: cmd.Message}, true
+	case errors.As(err, &fe):
+		return ofFiber(fe), true
+	}
+	return Class{}, false
+}
+
+func ofFiber(fe *fiber.Error) Class {
+	code := agentapi.CodeInternal
+	switch {
+	case fe.Code == http.StatusNotFound:
+		code = agentapi.CodeNotFound
+	case fe.Code == http.StatusMethodNotAllowed:
+		code = CodeMethodNotAllowed
+	case fe.Code == http.StatusRequestEntityTooLarge:
+		code = agentapi.CodeTooLarge
+	case fe.Code == http.StatusRequestTimeout:
+		code = agentapi.CodeTimeout
+	case fe.Code >= 400 && fe.Code < 500:
+		code = agentapi.CodeBadRequest
+	}
+	return Class{Code: code, Status: fe.Code, Message: fe.Message}
+}
+
+// ofModel classifies the model relay's errors (modelservice).
+func ofModel(subject string, err error) (Class, bool) {
+	var up *modelservice.UpstreamError
+	switch {
+	case errors.Is(err, modelservice.ErrBadToken):
+		return Class{Code: agentapi.CodeUnauthorized, Status: http.StatusUnauthorized,
+			Message: "invalid relay token: send this sandbox's $OPENAI_API_KEY"}, true
+	case errors.Is(err, modelservice.ErrUpstreamNotAllowed):
+		return Class{Code: agentapi.CodeForbidden, Status: http.StatusForbidden, Message: err.Error()}, true
+	case errors.As(err, &up):
+		return Class{Code: CodeUpstreamUnreachable, Status: http.StatusBadGateway,
+			Message: "the model upstream of " + subject + " failed: " + up.Err.Error()}, true
+	case errors.Is(err, modelservice.ErrTimeout):
+		return Class{Code: agentapi.CodeTimeout, Status: http.StatusGatewayTimeout,
+			Message: "no trainer answered the model request within its timeout"}, true
+	case errors.Is(err, modelservice.ErrNotFound):
+		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: "model request not found"}, true
+	case errors.Is(err, modelservice.ErrAnswered):
+		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Message: "the model request was answered already"}, true
+	case errors.Is(err, modelservice.ErrConflict):
+		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Message: err.Error()}, true
+	case errors.Is(err, modelservice.ErrGone):
+		return Class{Code: agentapi.CodeGone, Status: http.StatusGone,
+			Message: "the model request is gone: its agent disconnected or it timed out"}, true
+	case errors.Is(err, modelservice.ErrShuttingDown):
+		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+			Message: modelservice.ErrShuttingDown.Error()}, true
+	case errors.Is(err, modelservice.ErrFull), errors.Is(err, modelservice.ErrUnavailable), errors.Is(err, modelservice.ErrClosed):
+		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+			Message: "the model relay is unavailable (" + err.Error() + "); retry later"}, true
+	}
+	return Class{}, false
+}
+
+// ofEnv classifies the env API's errors (envs).
+func ofEnv(subject string, err error) (Class, bool) {
+	var ee *envs.Error
+	switch {
+	case errors.Is(err, envs.ErrOff):
+		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: envs.ErrOff.Error()}, true
+	case errors.Is(err, envs.ErrNotEnv):
+		msg := err.Error()
+		if sbx := (*SandboxError)(nil); errors.As(err, &sbx) {
+			msg = sbx.Err.Error()
+		}
+		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Message: msg}, true
+	case errors.As(err, &ee):
+		status := http.StatusBadGateway
+		switch ee.Kind {
+		case envs.KindInvalidAction:
+			status = http.StatusBadRequest
+		case envs.KindNotRunning:
+			status = http.StatusConflict
+		case envs.KindTimeout:
+			status = http.StatusGatewayTimeout
+		}
+		return Class{Code: string(ee.Kind), Status: status, Message: subject + ": " + ee.Message}, true
+	}
+	return Class{}, false
+}
+
+// ofAgent classifies a sandbox agent's own error answers and calls to it
+// that got no usable answer.
+func ofAgent(subject string, err error) (Class, bool) {
+	var (
+		ae *agentapi.Error
+		ce *agentapi.CallError
+	)
+	switch {
+	case errors.As(err, &ae):
+		return ofAgentAnswer(subject, ae), true
+	case errors.As(err, &ce):
+		return ofAgentCall(subject, ce), true
+	}
+	return Class{}, false
+}
+
+func ofAgentAnswer(subject string, ae *agentapi.Error) Class {
+	switch {
+	case ae.Code == agentapi.CodeStaleGeneration:
+		return Class{Code: agentapi.CodeGone, Status: http.StatusGone,
+			Message: subject + ": its lease has ended (the sandbox belongs to a newer lease)"}
+	case ae.Status == http.StatusUnauthorized:
+		// Only a 401 means the gateway's token was refused; a 403 is the
+		// sandbox's own answer (e.g. a path it may not read) and passes on.
+		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
+			Message: "the agent of " + subject + " refused the gateway's credentials"}
+	case ae.Status >= 400 && ae.Status < 500:
+		return Class{Code: ae.Code, Status: ae.Status, Message: ae.Message}
+	default:
+		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
+			Message: "the agent of " + subject + " failed: " + ae.Message}
+	}
+}
+
+func ofAgentCall(subject string, ce *agentapi.CallError) Class {
+	var ne net.Error
+	switch {
+	case errors.Is(ce.Err, fasthttp.ErrNoFreeConns):
+		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+			Message: "too many concurrent calls to the agent of " + subject + "; retry later"}
+	case errors.Is(ce.Err, fasthttp.ErrBodyTooLarge):
+		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
+			Message: "the agent of " + subject + " answered with a body over the gateway's limit (QUARRY_MAX_AGENT_RESPONSE)"}
+	case errors.Is(ce.Err, fasthttp.ErrTimeout), errors.Is(ce.Err, fasthttp.ErrDialTimeout),
+		errors.Is(ce.Err, context.DeadlineExceeded), errors.As(ce.Err, &ne) && ne.Timeout():
+		return Class{Code: agentapi.CodeTimeout, Status: http.StatusGatewayTimeout,
+			Message: "the agent of " + subject + " did not answer in time"}
+	default:
+		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
+			Message: "the agent of " + subject + " is unreachable: " + ce.Err.Error()}
+	}
+}
+
+// ofLease classifies the lease store's and the providers' errors, and the
+// rest.
+func ofLease(subject string, err error) Class {
+	var (
+		ended  *warmpool.LeaseEndedError
+		launch *providers.LaunchError
+	)
+	switch {
+	case errors.As(err, &ended):
+		return Class{Code: agentapi.CodeGone, Status: http.StatusGone, Message: endedMessage(subject, ended)}
+	case errors.Is(err, warmpool.ErrLeaseEnded):
+		return Class{Code: agentapi.CodeGone, Status: http.StatusGone, Message: subject + ": its lease has ended"}
+	case errors.Is(err, warmpool.ErrNotFound), errors.Is(err, warmpool.ErrLeaseNotHeld):
+		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: subject + " not found"}
+	case errors.Is(err, warmpool.ErrConflict):
+		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Retryable: true,
+			Message: subject + " changed concurrently; retry"}
+	case errors.Is(err, warmpool.ErrNoCapacity), errors.Is(err, providers.ErrNoCapacity):
+		return Class{Code: agentapi.CodeNoCapacity, Status: http.StatusServiceUnavailable, Retryable: true,
+			Message: "no sandbox available: the pool is at its max_total; retry later"}
+	case errors.Is(err, warmpool.ErrUnavailable), errors.Is(err, warmpool.ErrClosed),
+		errors.Is(err, providers.ErrThrottled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, context.Canceled):
+		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+			Message: "the lease store or provider is unavailable; retry later"}
+	case errors.As(err, &launch):
+		return Class{Code: agentapi.CodeInternal, Status: http.StatusInternalServerError, Message: launch.Error()}
+	default:
+		return Class{Code: agentapi.CodeInternal, Status: http.StatusInternalServerError, Message: "internal error"}
+	}
+}
+
+// endedMessage says which way a lease ended.
+func endedMessage(subject string, e *warmpool.LeaseEndedError) string {
+	var msg string
+	switch e.State {
+	case warmpool.LeaseReleased:
+		msg = subject + " was released"
+	case warmpool.LeaseExpired:
+		msg = subject + " expired: its lease was not renewed before expires_at"
+	case warmpool.LeaseLost:
+		msg = subject + " was lost"
+	default:
+		msg = subject + ": its lease has ended"
+	}
+	if e.Reason != "" {
+		msg += " (" + e.Reason + ")"
+	}
+	return msg
+}

@@ -1,0 +1,101 @@
+package errclass_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/stretchr/testify/assert"
+	"github.com/valyala/fasthttp"
+
+	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/errclass"
+	"github.com/quarryhq/quarry/modelservice"
+	"github.com/quarryhq/quarry/providers"
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+func call(err error) error { return &agentapi.CallError{Method: "POST", Path: "/v1/exec", Err: err} }
+
+// TestOf holds the classification of every class of error, wrapped as
+// callers wrap them.
+func TestOf(t *testing.T) {
+	tests := []struct {
+		name      string
+		err       error
+		status    int
+		code      string
+		retryable bool
+		message   string
+	}{
+		{name: "bad input", err: fmt.Errorf("create: %w", badinput.New("lease_seconds", "above %d", 60)), status: 400, code: "bad_request", message: "lease_seconds: above 60"},
+		{name: "client body", err: &errclass.BodyReadError{Err: errors.New("unexpected EOF")}, status: 400, code: "bad_request", message: "body: unexpected EOF"},
+		{name: "too large", err: fmt.Errorf("body: larger than the limit of 10 bytes: %w", errclass.ErrTooLarge), status: 413, code: "payload_too_large", message: "larger than the limit of 10 bytes"},
+		{name: "unauthorized", err: errclass.Unauthorized("invalid API key"), status: 401, code: "unauthorized", message: "invalid API key"},
+		{name: "fiber 405", err: fiber.NewError(405, "Method Not Allowed"), status: 405, code: "method_not_allowed"},
+		{name: "fiber 408", err: fiber.ErrRequestTimeout, status: 408, code: "timeout"},
+		{name: "command failed", err: &errclass.CommandError{Message: "exit code 2"}, status: 422, code: "command_failed", message: "exit code 2"},
+		{name: "not found", err: errclass.Sandbox("sbx-1", warmpool.ErrNotFound), status: 404, code: "not_found", message: "sandbox sbx-1 not found"},
+		{name: "not held is not found", err: errclass.Sandbox("sbx-1", warmpool.ErrLeaseNotHeld), status: 404, code: "not_found", message: "sandbox sbx-1 not found"},
+		{name: "released", err: errclass.Sandbox("sbx-1", &warmpool.LeaseEndedError{State: warmpool.LeaseReleased}), status: 410, code: "gone", message: "sandbox sbx-1 was released"},
+		{name: "lost with reason", err: &warmpool.LeaseEndedError{State: warmpool.LeaseLost, Reason: "task exited with code 137"}, status: 410, code: "gone", message: "was lost (task exited with code 137)"},
+		{name: "ended", err: fmt.Errorf("heartbeat: %w", warmpool.ErrLeaseEnded), status: 410, code: "gone", message: "its lease has ended"},
+		{name: "stale generation", err: &agentapi.Error{Status: 409, Code: agentapi.CodeStaleGeneration, Message: "stale"}, status: 410, code: "gone", message: "belongs to a newer lease"},
+		{name: "store conflict", err: warmpool.ErrConflict, status: 409, code: "conflict", retryable: true, message: "changed concurrently; retry"},
+		{name: "no capacity", err: fmt.Errorf("reserve: %w", warmpool.ErrNoCapacity), status: 503, code: "no_capacity", retryable: true, message: "retry later"},
+		{name: "provider no capacity", err: &providers.LaunchError{Pool: "p", Reason: "quota", Err: providers.ErrNoCapacity}, status: 503, code: "no_capacity", retryable: true, message: "retry later"},
+		{name: "throttled", err: &providers.LaunchError{Pool: "p", Reason: "rate", Err: providers.ErrThrottled}, status: 503, code: "unavailable", retryable: true, message: "retry later"},
+		{name: "store unavailable", err: warmpool.ErrUnavailable, status: 503, code: "unavailable", retryable: true},
+		{name: "deadline", err: context.DeadlineExceeded, status: 503, code: "unavailable", retryable: true},
+		{name: "bad image", err: &providers.LaunchError{Pool: "p", Image: "nope", Reason: "image not found", Err: providers.ErrInvalidSpec}, status: 500, code: "internal", message: "image not found"},
+		{name: "unknown hides details", err: errors.New("disk on fire at /var/secret"), status: 500, code: "internal", message: "internal error"},
+		{name: "agent connection limit", err: errclass.Sandbox("s", call(fasthttp.ErrNoFreeConns)), status: 503, code: "unavailable", retryable: true},
+		{name: "agent answer too large", err: call(fmt.Errorf("read: %w", fasthttp.ErrBodyTooLarge)), status: 502, code: "agent_unreachable"},
+		{name: "agent timeout", err: call(fasthttp.ErrTimeout), status: 504, code: "timeout", message: "did not answer in time"},
+		{name: "agent deadline", err: call(context.DeadlineExceeded), status: 504, code: "timeout"},
+		{name: "agent refused", err: call(errors.New("connection refused")), status: 502, code: "agent_unreachable", message: "connection refused"},
+		{name: "agent 5xx", err: &agentapi.Error{Status: 500, Code: "internal", Message: "boom"}, status: 502, code: "agent_unreachable", message: "boom"},
+		{name: "agent 4xx passes", err: &agentapi.Error{Status: 404, Code: "not_found", Message: "no session"}, status: 404, code: "not_found", message: "no session"},
+		{name: "agent 403 is the sandbox's answer", err: &agentapi.Error{Status: 403, Code: "forbidden", Message: "/root: permission denied"}, status: 403, code: "forbidden", message: "permission denied"},
+		{name: "agent 401 is the gateway's token", err: &agentapi.Error{Status: 401, Code: "unauthorized", Message: "bad token"}, status: 502, code: "agent_unreachable", message: "refused the gateway's credentials"},
+		{name: "relay token", err: modelservice.ErrBadToken, status: 401, code: "unauthorized"},
+		{name: "relay upstream", err: &modelservice.UpstreamError{URL: "http://x", Err: errors.New("refused")}, status: 502, code: "upstream_unreachable"},
+		{name: "relay full", err: modelservice.ErrFull, status: 503, code: "unavailable", retryable: true},
+		{name: "relay timeout", err: modelservice.ErrTimeout, status: 504, code: "timeout"},
+		{name: "relay shutdown", err: fmt.Errorf("relay: %w", modelservice.ErrShuttingDown), status: 503, code: "unavailable", retryable: true},
+		{name: "env API off", err: fmt.Errorf("make: %w", envs.ErrOff), status: 404, code: "not_found", message: "QUARRY_ENVS_FILE"},
+		{name: "not an env", err: errclass.Sandbox("s", fmt.Errorf("label missing: %w", envs.ErrNotEnv)), status: 409, code: "conflict", message: "label missing"},
+		{name: "env refused the action", err: &envs.Error{Kind: envs.KindInvalidAction, Message: "not a digit"}, status: 400, code: "invalid_action", message: "not a digit"},
+		{name: "env timeout", err: &envs.Error{Kind: envs.KindTimeout, Message: "5s"}, status: 504, code: "env_timeout"},
+		{name: "env failed", err: &envs.Error{Kind: envs.KindEnv, Message: "exited"}, status: 502, code: "env_error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := errclass.Of(tt.err)
+			assert.Equal(t, tt.status, c.Status)
+			assert.Equal(t, tt.code, c.Code)
+			assert.Equal(t, tt.retryable, c.Retryable)
+			assert.NotEmpty(t, c.Message)
+			assert.Contains(t, c.Message, tt.message)
+			assert.NotContains(t, c.Message, "/var/secret")
+			assert.Equal(t, c.Code == agentapi.CodeInternal, c.Unexpected())
+			assert.NotEqual(t, http.StatusOK, c.Status)
+		})
+	}
+}
+
+func TestSandbox_NilStaysNil(t *testing.T) {
+	assert.NoError(t, errclass.Sandbox("sbx-1", nil))
+}
+
+func TestAgentMayBeDown(t *testing.T) {
+	assert.True(t, errclass.AgentMayBeDown(call(errors.New("connection refused"))))
+	assert.False(t, errclass.AgentMayBeDown(call(fasthttp.ErrNoFreeConns)))
+	assert.False(t, errclass.AgentMayBeDown(call(fasthttp.ErrBodyTooLarge)))
+	assert.False(t, errclass.AgentMayBeDown(&agentapi.Error{Status: 500}), "the agent answered")
+}
