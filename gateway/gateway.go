@@ -166,6 +166,9 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	srv.HeaderReceived = g.headerReceived
 	srv.CloseOnShutdown = true
 	g.register()
+	if err := g.registerNotMatched(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	return g, nil
 }
 
