@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -254,7 +255,7 @@ func TestOpenAPI_405CarriesAllow(t *testing.T) {
 			require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "%s %s: %s", m, path, body)
 			assert.Equal(t, strings.Join(allowed, ", "), resp.Header.Get("Allow"), "%s %s", m, path)
 			if m != http.MethodHead {
-				assert.Equal(t, codeMethodNotAllowed, decodeError(t, body).Code, "%s %s", m, path)
+				assert.Equal(t, errclass.CodeMethodNotAllowed, decodeError(t, body).Code, "%s %s", m, path)
 			}
 		}
 	}
