@@ -4,9 +4,10 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 func TestEncode_Requests(t *testing.T) {

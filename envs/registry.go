@@ -12,8 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/quarryhq/quarry/internal/badinput"
 	"sigs.k8s.io/yaml"
+
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // Limits and defaults of the registry.

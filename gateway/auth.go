@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 
 	"github.com/gofiber/fiber/v2"
+
 	"github.com/quarryhq/quarry/internal/errclass"
 )
 

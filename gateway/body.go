@@ -6,8 +6,9 @@ import (
 	"io"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/valyala/bytebufferpool"
+
+	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // bodyLocal is the fiber Locals key of the request's *bodyReader.

@@ -5,9 +5,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // events splits a stream into its data payloads.

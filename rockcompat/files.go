@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gofiber/fiber/v2"
+
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
 )

@@ -12,8 +12,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/quarryhq/quarry/internal/badinput"
 	"sigs.k8s.io/yaml"
+
+	"github.com/quarryhq/quarry/internal/badinput"
 )
 
 // Defaults applied by ParsePools (and WithDefaults) to fields left empty.
