@@ -189,11 +189,21 @@ func (g *Gateway) getSandbox(c *fiber.Ctx) error {
 
 // heartbeatSandbox handles POST /v1/sandboxes/{id}/heartbeat.
 func (g *Gateway) heartbeatSandbox(c *fiber.Ctx) error {
-	if b := bytes.TrimSpace(c.Body()); len(b) > 0 && !bytes.Equal(b, []byte("{}")) {
+	bb, err := readBody(c, maxHeartbeatBody)
+	if err != nil {
+		return err
+	}
+	b := bytes.TrimSpace(bb.B)
+	empty := len(b) == 0 || bytes.Equal(b, []byte("{}"))
+	bytebufferpool.Put(bb)
+	if !empty {
 		return badinput.New("body", "a heartbeat takes no fields: it extends the lease by the lease_seconds it was created with")
 	}
 	return g.endOrExtend(c, g.mgr.Heartbeat)
 }
+
+// maxHeartbeatBody bounds a heartbeat's body, which may only be empty or {}.
+const maxHeartbeatBody = 1 << 10
 
 // releaseSandbox handles DELETE /v1/sandboxes/{id}.
 func (g *Gateway) releaseSandbox(c *fiber.Ctx) error {

@@ -114,6 +114,8 @@ func TestSandboxes_CreateGetListHeartbeatDelete(t *testing.T) {
 	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, strings.NewReader(`{"lease_seconds": 5}`))
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "a field that would be ignored is refused: body %s", body)
 	assert.Contains(t, decodeError(t, body).Message, "heartbeat takes no fields")
+	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, strings.NewReader(strings.Repeat(" ", 9<<20)))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "a heartbeat body is bounded: body %s", body)
 
 	resp, body = call(t, http.MethodDelete, gw.URL+"/v1/sandboxes/"+sb.ID, testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
