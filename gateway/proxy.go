@@ -138,8 +138,14 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 			callID = newCallID()
 			req.Header.Set(agentapi.HeaderCallID, callID)
 		case rt.kind == kindOutput:
-			follow := string(c.Context().QueryArgs().Peek("follow"))
-			stream = sse || follow == "true" || follow == "1"
+			// As the agent decides: follow (any strconv.ParseBool form)
+			// overrides Accept; a malformed one is the agent's 400.
+			stream = sse
+			if v := c.Context().QueryArgs().Peek("follow"); len(v) > 0 {
+				if b, err := strconv.ParseBool(string(v)); err == nil {
+					stream = b
+				}
+			}
 		}
 	}
 

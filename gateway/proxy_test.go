@@ -76,31 +76,38 @@ func TestProxy_ExecAndSessions_RealAgent(t *testing.T) {
 	assert.Equal(t, "out\n", decode[agentapi.ProcessOutput](t, body).Data)
 }
 
+// The gateway streams follow=... exactly when the agent does: any
+// strconv.ParseBool form of true.
 func TestProxy_ProcessOutputFollowStreams_RealAgent(t *testing.T) {
 	gw, agent, _ := withAgent(t, nil)
 	base := gw.URL + "/v1/sandboxes/sbx-1"
-	resp, body := callJSON(t, http.MethodPost, base+"/processes", testKey,
-		agentapi.ProcessStartRequest{Command: "echo one; while [ ! -e go ]; do sleep 0.02; done; echo two"})
-	require.Less(t, resp.StatusCode, 300, "body %s", body)
-	proc := decode[agentapi.ProcessInfo](t, body)
+	for i, follow := range []string{"true", "1", "t", "TRUE"} {
+		t.Run(follow, func(t *testing.T) {
+			mark := fmt.Sprintf("go-%d", i)
+			resp, body := callJSON(t, http.MethodPost, base+"/processes", testKey,
+				agentapi.ProcessStartRequest{Command: "echo one; while [ ! -e " + mark + " ]; do sleep 0.02; done; echo two"})
+			require.Less(t, resp.StatusCode, 300, "body %s", body)
+			proc := decode[agentapi.ProcessInfo](t, body)
 
-	sresp := openStream(t, http.MethodGet, base+"/processes/"+proc.ID+"/output?follow=true", nil)
-	require.Equal(t, http.StatusOK, sresp.StatusCode)
-	events := readEvents(sresp.Body)
-	ev := <-events
-	require.Equal(t, agentapi.EventOutput, ev.name)
-	assert.Contains(t, ev.data, "one")
-	require.NoError(t, os.WriteFile(filepath.Join(agent.Workdir, "go"), nil, 0o600))
-	var out strings.Builder
-	var last string
-	for ev := range events {
-		last = ev.name
-		if ev.name == agentapi.EventOutput {
-			out.WriteString(ev.data)
-		}
+			sresp := openStream(t, http.MethodGet, base+"/processes/"+proc.ID+"/output?follow="+follow, nil)
+			require.Equal(t, http.StatusOK, sresp.StatusCode)
+			events := readEvents(sresp.Body)
+			ev := <-events
+			require.Equal(t, agentapi.EventOutput, ev.name)
+			assert.Contains(t, ev.data, "one", "the first event arrives while the process runs")
+			require.NoError(t, os.WriteFile(filepath.Join(agent.Workdir, mark), nil, 0o600))
+			var out strings.Builder
+			var last string
+			for ev := range events {
+				last = ev.name
+				if ev.name == agentapi.EventOutput {
+					out.WriteString(ev.data)
+				}
+			}
+			assert.Contains(t, out.String(), "two")
+			assert.Equal(t, agentapi.EventExit, last)
+		})
 	}
-	assert.Contains(t, out.String(), "two")
-	assert.Equal(t, agentapi.EventExit, last)
 }
 
 func TestProxy_AgentErrorsPassThrough_RealAgent(t *testing.T) {
