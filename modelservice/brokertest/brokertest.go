@@ -236,14 +236,23 @@ func nilIfEmpty(s []string) []string {
 	return s
 }
 
-func testClaimMax(t *testing.T, b modelservice.Broker, _ Options) {
+// submitEach submits n requests of owner o1, one per lease sbx-<i>, and
+// returns their ids, oldest first.
+func submitEach(t *testing.T, b modelservice.Broker, n int) []string {
+	t.Helper()
 	ctx := ctxT(t)
-	var want []string
-	for i := 0; i < 5; i++ {
+	var out []string
+	for i := 0; i < n; i++ {
 		r := newRequest("o1", fmt.Sprintf("sbx-%d", i))
 		require.NoError(t, b.Submit(ctx, r))
-		want = append(want, r.ID)
+		out = append(out, r.ID)
 	}
+	return out
+}
+
+func testClaimMax(t *testing.T, b modelservice.Broker, _ Options) {
+	ctx := ctxT(t)
+	want := submitEach(t, b, 5)
 	q := claimQuery("o1")
 	q.Max = 3
 	got, err := b.Claim(ctx, q)
@@ -258,12 +267,7 @@ func testClaimMax(t *testing.T, b modelservice.Broker, _ Options) {
 // one request, the oldest.
 func testClaimMaxBelowOne(t *testing.T, b modelservice.Broker, _ Options) {
 	ctx := ctxT(t)
-	var want []string
-	for i := 0; i < 3; i++ {
-		r := newRequest("o1", fmt.Sprintf("sbx-%d", i))
-		require.NoError(t, b.Submit(ctx, r))
-		want = append(want, r.ID)
-	}
+	want := submitEach(t, b, 3)
 	for i, max := range []int{0, -1} {
 		q := claimQuery("o1")
 		q.Max = max
