@@ -11,6 +11,9 @@
 // answer and every event is bounded in size, and every call is bounded by its
 // ctx.
 //
-// This package may import execagent/agentapi only; it must not import the
-// gateway, warmpool, providers or any other server package.
+// The sandbox and pool types are the gateway's wire types, declared in
+// package api (which the gateway answers with) and named here as aliases.
+//
+// This package may import api and execagent/agentapi only; it must not
+// import the gateway, warmpool, providers or any other server package.
 package client

@@ -5,65 +5,35 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
-	"time"
+
+	"github.com/quarryhq/quarry/api"
 )
 
 // Sandbox states (Sandbox.State).
 const (
-	StateActive   = "active"
-	StateReleased = "released"
-	StateExpired  = "expired"
-	StateLost     = "lost"
+	StateActive   = api.StateActive
+	StateReleased = api.StateReleased
+	StateExpired  = api.StateExpired
+	StateLost     = api.StateLost
 )
 
-// Sandbox is a lease on one sandbox, as the gateway reports it.
-type Sandbox struct {
-	ID           string            `json:"id"`
-	Pool         string            `json:"pool"`
-	State        string            `json:"state"`            // StateActive, StateReleased, StateExpired or StateLost
-	Reason       string            `json:"reason,omitempty"` // why the lease ended, when it did
-	Generation   int64             `json:"generation"`
-	CreatedAt    time.Time         `json:"created_at"`
-	ExpiresAt    time.Time         `json:"expires_at"`
-	EndedAt      time.Time         `json:"ended_at,omitzero"` // when the lease ended; zero while active
-	LeaseSeconds int               `json:"lease_seconds"`
-	Labels       map[string]string `json:"labels,omitempty"`
-}
-
-// CreateSandboxRequest asks for a sandbox from a pool.
-type CreateSandboxRequest struct {
-	Pool string `json:"pool,omitempty"`
-	// LeaseSeconds: 0 means the pool's default.
-	LeaseSeconds int               `json:"lease_seconds,omitempty"`
-	Env          map[string]string `json:"env,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	// IdempotencyKey, when set, is sent as the Idempotency-Key header: a
-	// retried create with the same key returns the same sandbox.
-	IdempotencyKey string `json:"-"`
-}
+// The gateway's wire types, declared once in package api and named here
+// for the client's callers.
+type (
+	// Sandbox is a lease on one sandbox, as the gateway reports it.
+	Sandbox = api.Sandbox
+	// CreateSandboxRequest asks for a sandbox from a pool; its
+	// IdempotencyKey is sent as the Idempotency-Key header.
+	CreateSandboxRequest = api.CreateSandboxRequest
+	// Pool is one warm pool: its configuration and its current counts.
+	Pool = api.Pool
+)
 
 // ListSandboxesRequest filters ListSandboxes; empty fields do not filter.
 type ListSandboxesRequest struct {
 	Pool   string
 	State  string
 	Labels map[string]string // every label must match
-}
-
-// Pool is one warm pool: its configuration and its current counts.
-type Pool struct {
-	Name                string  `json:"name"`
-	Provider            string  `json:"provider"`
-	Image               string  `json:"image"`
-	CPU                 float64 `json:"cpu"`
-	Memory              int     `json:"memory"` // MiB
-	MinWarm             int     `json:"min_warm"`
-	MaxTotal            int     `json:"max_total"`
-	DefaultLeaseSeconds int     `json:"default_lease_seconds"`
-	MaxLeaseSeconds     int     `json:"max_lease_seconds"`
-	Ready               int     `json:"ready"`
-	Launching           int     `json:"launching"`
-	Leased              int     `json:"leased"`
-	Stopping            int     `json:"stopping"`
 }
 
 // CreateSandbox leases a sandbox (POST /v1/sandboxes). With an
@@ -104,9 +74,7 @@ func (c *Client) ListSandboxes(ctx context.Context, req ListSandboxesRequest) ([
 	for _, k := range keys {
 		q.Add("label", k+"="+req.Labels[k])
 	}
-	var out struct {
-		Sandboxes []Sandbox `json:"sandboxes"`
-	}
+	var out api.SandboxList
 	err := c.do(ctx, call{method: http.MethodGet, route: route{path: "/v1/sandboxes"}, query: q}, &out)
 	return out.Sandboxes, err
 }
@@ -129,9 +97,7 @@ func (c *Client) DeleteSandbox(ctx context.Context, id string) (Sandbox, error) 
 
 // Pools returns every pool with its counts (GET /v1/pools).
 func (c *Client) Pools(ctx context.Context) ([]Pool, error) {
-	var out struct {
-		Pools []Pool `json:"pools"`
-	}
+	var out api.PoolList
 	err := c.do(ctx, call{method: http.MethodGet, route: route{path: "/v1/pools"}}, &out)
 	return out.Pools, err
 }

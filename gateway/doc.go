@@ -14,9 +14,12 @@
 // is rebuilt on demand. The same *Gateway serves plain HTTP (Serve), HTTPS
 // (ServeTLS) and, later, a Lambda adapter (App).
 //
+// Its answers on sandboxes, pools and the relay's trainer side are the wire
+// types of package api, which the Go client (client) decodes.
+//
 // It depends on the warmpool, providers, agentapi and modelservice
-// contracts and the envs service (envs.go: the env API's routes, with
-// envs.Sandboxes implemented over the gateway's own lease checks) only. It must
-// not import a concrete provider (providers/...), a concrete store
-// (warmpool/boltstore, ...) or cmd/.
+// contracts, the wire types (api) and the envs service (envs.go: the env
+// API's routes, with envs.Sandboxes implemented over the gateway's own
+// lease checks) only. It must not import a concrete provider
+// (providers/...), a concrete store (warmpool/boltstore, ...) or cmd/.
 package gateway

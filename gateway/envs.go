@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
@@ -196,8 +197,8 @@ var _ envs.Sandboxes = envSandboxes{}
 
 // Acquire leases a sandbox as POST /v1/sandboxes does.
 func (e envSandboxes) Acquire(ctx context.Context, req envs.AcquireRequest) (string, error) {
-	cr := createRequest{Pool: req.Pool, LeaseSeconds: req.LeaseSeconds, Env: req.Env, Labels: req.Labels}
-	if err := cr.validate(); err != nil {
+	cr := api.CreateSandboxRequest{Pool: req.Pool, LeaseSeconds: req.LeaseSeconds, Env: req.Env, Labels: req.Labels}
+	if err := validateCreate(&cr); err != nil {
 		return "", err
 	}
 	lease, _, err := e.g.mgr.Acquire(ctx, warmpool.AcquireRequest{

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
@@ -233,27 +234,20 @@ func (g *Gateway) watchAgent(c *fiber.Ctx, drain bool) (context.Context, func())
 	}
 }
 
-// wireRequest is a claimed request as trainers receive it; its "body" is
-// spliced in verbatim.
-type wireRequest struct {
-	ID         string            `json:"id"`
-	SandboxID  string            `json:"sandbox_id"`
-	Pool       string            `json:"pool"`
-	Labels     map[string]string `json:"labels"`
-	Route      string            `json:"route"`
-	Stream     bool              `json:"stream"`
-	Attempt    int               `json:"attempt"`
-	ReceivedAt time.Time         `json:"received_at"`
-	Deadline   time.Time         `json:"deadline"`
-}
-
-func toWireRequest(r modelservice.Request) wireRequest {
+// modelRequest describes r as trainers see it.
+func modelRequest(r modelservice.Request) api.ModelRequest {
 	labels := r.Labels
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	return wireRequest{ID: r.ID, SandboxID: r.LeaseID, Pool: r.Pool, Labels: labels, Route: r.Route,
+	return api.ModelRequest{ID: r.ID, SandboxID: r.LeaseID, Pool: r.Pool, Labels: labels, Route: r.Route,
 		Stream: r.Stream, Attempt: r.Attempt, ReceivedAt: r.ReceivedAt, Deadline: r.Deadline}
+}
+
+// appendClaimed writes r as an api.ClaimedRequest, its "body" spliced in
+// verbatim.
+func appendClaimed(out *bytebufferpool.ByteBuffer, r modelservice.Request) error {
+	return appendWithBody(out, api.ClaimedRequest{ModelRequest: modelRequest(r)}, "body", r.Body)
 }
 
 // claimModelRequests handles GET /v1/model/requests?wait_ms=&max=&pool=&label=k=v.
@@ -289,6 +283,7 @@ func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	// api.ClaimedRequests, written by hand to splice in the bodies.
 	out := bytebufferpool.Get()
 	defer bytebufferpool.Put(out)
 	out.WriteString(`{"requests":[`)
@@ -296,7 +291,7 @@ func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
 		if i > 0 {
 			out.WriteByte(',')
 		}
-		if err := appendWithBody(out, toWireRequest(r), "body", r.Body); err != nil {
+		if err := appendClaimed(out, r); err != nil {
 			return err
 		}
 	}
@@ -397,25 +392,6 @@ func (g *Gateway) answerModelRequest(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"id": rid, "state": modelservice.StateAnswered})
 }
 
-// wireExchange is one transcript entry; "request" and "response.body" are
-// spliced in verbatim.
-type wireExchange struct {
-	wireRequest
-	State     modelservice.State `json:"state"`
-	Reason    string             `json:"reason,omitempty"`
-	Upstream  string             `json:"upstream,omitempty"`
-	ClaimedAt time.Time          `json:"claimed_at,omitzero"`
-	EndedAt   time.Time          `json:"ended_at,omitzero"`
-	LatencyMS *int64             `json:"latency_ms,omitempty"`
-	Truncated bool               `json:"truncated,omitempty"`
-}
-
-type wireResponse struct {
-	Status      int       `json:"status"`
-	ContentType string    `json:"content_type"`
-	AnsweredAt  time.Time `json:"answered_at"`
-}
-
 // modelTranscript handles GET /v1/sandboxes/{id}/model/transcript?after=&limit=.
 func (g *Gateway) modelTranscript(c *fiber.Ctx) error {
 	if g.model == nil {
@@ -440,6 +416,7 @@ func (g *Gateway) modelTranscript(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	// api.Transcript, written by hand to splice in the bodies.
 	out := bytebufferpool.Get()
 	defer bytebufferpool.Put(out)
 	out.WriteString(`{"sandbox_id":`)
@@ -465,9 +442,10 @@ func (g *Gateway) modelTranscript(c *fiber.Ctx) error {
 	return sendCopy(c, out.B)
 }
 
-// appendExchange writes one transcript entry.
+// appendExchange writes one transcript entry, an api.Exchange whose
+// "request" and "response.body" are spliced in verbatim.
 func appendExchange(out *bytebufferpool.ByteBuffer, ex modelservice.Exchange) error {
-	w := wireExchange{wireRequest: toWireRequest(ex.Request), State: ex.State, Reason: ex.Reason,
+	w := api.Exchange{ModelRequest: modelRequest(ex.Request), State: string(ex.State), Reason: ex.Reason,
 		Upstream: ex.Upstream, ClaimedAt: ex.ClaimedAt, EndedAt: ex.EndedAt, Truncated: ex.Truncated}
 	if !ex.EndedAt.IsZero() {
 		ms := ex.EndedAt.Sub(ex.ReceivedAt).Milliseconds()
@@ -477,7 +455,7 @@ func appendExchange(out *bytebufferpool.ByteBuffer, ex modelservice.Exchange) er
 	if ex.Response != nil {
 		r := ex.Response
 		tail.WriteString(`,"response":`)
-		if err := appendWithBody(&tail, wireResponse{Status: r.Status, ContentType: r.ContentType, AnsweredAt: r.AnsweredAt}, "body", r.Body); err != nil {
+		if err := appendWithBody(&tail, api.ExchangeResponse{Status: r.Status, ContentType: r.ContentType, AnsweredAt: r.AnsweredAt}, "body", r.Body); err != nil {
 			return err
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/modelservice/membroker"
@@ -132,15 +133,13 @@ func callAsync(ctx context.Context, method, url, token string, body io.Reader, h
 }
 
 // claim long-polls for n requests with key.
-func (e *relayEnv) claim(t *testing.T, key string, n int, query string) []modeltest.ClaimedRequest {
+func (e *relayEnv) claim(t *testing.T, key string, n int, query string) []api.ClaimedRequest {
 	t.Helper()
-	var got []modeltest.ClaimedRequest
+	var got []api.ClaimedRequest
 	eventually(t, func() bool {
 		resp, b := call(t, http.MethodGet, fmt.Sprintf("%s/v1/model/requests?wait_ms=1000&max=%d%s", e.URL, n-len(got), query), key, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
-		var out struct {
-			Requests []modeltest.ClaimedRequest `json:"requests"`
-		}
+		var out api.ClaimedRequests
 		require.NoError(t, json.Unmarshal(b, &out), "%s", b)
 		got = append(got, out.Requests...)
 		return len(got) >= n
@@ -411,28 +410,6 @@ func TestModel_BadInput_ClearErrors(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the request is still answerable: %s", b)
 }
 
-// transcriptPage is the JSON of GET .../model/transcript.
-type transcriptPage struct {
-	SandboxID string `json:"sandbox_id"`
-	Exchanges []struct {
-		ID         string          `json:"id"`
-		State      string          `json:"state"`
-		Route      string          `json:"route"`
-		Request    json.RawMessage `json:"request"`
-		ReceivedAt time.Time       `json:"received_at"`
-		ClaimedAt  time.Time       `json:"claimed_at"`
-		EndedAt    time.Time       `json:"ended_at"`
-		LatencyMS  *int64          `json:"latency_ms"`
-		Upstream   string          `json:"upstream"`
-		Response   *struct {
-			Status      int             `json:"status"`
-			ContentType string          `json:"content_type"`
-			Body        json.RawMessage `json:"body"`
-		} `json:"response"`
-	} `json:"exchanges"`
-	NextAfter string `json:"next_after"`
-}
-
 func TestModel_Transcript_PairsWithTimingsInPages(t *testing.T) {
 	e := startRelay(t, nil, nil, modelservice.Config{})
 	id, token := e.sandbox("sbx-t", testKey, "default", nil)
@@ -451,7 +428,7 @@ func TestModel_Transcript_PairsWithTimingsInPages(t *testing.T) {
 	for pages := 0; pages < 5; pages++ {
 		resp, b := call(t, http.MethodGet, e.URL+"/v1/sandboxes/"+id+"/model/transcript?limit=2&after="+after, testKey, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
-		page := decode[transcriptPage](t, b)
+		page := decode[api.Transcript](t, b)
 		assert.Equal(t, id, page.SandboxID)
 		for _, ex := range page.Exchanges {
 			assert.Equal(t, "answered", ex.State)
@@ -542,10 +519,10 @@ func TestModel_Passthrough_StreamsWithoutBufferingAndRecords(t *testing.T) {
 	assert.Equal(t, body, string(bodies[0]), "the upstream receives the body byte for byte")
 	assert.Equal(t, "Bearer upstream-secret", auth[0], "the relay token never reaches the upstream")
 
-	var page transcriptPage
+	var page api.Transcript
 	eventually(t, func() bool {
 		_, b := call(t, http.MethodGet, e.URL+"/v1/sandboxes/"+id+"/model/transcript", testKey, nil)
-		page = decode[transcriptPage](t, b)
+		page = decode[api.Transcript](t, b)
 		return len(page.Exchanges) == 1
 	}, "the exchange is recorded once the stream ends")
 	ex := page.Exchanges[0]
@@ -635,7 +612,7 @@ func TestModel_Transcript_ConcurrentReadsGetWholeBodies(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				var page transcriptPage
+				var page api.Transcript
 				if err := json.Unmarshal(b, &page); err != nil {
 					return fmt.Errorf("transcript of %s: %w: %q", id, err, b)
 				}

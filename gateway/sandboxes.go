@@ -15,6 +15,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/bytebufferpool"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
@@ -31,38 +32,18 @@ const (
 	maxListLimit      = 1000
 )
 
-// sandbox is the JSON shape of a lease (docs/API.md "Sandbox").
-type sandbox struct {
-	ID           string            `json:"id"`
-	Pool         string            `json:"pool"`
-	State        string            `json:"state"`
-	Reason       string            `json:"reason,omitempty"`
-	Generation   int64             `json:"generation"`
-	CreatedAt    time.Time         `json:"created_at"`
-	ExpiresAt    time.Time         `json:"expires_at"`
-	EndedAt      time.Time         `json:"ended_at,omitzero"`
-	LeaseSeconds int64             `json:"lease_seconds"`
-	Labels       map[string]string `json:"labels,omitempty"`
-}
-
 // toSandbox converts a lease for a client; an active lease past its expiry
 // (not yet reaped) is shown as expired, as the proxy treats it.
-func (g *Gateway) toSandbox(l warmpool.Lease) sandbox {
-	return sandbox{
+func (g *Gateway) toSandbox(l warmpool.Lease) api.Sandbox {
+	return api.Sandbox{
 		ID: l.ID, Pool: l.Pool, State: string(l.StateAt(g.clock.Now())), Reason: l.Reason, Generation: l.Generation,
 		CreatedAt: l.CreatedAt, ExpiresAt: l.ExpiresAt, EndedAt: l.EndedAt,
-		LeaseSeconds: int64(l.Duration / time.Second), Labels: l.Labels,
+		LeaseSeconds: int(l.Duration / time.Second), Labels: l.Labels,
 	}
 }
 
-// createRequest is the body of POST /v1/sandboxes.
-type createRequest struct {
-	Pool         string            `json:"pool"`
-	LeaseSeconds int               `json:"lease_seconds"`
-	Env          map[string]string `json:"env"`
-	Labels       map[string]string `json:"labels"`
-}
-
+// createFields are the JSON fields of api.CreateSandboxRequest, the body
+// of POST /v1/sandboxes.
 var createFields = []string{"pool", "lease_seconds", "env", "labels"}
 
 // createSandbox handles POST /v1/sandboxes: 201 with a new sandbox, 200 when
@@ -76,7 +57,7 @@ func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	var req createRequest
+	var req api.CreateSandboxRequest
 	err = decodeStrict(bb.B, &req, createFields)
 	bytebufferpool.Put(bb)
 	if err != nil {
@@ -85,7 +66,7 @@ func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	if req.Pool == "" {
 		req.Pool = g.cfg.DefaultPool
 	}
-	if err := req.validate(); err != nil {
+	if err := validateCreate(&req); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.CreateTimeout)
@@ -107,7 +88,9 @@ func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	return c.Status(status).JSON(g.toSandbox(lease))
 }
 
-func (r *createRequest) validate() error {
+// validateCreate checks a create request (its pool already defaulted)
+// against the gateway's limits.
+func validateCreate(r *api.CreateSandboxRequest) error {
 	if err := checkName(r.Pool); err != nil {
 		return badinput.New("pool", "%s", err.Error())
 	}
@@ -164,11 +147,11 @@ func (g *Gateway) listSandboxes(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	out := make([]sandbox, 0, len(leases))
+	out := api.SandboxList{Sandboxes: make([]api.Sandbox, 0, len(leases))}
 	for _, l := range leases {
-		out = append(out, g.toSandbox(l))
+		out.Sandboxes = append(out.Sandboxes, g.toSandbox(l))
 	}
-	return c.JSON(fiber.Map{"sandboxes": out})
+	return c.JSON(out)
 }
 
 // getSandbox handles GET /v1/sandboxes/{id}: the sandbox in any state.
@@ -252,23 +235,6 @@ func (g *Gateway) leaseGone(l warmpool.Lease) *warmpool.LeaseEndedError {
 	return gone
 }
 
-// pool is the JSON shape of one pool in GET /v1/pools.
-type pool struct {
-	Name                string  `json:"name"`
-	Provider            string  `json:"provider"`
-	Image               string  `json:"image"`
-	CPU                 float64 `json:"cpu"`
-	Memory              int     `json:"memory"`
-	MinWarm             int     `json:"min_warm"`
-	MaxTotal            int     `json:"max_total"`
-	DefaultLeaseSeconds int     `json:"default_lease_seconds"`
-	MaxLeaseSeconds     int     `json:"max_lease_seconds"`
-	Ready               int     `json:"ready"`
-	Launching           int     `json:"launching"`
-	Leased              int     `json:"leased"`
-	Stopping            int     `json:"stopping"`
-}
-
 // listPools handles GET /v1/pools.
 func (g *Gateway) listPools(c *fiber.Ctx) error {
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
@@ -277,16 +243,16 @@ func (g *Gateway) listPools(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	out := make([]pool, 0, len(ps))
+	out := api.PoolList{Pools: make([]api.Pool, 0, len(ps))}
 	for _, p := range ps {
-		out = append(out, pool{
+		out.Pools = append(out.Pools, api.Pool{
 			Name: p.Name, Provider: p.Provider, Image: p.Image, CPU: p.CPU, Memory: int(p.Memory),
 			MinWarm: p.MinWarm, MaxTotal: p.MaxTotal,
 			DefaultLeaseSeconds: p.DefaultLeaseSeconds, MaxLeaseSeconds: p.MaxLeaseSeconds,
 			Ready: p.Ready, Launching: p.Launching, Leased: p.Leased, Stopping: p.Stopping,
 		})
 	}
-	return c.JSON(fiber.Map{"pools": out})
+	return c.JSON(out)
 }
 
 // pathID returns the path parameter name, validated as an id and copied

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
@@ -71,10 +72,10 @@ func TestSandboxes_CreateGetListHeartbeatDelete(t *testing.T) {
 	resp, body := callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes", testKey,
 		map[string]any{"pool": "default", "lease_seconds": 600, "env": map[string]string{"TASK": "42"}, "labels": map[string]string{"run": "exp1"}})
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "body %s", body)
-	sb := decode[sandbox](t, body)
+	sb := decode[api.Sandbox](t, body)
 	assert.Equal(t, "default", sb.Pool)
 	assert.Equal(t, "active", sb.State)
-	assert.Equal(t, int64(600), sb.LeaseSeconds)
+	assert.Equal(t, 600, sb.LeaseSeconds)
 	assert.Equal(t, map[string]string{"run": "exp1"}, sb.Labels)
 	assert.NotContains(t, string(body), agentToken, "the agent token never reaches the client")
 	assert.NotContains(t, string(body), "agent_url")
@@ -86,7 +87,7 @@ func TestSandboxes_CreateGetListHeartbeatDelete(t *testing.T) {
 
 	resp, body = call(t, http.MethodGet, gw.URL+"/v1/sandboxes/"+sb.ID, testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
-	assert.Equal(t, sb.ID, decode[sandbox](t, body).ID)
+	assert.Equal(t, sb.ID, decode[api.Sandbox](t, body).ID)
 
 	resp, body = call(t, http.MethodGet, gw.URL+"/v1/sandboxes/"+sb.ID, otherKey, nil)
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "another key's sandbox is invisible")
@@ -94,7 +95,7 @@ func TestSandboxes_CreateGetListHeartbeatDelete(t *testing.T) {
 
 	resp, body = call(t, http.MethodGet, gw.URL+"/v1/sandboxes?pool=default&state=active&label=run=exp1", testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
-	list := decode[struct{ Sandboxes []sandbox }](t, body)
+	list := decode[api.SandboxList](t, body)
 	require.Len(t, list.Sandboxes, 1)
 	assert.Equal(t, sb.ID, list.Sandboxes[0].ID)
 
@@ -108,7 +109,7 @@ func TestSandboxes_CreateGetListHeartbeatDelete(t *testing.T) {
 
 	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
-	assert.False(t, decode[sandbox](t, body).ExpiresAt.Before(sb.ExpiresAt))
+	assert.False(t, decode[api.Sandbox](t, body).ExpiresAt.Before(sb.ExpiresAt))
 	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, strings.NewReader(" {} "))
 	require.Equal(t, http.StatusOK, resp.StatusCode, "an empty object is no fields: body %s", body)
 	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, strings.NewReader(`{"lease_seconds": 5}`))
@@ -119,13 +120,13 @@ func TestSandboxes_CreateGetListHeartbeatDelete(t *testing.T) {
 
 	resp, body = call(t, http.MethodDelete, gw.URL+"/v1/sandboxes/"+sb.ID, testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
-	released := decode[sandbox](t, body)
+	released := decode[api.Sandbox](t, body)
 	assert.Equal(t, "released", released.State)
 	assert.False(t, released.EndedAt.IsZero())
 
 	resp, body = call(t, http.MethodGet, gw.URL+"/v1/sandboxes/"+sb.ID, testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "ended sandboxes stay visible")
-	assert.Equal(t, "released", decode[sandbox](t, body).State)
+	assert.Equal(t, "released", decode[api.Sandbox](t, body).State)
 
 	resp, body = call(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+sb.ID+"/heartbeat", testKey, nil)
 	assert.Equal(t, http.StatusGone, resp.StatusCode)
@@ -144,16 +145,16 @@ func TestSandboxes_Create_IdempotencyKeyReplays(t *testing.T) {
 	gw := startGateway(t, mgr, nil)
 	resp, body := callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes", testKey, map[string]any{}, "Idempotency-Key", "req-1")
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "body %s", body)
-	first := decode[sandbox](t, body)
+	first := decode[api.Sandbox](t, body)
 	assert.Equal(t, "default", first.Pool, "an empty body takes the default pool")
 
 	resp, body = callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes", testKey, map[string]any{}, "Idempotency-Key", "req-1")
 	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
-	assert.Equal(t, first.ID, decode[sandbox](t, body).ID)
+	assert.Equal(t, first.ID, decode[api.Sandbox](t, body).ID)
 
 	resp, body = callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes", otherKey, map[string]any{}, "Idempotency-Key", "req-1")
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "keys are per API key")
-	assert.NotEqual(t, first.ID, decode[sandbox](t, body).ID)
+	assert.NotEqual(t, first.ID, decode[api.Sandbox](t, body).ID)
 }
 
 func TestSandboxes_Create_BadInput(t *testing.T) {
@@ -277,7 +278,7 @@ func TestSandboxes_LeaseEndedMessagesSayWhich(t *testing.T) {
 			if tt.state == warmpool.LeaseActive {
 				want = "expired"
 			}
-			assert.Equal(t, want, decode[sandbox](t, body).State)
+			assert.Equal(t, want, decode[api.Sandbox](t, body).State)
 		})
 	}
 }
@@ -337,7 +338,7 @@ func TestGateway_RestartKeepsLeasesUsable(t *testing.T) {
 	first := startGateway(t, mgr, nil)
 	resp, body := callJSON(t, http.MethodPost, first.URL+"/v1/sandboxes", testKey, map[string]any{})
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
-	id := decode[sandbox](t, body).ID
+	id := decode[api.Sandbox](t, body).ID
 	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
 	defer cancel()
 	require.NoError(t, first.Shutdown(ctx))

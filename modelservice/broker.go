@@ -128,7 +128,8 @@ type ClaimQuery struct {
 	// pair must match).
 	Pool   string
 	Labels map[string]string
-	// Max bounds how many requests one claim returns (at least 1).
+	// Max bounds how many requests one claim returns (below 1: 1, see
+	// Normalized).
 	Max int
 	// MaxBytes bounds the total body size of a batch; the first request is
 	// always returned whatever its size. Zero: no bound.
@@ -139,6 +140,16 @@ type ClaimQuery struct {
 	// Visibility is how long claimed requests stay hidden from other
 	// claims; unanswered by then, they are offered again.
 	Visibility time.Duration
+}
+
+// Normalized returns q as every broker's Claim reads it: Max below 1 is 1.
+// Brokers call it first, so that they all answer the same query the same
+// way.
+func (q ClaimQuery) Normalized() ClaimQuery {
+	if q.Max < 1 {
+		q.Max = 1
+	}
+	return q
 }
 
 // Matches reports whether a request of pool with labels passes q's pool
@@ -169,10 +180,20 @@ type TranscriptQuery struct {
 	// After is the id of the last exchange of the previous page ("" for the
 	// first page).
 	After string
-	// Limit bounds the page (at least 1); MaxBytes bounds the page's total
-	// body bytes (the first exchange is always returned). Zero: no bound.
+	// Limit bounds the page (below 1: 1, see Normalized); MaxBytes bounds
+	// the page's total body bytes (the first exchange is always returned).
+	// Zero: no bound.
 	Limit    int
 	MaxBytes int64
+}
+
+// Normalized returns q as every broker's Transcript reads it: Limit below
+// 1 is 1. Brokers call it first.
+func (q TranscriptQuery) Normalized() TranscriptQuery {
+	if q.Limit < 1 {
+		q.Limit = 1
+	}
+	return q
 }
 
 // Broker queues the relay's requests between the replica that holds an

@@ -3,6 +3,7 @@ package warmpool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -42,6 +43,15 @@ const (
 	// provider and then deletes the record.
 	TaskStopping TaskState = "stopping"
 )
+
+// Valid reports whether s is one of the four task states.
+func (s TaskState) Valid() bool {
+	switch s {
+	case TaskLaunching, TaskReady, TaskLeased, TaskStopping:
+		return true
+	}
+	return false
+}
 
 // TaskRecord is the store's record of one sandbox task. ID is Quarry's own
 // task id (chosen before launch, so that launches in flight are counted);
@@ -203,17 +213,108 @@ func (f LeaseFilter) Matches(l Lease) bool {
 	return true
 }
 
+// Argument checks of the store contract. Every store calls the check of an
+// operation before it reads or writes anything, so that all stores refuse
+// the same arguments with the same message. The errors are plain (a caller
+// passing them is a bug in Quarry, not bad input from a person), except a
+// record id given twice to ReserveTasks, which wraps ErrConflict as an id
+// that exists already does. A nil error says nothing about the stored
+// state (capacity, versions, ownership): the store decides those.
+
+// CheckReserve checks the arguments of ReserveTasks: pool is set, and every
+// record has an id, names pool or no pool, and has an id of its own.
+func CheckReserve(pool string, recs []TaskRecord) error {
+	if pool == "" {
+		return errors.New("reserve tasks: pool is empty")
+	}
+	ids := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		if r.ID == "" {
+			return errors.New("reserve tasks: a record has an empty id")
+		}
+		if r.Pool != "" && r.Pool != pool {
+			return fmt.Errorf("reserve tasks: record %s is for pool %q, not %q", r.ID, r.Pool, pool)
+		}
+		if ids[r.ID] {
+			return fmt.Errorf("reserve tasks: id %s given twice: %w", r.ID, ErrConflict)
+		}
+		ids[r.ID] = true
+	}
+	return nil
+}
+
+// CheckUpdate checks the record given to UpdateTask: it has an id and a
+// valid state.
+func CheckUpdate(rec TaskRecord) error {
+	if rec.ID == "" {
+		return errors.New("update task: id is empty")
+	}
+	if !rec.State.Valid() {
+		return fmt.Errorf("update task %s: unknown state %q", rec.ID, rec.State)
+	}
+	return nil
+}
+
+// CheckClaim checks a ClaimRequest: Pool, Lease.ID, Lease.Owner and Now are
+// set.
+func CheckClaim(req ClaimRequest) error {
+	switch {
+	case req.Pool == "":
+		return errors.New("claim: pool is empty")
+	case req.Lease.ID == "":
+		return errors.New("claim: lease id is empty")
+	case req.Lease.Owner == "":
+		return errors.New("claim: lease owner is empty")
+	case req.Now.IsZero():
+		return errors.New("claim: now is zero")
+	}
+	return nil
+}
+
+// CheckRenew checks the arguments of RenewLease: now is set.
+func CheckRenew(now time.Time) error {
+	if now.IsZero() {
+		return errors.New("renew lease: now is zero")
+	}
+	return nil
+}
+
+// CheckEnd checks how EndLease is asked to end lease id: end.State is
+// LeaseReleased, LeaseExpired or LeaseLost, and end.Now is set.
+func CheckEnd(id string, end LeaseEnd) error {
+	switch end.State {
+	case LeaseReleased, LeaseExpired, LeaseLost:
+	default:
+		return fmt.Errorf("end lease %s: state %q is not released, expired or lost", id, end.State)
+	}
+	if end.Now.IsZero() {
+		return errors.New("end lease: now is zero")
+	}
+	return nil
+}
+
+// CheckLock checks the arguments of TryLock: name and holder are set and
+// ttl is positive.
+func CheckLock(name, holder string, ttl time.Duration) error {
+	if name == "" || holder == "" || ttl <= 0 {
+		return fmt.Errorf("try lock %q: name, holder and a positive ttl are required", name)
+	}
+	return nil
+}
+
 // TaskStore records the tasks of every pool. Implementations must be safe
 // for concurrent use by many goroutines and many gateway replicas.
 type TaskStore interface {
 	// ReserveTasks creates the records (state launching) only if the pool's
 	// task count plus len(recs) stays within maxTotal: all or none. It
 	// returns ErrNoCapacity when the pool is full and ErrConflict when an id
-	// exists already.
+	// exists already. Arguments CheckReserve refuses are refused with its
+	// error, before anything is written.
 	ReserveTasks(ctx context.Context, pool string, maxTotal int, recs []TaskRecord) error
 	// UpdateTask writes rec if the stored version equals rec.Version and
 	// returns the record as stored (Version incremented). ErrConflict on a
-	// version mismatch, ErrNotFound when it does not exist.
+	// version mismatch, ErrNotFound when it does not exist; CheckUpdate's
+	// error for a record it refuses.
 	UpdateTask(ctx context.Context, rec TaskRecord) (TaskRecord, error)
 	// DeleteTask removes a task record and frees its slot in the pool. It is
 	// idempotent: deleting an unknown id returns nil.
@@ -238,18 +339,22 @@ type LeaseStore interface {
 	// leased, increments its generation and creates the lease. ErrNoCapacity
 	// when there is no ready task. With an idempotency key that the owner has
 	// used before, it returns that lease with Replayed set and claims nothing.
+	// CheckClaim's error for a request it refuses.
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
 	// GetLease returns a lease in any state. ErrNotFound when unknown (or
 	// purged after its retention).
 	GetLease(ctx context.Context, id string) (Lease, error)
 	// RenewLease moves an active, unexpired lease's ExpiresAt to expiresAt.
 	// ErrLeaseEnded when it ended or expired (ExpiresAt <= now), ErrLeaseNotHeld
-	// when owner differs, ErrNotFound when unknown.
+	// when owner differs, ErrNotFound when unknown; CheckRenew's error when
+	// it refuses now.
 	RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (Lease, error)
 	// EndLease ends an active lease and moves its task to stopping, in one
 	// atomic write. Ending an already-ended lease returns it with ErrLeaseEnded.
+	// CheckEnd's error for an end it refuses.
 	EndLease(ctx context.Context, id string, end LeaseEnd) (Lease, error)
-	// ListLeases returns leases matching f, newest first.
+	// ListLeases returns the leases f matches (LeaseFilter.Matches), newest
+	// first, at most f.Limit of them when it is set.
 	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
 	// PurgeLeases deletes leases that ended before endedBefore and returns
 	// how many it deleted.
@@ -263,7 +368,8 @@ type Locker interface {
 	// TryLock takes the lock name for holder until now+ttl, or extends it if
 	// holder holds it already. It returns true when holder holds the lock
 	// afterwards and false (with a nil error) while another holder's lock
-	// has not expired. The decision is one conditional write.
+	// has not expired. The decision is one conditional write. CheckLock's
+	// error for arguments it refuses.
 	TryLock(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error)
 	// Unlock releases the lock if holder holds it. It is idempotent.
 	Unlock(ctx context.Context, name, holder string) error

@@ -63,6 +63,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) modelservice.Broker, opts Op
 		{"Claim_OnlyTheOwnersRequests", testClaimOwner},
 		{"Claim_FiltersByPoolAndLabels", testClaimFilters},
 		{"Claim_MaxOldestFirst", testClaimMax},
+		{"Claim_MaxBelowOneClaimsOne", testClaimMaxBelowOne},
 		{"Claim_MaxBytesBoundsTheBatch", testClaimMaxBytes},
 		{"Claim_WaitsForASubmit", testClaimWaits},
 		{"Claim_WaitEndsEmpty", testClaimWaitEnds},
@@ -78,6 +79,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) modelservice.Broker, opts Op
 		{"Await_CancelledIsGone", testAwaitCancelled},
 		{"Await_ReturnsWhenCtxEnds", testAwaitCtx},
 		{"Transcript_PagesOldestFirst", testTranscript},
+		{"Transcript_LimitBelowOneReturnsOne", testTranscriptLimitBelowOne},
 		{"Transcript_OwnerSeesOnlyItsOwn", testTranscriptOwner},
 		{"Record_AppearsInTranscript", testRecord},
 		{"LargeBodies_RoundTripByteForByte", testLargeBodies},
@@ -234,14 +236,23 @@ func nilIfEmpty(s []string) []string {
 	return s
 }
 
-func testClaimMax(t *testing.T, b modelservice.Broker, _ Options) {
+// submitEach submits n requests of owner o1, one per lease sbx-<i>, and
+// returns their ids, oldest first.
+func submitEach(t *testing.T, b modelservice.Broker, n int) []string {
+	t.Helper()
 	ctx := ctxT(t)
-	var want []string
-	for i := 0; i < 5; i++ {
+	var out []string
+	for i := 0; i < n; i++ {
 		r := newRequest("o1", fmt.Sprintf("sbx-%d", i))
 		require.NoError(t, b.Submit(ctx, r))
-		want = append(want, r.ID)
+		out = append(out, r.ID)
 	}
+	return out
+}
+
+func testClaimMax(t *testing.T, b modelservice.Broker, _ Options) {
+	ctx := ctxT(t)
+	want := submitEach(t, b, 5)
 	q := claimQuery("o1")
 	q.Max = 3
 	got, err := b.Claim(ctx, q)
@@ -250,6 +261,20 @@ func testClaimMax(t *testing.T, b modelservice.Broker, _ Options) {
 	got, err = b.Claim(ctx, q)
 	require.NoError(t, err)
 	assert.Equal(t, want[3:], ids(got))
+}
+
+// testClaimMaxBelowOne checks ClaimQuery.Normalized: a Max below 1 claims
+// one request, the oldest.
+func testClaimMaxBelowOne(t *testing.T, b modelservice.Broker, _ Options) {
+	ctx := ctxT(t)
+	want := submitEach(t, b, 3)
+	for i, max := range []int{0, -1} {
+		q := claimQuery("o1")
+		q.Max = max
+		got, err := b.Claim(ctx, q)
+		require.NoError(t, err)
+		assert.Equal(t, want[i:i+1], ids(got), "Max %d claims the oldest one", max)
+	}
 }
 
 func testClaimMaxBytes(t *testing.T, b modelservice.Broker, _ Options) {
@@ -544,6 +569,28 @@ func testTranscript(t *testing.T, b modelservice.Broker, _ Options) {
 	require.NoError(t, err)
 	assert.Len(t, page, 1, "the first exchange comes whatever its size")
 	assert.True(t, more)
+}
+
+// testTranscriptLimitBelowOne checks TranscriptQuery.Normalized: a Limit
+// below 1 returns a page of one exchange.
+func testTranscriptLimitBelowOne(t *testing.T, b modelservice.Broker, _ Options) {
+	ctx := ctxT(t)
+	var reqs []modelservice.Request
+	for i := 0; i < 2; i++ {
+		r := newRequest("o1", "sbx-t")
+		require.NoError(t, b.Submit(ctx, r))
+		reqs = append(reqs, r)
+	}
+	page, more, err := b.Transcript(ctx, modelservice.TranscriptQuery{LeaseID: "sbx-t", Limit: 0})
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	assert.Equal(t, reqs[0].ID, page[0].ID)
+	assert.True(t, more)
+	page, more, err = b.Transcript(ctx, modelservice.TranscriptQuery{LeaseID: "sbx-t", After: reqs[0].ID, Limit: -1})
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	assert.Equal(t, reqs[1].ID, page[0].ID)
+	assert.False(t, more)
 }
 
 func testTranscriptOwner(t *testing.T, b modelservice.Broker, _ Options) {

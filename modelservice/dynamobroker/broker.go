@@ -223,9 +223,7 @@ func (br *Broker) Record(ctx context.Context, ex modelservice.Exchange) error {
 // each with a conditional update on its queue key; with none, it waits
 // (local submits wake it; otherwise it queries again with backoff).
 func (br *Broker) Claim(ctx context.Context, q modelservice.ClaimQuery) ([]modelservice.Request, error) {
-	if q.Max < 1 {
-		q.Max = 1
-	}
+	q = q.Normalized()
 	var timeout <-chan time.Time
 	if q.Wait > 0 {
 		t := time.NewTimer(q.Wait)
@@ -698,9 +696,7 @@ func (br *Broker) Cancel(ctx context.Context, id string, end modelservice.End) (
 // appears there a moment after it is written) and loads the bodies of the
 // page.
 func (br *Broker) Transcript(ctx context.Context, q modelservice.TranscriptQuery) ([]modelservice.Exchange, bool, error) {
-	if q.Limit < 1 {
-		q.Limit = 1
-	}
+	q = q.Normalized()
 	if br.isClosed() {
 		return nil, false, fmt.Errorf("read transcript: %w", modelservice.ErrClosed)
 	}

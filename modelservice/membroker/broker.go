@@ -150,9 +150,7 @@ func (b *Broker) wakeClaimers() {
 // Claim claims up to q.Max visible requests of q.Owner, waiting up to
 // q.Wait for the first.
 func (b *Broker) Claim(ctx context.Context, q modelservice.ClaimQuery) ([]modelservice.Request, error) {
-	if q.Max < 1 {
-		q.Max = 1
-	}
+	q = q.Normalized()
 	var timeout <-chan time.Time
 	if q.Wait > 0 {
 		t := time.NewTimer(q.Wait)
@@ -365,9 +363,7 @@ func (b *Broker) Cancel(_ context.Context, id string, end modelservice.End) (mod
 
 // Transcript returns a page of the lease's exchanges.
 func (b *Broker) Transcript(_ context.Context, q modelservice.TranscriptQuery) ([]modelservice.Exchange, bool, error) {
-	if q.Limit < 1 {
-		q.Limit = 1
-	}
+	q = q.Normalized()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {

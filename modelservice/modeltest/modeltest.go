@@ -4,8 +4,8 @@
 // server-sent events (no model server can run here), and builders of
 // completions as a trainer sends them.
 //
-// It imports only the standard library; it must not import Quarry's server
-// packages.
+// It imports only the standard library and the gateway's wire types (api);
+// it must not import Quarry's server packages.
 package modeltest
 
 import (
@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/quarryhq/quarry/api"
 )
 
 // ChatCompletion returns an OpenAI chat completion whose one choice says
@@ -157,16 +159,10 @@ func (u *Upstream) stream(w http.ResponseWriter, answer string) {
 	}
 }
 
-// ClaimedRequest is a request as GET /v1/model/requests returns it.
+// ClaimedRequest is a request as GET /v1/model/requests returns it (the
+// gateway's api.ClaimedRequest), with test helpers.
 type ClaimedRequest struct {
-	ID        string            `json:"id"`
-	SandboxID string            `json:"sandbox_id"`
-	Pool      string            `json:"pool"`
-	Labels    map[string]string `json:"labels"`
-	Route     string            `json:"route"`
-	Stream    bool              `json:"stream"`
-	Attempt   int               `json:"attempt"`
-	Body      json.RawMessage   `json:"body"`
+	api.ClaimedRequest
 }
 
 // LastUserMessage returns the content of the last user message of a chat
@@ -225,13 +221,15 @@ func (tr *Trainer) Claim(wait time.Duration, max int, query string) ([]ClaimedRe
 	if status != http.StatusOK {
 		return nil, fmt.Errorf("claim: status %d: %s", status, b)
 	}
-	var out struct {
-		Requests []ClaimedRequest `json:"requests"`
-	}
+	var out api.ClaimedRequests
 	if err := json.Unmarshal(b, &out); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	return out.Requests, nil
+	reqs := make([]ClaimedRequest, len(out.Requests))
+	for i, r := range out.Requests {
+		reqs[i] = ClaimedRequest{r}
+	}
+	return reqs, nil
 }
 
 // Respond answers rid with body (content type JSON) and status (0: 200),

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/quarryhq/quarry/warmpool"
 )
 
 // lockRecord is one named lock: who holds it and until when.
@@ -15,8 +17,8 @@ type lockRecord struct {
 
 // TryLock implements warmpool.Locker in one transaction.
 func (s *Store) TryLock(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error) {
-	if name == "" || holder == "" || ttl <= 0 {
-		return false, fmt.Errorf("try lock %q: name, holder and a positive ttl are required", name)
+	if err := warmpool.CheckLock(name, holder, ttl); err != nil {
+		return false, err
 	}
 	held := false
 	err := s.update(ctx, "try lock", func(t *tx) error {

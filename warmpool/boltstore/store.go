@@ -129,24 +129,11 @@ func (s *Store) Close() error {
 
 // ReserveTasks implements warmpool.TaskStore: all or none, within maxTotal.
 func (s *Store) ReserveTasks(ctx context.Context, pool string, maxTotal int, recs []warmpool.TaskRecord) error {
-	if pool == "" {
-		return errors.New("reserve tasks: pool is empty")
+	if err := warmpool.CheckReserve(pool, recs); err != nil {
+		return err
 	}
 	if len(recs) == 0 {
 		return nil
-	}
-	ids := make(map[string]bool, len(recs))
-	for _, r := range recs {
-		if r.ID == "" {
-			return errors.New("reserve tasks: a record has an empty id")
-		}
-		if r.Pool != "" && r.Pool != pool {
-			return fmt.Errorf("reserve tasks: record %s is for pool %q, not %q", r.ID, r.Pool, pool)
-		}
-		if ids[r.ID] {
-			return fmt.Errorf("reserve tasks: id %s given twice: %w", r.ID, warmpool.ErrConflict)
-		}
-		ids[r.ID] = true
 	}
 	return s.update(ctx, "reserve tasks", func(t *tx) error {
 		n := countPrefix(t.tasksPool, lp(pool))
@@ -170,11 +157,8 @@ func (s *Store) ReserveTasks(ctx context.Context, pool string, maxTotal int, rec
 
 // UpdateTask implements warmpool.TaskStore: a write conditional on Version.
 func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord) (warmpool.TaskRecord, error) {
-	if rec.ID == "" {
-		return warmpool.TaskRecord{}, errors.New("update task: id is empty")
-	}
-	if !validTaskState(rec.State) {
-		return warmpool.TaskRecord{}, fmt.Errorf("update task %s: unknown state %q", rec.ID, rec.State)
+	if err := warmpool.CheckUpdate(rec); err != nil {
+		return warmpool.TaskRecord{}, err
 	}
 	err := s.update(ctx, "update task", func(t *tx) error {
 		old, ok, err := t.getTask(rec.ID)
@@ -251,15 +235,8 @@ func (s *Store) ListTasks(ctx context.Context, pool string) ([]warmpool.TaskReco
 // (or req.TaskID) becomes leased and the lease is created, in one
 // transaction.
 func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.ClaimResult, error) {
-	switch {
-	case req.Pool == "":
-		return warmpool.ClaimResult{}, errors.New("claim: pool is empty")
-	case req.Lease.ID == "":
-		return warmpool.ClaimResult{}, errors.New("claim: lease id is empty")
-	case req.Lease.Owner == "":
-		return warmpool.ClaimResult{}, errors.New("claim: lease owner is empty")
-	case req.Now.IsZero():
-		return warmpool.ClaimResult{}, errors.New("claim: now is zero")
+	if err := warmpool.CheckClaim(req); err != nil {
+		return warmpool.ClaimResult{}, err
 	}
 	var res warmpool.ClaimResult
 	err := s.update(ctx, "claim", func(t *tx) error {
@@ -338,8 +315,8 @@ func (s *Store) GetLease(ctx context.Context, id string) (warmpool.Lease, error)
 // RenewLease implements warmpool.LeaseStore. On ErrLeaseEnded it also
 // returns the lease as stored.
 func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (warmpool.Lease, error) {
-	if now.IsZero() {
-		return warmpool.Lease{}, errors.New("renew lease: now is zero")
+	if err := warmpool.CheckRenew(now); err != nil {
+		return warmpool.Lease{}, err
 	}
 	return s.changeLease(ctx, "renew lease", id, owner, func(_ *tx, l warmpool.Lease) (warmpool.Lease, error) {
 		if !l.ExpiresAt.After(now) {
@@ -354,13 +331,8 @@ func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now
 // becomes stopping in one transaction. On ErrLeaseEnded it returns the
 // lease as stored.
 func (s *Store) EndLease(ctx context.Context, id string, end warmpool.LeaseEnd) (warmpool.Lease, error) {
-	switch end.State {
-	case warmpool.LeaseReleased, warmpool.LeaseExpired, warmpool.LeaseLost:
-	default:
-		return warmpool.Lease{}, fmt.Errorf("end lease %s: state %q is not released, expired or lost", id, end.State)
-	}
-	if end.Now.IsZero() {
-		return warmpool.Lease{}, errors.New("end lease: now is zero")
+	if err := warmpool.CheckEnd(id, end); err != nil {
+		return warmpool.Lease{}, err
 	}
 	return s.changeLease(ctx, "end lease", id, end.Owner, func(t *tx, l warmpool.Lease) (warmpool.Lease, error) {
 		if end.OnlyIfExpired && l.ExpiresAt.After(end.Now) {
@@ -433,7 +405,7 @@ func (s *Store) ListLeases(ctx context.Context, f warmpool.LeaseFilter) ([]warmp
 			if err != nil || !ok {
 				return err == nil, err
 			}
-			if matches(l, f) {
+			if f.Matches(l) {
 				out = append(out, l)
 			}
 			return f.Limit <= 0 || len(out) < f.Limit, nil
@@ -739,22 +711,6 @@ func (t *tx) deleteLease(l warmpool.Lease) error {
 	return nil
 }
 
-// matches reports whether l passes every set field of f (Limit aside).
-func matches(l warmpool.Lease, f warmpool.LeaseFilter) bool {
-	if f.Pool != "" && l.Pool != f.Pool || f.Owner != "" && l.Owner != f.Owner || f.State != "" && l.State != f.State {
-		return false
-	}
-	if !f.ExpiresBefore.IsZero() && (l.State != warmpool.LeaseActive || !l.ExpiresAt.Before(f.ExpiresBefore)) {
-		return false
-	}
-	for k, v := range f.Labels {
-		if got, ok := l.Labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
-
 func sortNewestFirst(ls []warmpool.Lease) {
 	slices.SortFunc(ls, func(a, b warmpool.Lease) int {
 		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
@@ -830,11 +786,3 @@ func readyKey(rec warmpool.TaskRecord) []byte {
 func idemKey(owner, key string) []byte { return concat(lp(owner), []byte(key)) }
 
 func concat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
-
-func validTaskState(s warmpool.TaskState) bool {
-	switch s {
-	case warmpool.TaskLaunching, warmpool.TaskReady, warmpool.TaskLeased, warmpool.TaskStopping:
-		return true
-	}
-	return false
-}

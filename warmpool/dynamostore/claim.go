@@ -2,7 +2,6 @@ package dynamostore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -45,15 +44,8 @@ const (
 // Replayed set and nothing is claimed (Task is then left zero).
 func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.ClaimResult, error) {
 	const action = "claim"
-	switch {
-	case req.Pool == "":
-		return warmpool.ClaimResult{}, errors.New("claim: pool is empty")
-	case req.Lease.ID == "":
-		return warmpool.ClaimResult{}, errors.New("claim: lease id is empty")
-	case req.Lease.Owner == "":
-		return warmpool.ClaimResult{}, errors.New("claim: lease owner is empty")
-	case req.Now.IsZero():
-		return warmpool.ClaimResult{}, errors.New("claim: now is zero")
+	if err := warmpool.CheckClaim(req); err != nil {
+		return warmpool.ClaimResult{}, err
 	}
 	if err := s.begin(ctx, action); err != nil {
 		return warmpool.ClaimResult{}, err

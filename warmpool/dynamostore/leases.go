@@ -59,8 +59,8 @@ func (s *Store) GetLease(ctx context.Context, id string) (warmpool.Lease, error)
 // ErrLeaseEnded it also returns the lease as stored.
 func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (warmpool.Lease, error) {
 	const action = "renew lease"
-	if now.IsZero() {
-		return warmpool.Lease{}, errors.New("renew lease: now is zero")
+	if err := warmpool.CheckRenew(now); err != nil {
+		return warmpool.Lease{}, err
 	}
 	if err := s.begin(ctx, action); err != nil {
 		return warmpool.Lease{}, err
@@ -138,13 +138,8 @@ func (s *Store) refusal(action, id, owner string, old item, active func(warmpool
 // returns the lease as stored. Two calls on the happy path.
 func (s *Store) EndLease(ctx context.Context, id string, end warmpool.LeaseEnd) (warmpool.Lease, error) {
 	const action = "end lease"
-	switch end.State {
-	case warmpool.LeaseReleased, warmpool.LeaseExpired, warmpool.LeaseLost:
-	default:
-		return warmpool.Lease{}, fmt.Errorf("end lease %s: state %q is not released, expired or lost", id, end.State)
-	}
-	if end.Now.IsZero() {
-		return warmpool.Lease{}, errors.New("end lease: now is zero")
+	if err := warmpool.CheckEnd(id, end); err != nil {
+		return warmpool.Lease{}, err
 	}
 	if err := s.begin(ctx, action); err != nil {
 		return warmpool.Lease{}, err

@@ -2,7 +2,6 @@ package dynamostore
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -18,8 +17,8 @@ var _ warmpool.Locker = (*Store)(nil)
 // collection only.
 func (s *Store) TryLock(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error) {
 	const action = "try lock"
-	if name == "" || holder == "" || ttl <= 0 {
-		return false, fmt.Errorf("try lock %q: name, holder and a positive ttl are required", name)
+	if err := warmpool.CheckLock(name, holder, ttl); err != nil {
+		return false, err
 	}
 	if err := s.begin(ctx, action); err != nil {
 		return false, err

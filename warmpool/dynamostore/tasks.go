@@ -2,7 +2,6 @@ package dynamostore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -32,27 +31,14 @@ func MaxReserve(shards int) int { return maxTransactItems - shards }
 // exists, and an error when len(recs) exceeds MaxReserve(Config.Shards).
 func (s *Store) ReserveTasks(ctx context.Context, pool string, maxTotal int, recs []warmpool.TaskRecord) error {
 	const action = "reserve tasks"
-	if pool == "" {
-		return errors.New("reserve tasks: pool is empty")
+	if err := warmpool.CheckReserve(pool, recs); err != nil {
+		return err
 	}
 	if len(recs) == 0 {
 		return nil
 	}
 	if n := MaxReserve(s.cfg.Shards); len(recs) > n {
 		return fmt.Errorf("reserve tasks: %d records in one call; the DynamoDB store reserves at most %d at once (one transaction)", len(recs), n)
-	}
-	ids := make(map[string]bool, len(recs))
-	for _, r := range recs {
-		if r.ID == "" {
-			return errors.New("reserve tasks: a record has an empty id")
-		}
-		if r.Pool != "" && r.Pool != pool {
-			return fmt.Errorf("reserve tasks: record %s is for pool %q, not %q", r.ID, r.Pool, pool)
-		}
-		if ids[r.ID] {
-			return fmt.Errorf("reserve tasks: id %s given twice: %w", r.ID, warmpool.ErrConflict)
-		}
-		ids[r.ID] = true
 	}
 	if err := s.begin(ctx, action); err != nil {
 		return err
@@ -211,11 +197,8 @@ func (s *Store) readCounts(ctx context.Context, pool string) ([]int64, error) {
 // entering ready gets a random place in its shard, one leaving it loses it.
 func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord) (warmpool.TaskRecord, error) {
 	const action = "update task"
-	if rec.ID == "" {
-		return warmpool.TaskRecord{}, errors.New("update task: id is empty")
-	}
-	if !validTaskState(rec.State) {
-		return warmpool.TaskRecord{}, fmt.Errorf("update task %s: unknown state %q", rec.ID, rec.State)
+	if err := warmpool.CheckUpdate(rec); err != nil {
+		return warmpool.TaskRecord{}, err
 	}
 	if rec.Pool == "" {
 		return warmpool.TaskRecord{}, fmt.Errorf("update task %s: pool is empty", rec.ID)
@@ -413,14 +396,6 @@ func (s *Store) shardKeys(ctx context.Context, table, index, hashAttr, prefix st
 		out = append(out, p...)
 	}
 	return out, nil
-}
-
-func validTaskState(s warmpool.TaskState) bool {
-	switch s {
-	case warmpool.TaskLaunching, warmpool.TaskReady, warmpool.TaskLeased, warmpool.TaskStopping:
-		return true
-	}
-	return false
 }
 
 var _ warmpool.TaskGetter = (*Store)(nil)

@@ -1,0 +1,127 @@
+package api_test
+
+import (
+	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/api"
+)
+
+// The JSON below is what the declarations these types replaced produced
+// (gateway's sandbox, pool, wireRequest, wireExchange and wireResponse,
+// client's Sandbox, CreateSandboxRequest and Pool), captured before they
+// were merged; the bodies of the model relay are compact here so that a
+// value encodes back to the same bytes (the gateway's verbatim bodies are
+// pinned in gateway/wire_test.go). A change to a field name, a tag or a
+// type fails these tests.
+
+var (
+	t0      = time.Date(2025, 3, 4, 5, 6, 7, 890000000, time.UTC)
+	latency = int64(2000)
+)
+
+var fullRequest = api.ModelRequest{ID: "r1", SandboxID: "sbx-1", Pool: "default", Labels: map[string]string{"run": "x"},
+	Route: "chat/completions", Stream: true, Attempt: 2, ReceivedAt: t0, Deadline: t0.Add(10 * time.Minute)}
+
+var wireTests = []struct {
+	name string
+	v    any
+	json string
+	// decodeOnly: a peer sends this JSON (another encoder's), it is not
+	// what the value encodes to.
+	decodeOnly bool
+}{
+	{name: "Sandbox", v: api.Sandbox{ID: "sbx-1", Pool: "default", State: api.StateReleased, Reason: "by owner", Generation: 3,
+		CreatedAt: t0, ExpiresAt: t0.Add(time.Minute), EndedAt: t0.Add(30 * time.Second), LeaseSeconds: 60,
+		Labels: map[string]string{"run": "exp1", "a": "b"}},
+		json: `{"id":"sbx-1","pool":"default","state":"released","reason":"by owner","generation":3,"created_at":"2025-03-04T05:06:07.89Z","expires_at":"2025-03-04T05:07:07.89Z","ended_at":"2025-03-04T05:06:37.89Z","lease_seconds":60,"labels":{"a":"b","run":"exp1"}}`},
+	{name: "Sandbox/zero", v: api.Sandbox{},
+		json: `{"id":"","pool":"","state":"","generation":0,"created_at":"0001-01-01T00:00:00Z","expires_at":"0001-01-01T00:00:00Z","lease_seconds":0}`},
+	{name: "SandboxList", v: api.SandboxList{Sandboxes: []api.Sandbox{{ID: "sbx-1", State: api.StateActive, CreatedAt: t0, ExpiresAt: t0}}},
+		json: `{"sandboxes":[{"id":"sbx-1","pool":"","state":"active","generation":0,"created_at":"2025-03-04T05:06:07.89Z","expires_at":"2025-03-04T05:06:07.89Z","lease_seconds":0}]}`},
+	{name: "SandboxList/empty", v: api.SandboxList{Sandboxes: []api.Sandbox{}}, json: `{"sandboxes":[]}`},
+	{name: "CreateSandboxRequest", v: api.CreateSandboxRequest{Pool: "p", LeaseSeconds: 5, Env: map[string]string{"A": "1"}, Labels: map[string]string{"k": "v"}},
+		json: `{"pool":"p","lease_seconds":5,"env":{"A":"1"},"labels":{"k":"v"}}`},
+	{name: "CreateSandboxRequest/zero", v: api.CreateSandboxRequest{}, json: `{}`},
+	{name: "CreateSandboxRequest/explicit zeros", v: api.CreateSandboxRequest{},
+		json: `{"pool":"","lease_seconds":0,"env":null,"labels":null}`, decodeOnly: true},
+	{name: "Pool", v: api.Pool{Name: "default", Provider: "process", Image: "img:1", CPU: 0.5, Memory: 512, MinWarm: 2,
+		MaxTotal: 10, DefaultLeaseSeconds: 600, MaxLeaseSeconds: 86400, Ready: 1, Launching: 2, Leased: 3, Stopping: 4},
+		json: `{"name":"default","provider":"process","image":"img:1","cpu":0.5,"memory":512,"min_warm":2,"max_total":10,"default_lease_seconds":600,"max_lease_seconds":86400,"ready":1,"launching":2,"leased":3,"stopping":4}`},
+	{name: "Pool/zero", v: api.Pool{},
+		json: `{"name":"","provider":"","image":"","cpu":0,"memory":0,"min_warm":0,"max_total":0,"default_lease_seconds":0,"max_lease_seconds":0,"ready":0,"launching":0,"leased":0,"stopping":0}`},
+	{name: "PoolList", v: api.PoolList{Pools: []api.Pool{}}, json: `{"pools":[]}`},
+	{name: "ClaimedRequest", v: api.ClaimedRequest{ModelRequest: fullRequest, Body: json.RawMessage(`{"messages":[{"role":"user","content":"hi"}]}`)},
+		json: `{"id":"r1","sandbox_id":"sbx-1","pool":"default","labels":{"run":"x"},"route":"chat/completions","stream":true,"attempt":2,"received_at":"2025-03-04T05:06:07.89Z","deadline":"2025-03-04T05:16:07.89Z","body":{"messages":[{"role":"user","content":"hi"}]}}`},
+	{name: "ClaimedRequest/empty body", v: api.ClaimedRequest{ModelRequest: api.ModelRequest{Labels: map[string]string{}}, Body: json.RawMessage(`""`)},
+		json: `{"id":"","sandbox_id":"","pool":"","labels":{},"route":"","stream":false,"attempt":0,"received_at":"0001-01-01T00:00:00Z","deadline":"0001-01-01T00:00:00Z","body":""}`},
+	{name: "ClaimedRequests", v: api.ClaimedRequests{Requests: []api.ClaimedRequest{}}, json: `{"requests":[]}`},
+	{name: "Exchange", v: api.Exchange{ModelRequest: fullRequest, State: "answered", Reason: "r", Upstream: "http://u",
+		ClaimedAt: t0.Add(500 * time.Millisecond), EndedAt: t0.Add(2 * time.Second), LatencyMS: &latency, Truncated: true,
+		Request:  json.RawMessage(`{"messages":[{"role":"user","content":"hi"}]}`),
+		Response: &api.ExchangeResponse{Status: 200, ContentType: "application/json", AnsweredAt: t0.Add(time.Second), Body: json.RawMessage(`{"ok":true}`)}},
+		json: `{"id":"r1","sandbox_id":"sbx-1","pool":"default","labels":{"run":"x"},"route":"chat/completions","stream":true,"attempt":2,"received_at":"2025-03-04T05:06:07.89Z","deadline":"2025-03-04T05:16:07.89Z","state":"answered","reason":"r","upstream":"http://u","claimed_at":"2025-03-04T05:06:08.39Z","ended_at":"2025-03-04T05:06:09.89Z","latency_ms":2000,"truncated":true,"request":{"messages":[{"role":"user","content":"hi"}]},"response":{"status":200,"content_type":"application/json","answered_at":"2025-03-04T05:06:08.89Z","body":{"ok":true}}}`},
+	{name: "Exchange/pending", v: api.Exchange{ModelRequest: api.ModelRequest{ID: "r2", Labels: map[string]string{}}, State: "pending", Request: json.RawMessage(`"not json"`)},
+		json: `{"id":"r2","sandbox_id":"","pool":"","labels":{},"route":"","stream":false,"attempt":0,"received_at":"0001-01-01T00:00:00Z","deadline":"0001-01-01T00:00:00Z","state":"pending","request":"not json"}`},
+	{name: "ExchangeResponse/zero", v: api.ExchangeResponse{}, json: `{"status":0,"content_type":"","answered_at":"0001-01-01T00:00:00Z"}`},
+	{name: "Transcript", v: api.Transcript{SandboxID: "sbx-1", Exchanges: []api.Exchange{}, NextAfter: "r1"},
+		json: `{"sandbox_id":"sbx-1","exchanges":[],"next_after":"r1"}`},
+	{name: "Transcript/last page", v: api.Transcript{SandboxID: "sbx-1", Exchanges: []api.Exchange{}},
+		json: `{"sandbox_id":"sbx-1","exchanges":[]}`},
+}
+
+func TestWire_JSONIsPinned(t *testing.T) {
+	for _, tc := range wireTests {
+		t.Run(tc.name, func(t *testing.T) {
+			if !tc.decodeOnly {
+				b, err := json.Marshal(tc.v)
+				require.NoError(t, err)
+				assert.JSONEq(t, tc.json, string(b), "fields and values")
+				assert.Equal(t, tc.json, string(b), "byte for byte: field order too")
+			}
+			got := reflect.New(reflect.TypeOf(tc.v))
+			require.NoError(t, json.Unmarshal([]byte(tc.json), got.Interface()))
+			assert.Equal(t, tc.v, got.Elem().Interface(), "decodes to the value")
+		})
+	}
+}
+
+// TestWire_EveryTypeIsPinned fails when a type is added to the package
+// without a case above.
+func TestWire_EveryTypeIsPinned(t *testing.T) {
+	pinned := map[string]bool{"ModelRequest": true} // inside ClaimedRequest and Exchange
+	for _, tc := range wireTests {
+		pinned[reflect.TypeOf(tc.v).Name()] = true
+	}
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	declared := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		for _, d := range f.Decls {
+			if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.TYPE {
+				for _, spec := range g.Specs {
+					if ts := spec.(*ast.TypeSpec); ts.Name.IsExported() {
+						declared++
+						assert.True(t, pinned[ts.Name.Name], "%s (%s) has no case in wireTests", ts.Name.Name, name)
+					}
+				}
+			}
+		}
+	}
+	assert.Equal(t, 11, declared, "the package's types")
+}

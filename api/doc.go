@@ -1,0 +1,14 @@
+// Package api holds the wire types of the gateway's own REST API
+// (docs/API.md): sandboxes and pools, and the trainer side of the model
+// relay. The gateway answers with them and the Go client (client), the
+// test doubles (modelservice/modeltest) and the tests decode them, so the
+// JSON of each route is declared once. The calls into a sandbox (exec,
+// sessions, processes, files) use execagent/agentapi's types, which the
+// gateway proxies unchanged.
+//
+// Changing a type here changes the wire format: api_test.go pins the JSON
+// of each type.
+//
+// It imports only the standard library; it must not import any other
+// Quarry package.
+package api

@@ -1,0 +1,69 @@
+package api
+
+import "time"
+
+// Sandbox states (Sandbox.State).
+const (
+	StateActive   = "active"
+	StateReleased = "released"
+	StateExpired  = "expired"
+	StateLost     = "lost"
+)
+
+// Sandbox is a lease on one sandbox, as the gateway reports it (POST and
+// GET /v1/sandboxes, heartbeat, DELETE). It never carries the agent's
+// address or token.
+type Sandbox struct {
+	ID           string            `json:"id"`
+	Pool         string            `json:"pool"`
+	State        string            `json:"state"`            // StateActive, StateReleased, StateExpired or StateLost
+	Reason       string            `json:"reason,omitempty"` // why the lease ended, when it did
+	Generation   int64             `json:"generation"`
+	CreatedAt    time.Time         `json:"created_at"`
+	ExpiresAt    time.Time         `json:"expires_at"`
+	EndedAt      time.Time         `json:"ended_at,omitzero"` // when the lease ended; zero while active
+	LeaseSeconds int               `json:"lease_seconds"`
+	Labels       map[string]string `json:"labels,omitempty"`
+}
+
+// SandboxList is the answer of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes: every field is
+// optional.
+type CreateSandboxRequest struct {
+	// Pool: "" means the gateway's default pool.
+	Pool string `json:"pool,omitempty"`
+	// LeaseSeconds: 0 means the pool's default.
+	LeaseSeconds int               `json:"lease_seconds,omitempty"`
+	Env          map[string]string `json:"env,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	// IdempotencyKey travels as the Idempotency-Key header, not in the
+	// body: a retried create with the same key returns the same sandbox.
+	IdempotencyKey string `json:"-"`
+}
+
+// Pool is one warm pool: its configuration and its current counts (GET
+// /v1/pools).
+type Pool struct {
+	Name                string  `json:"name"`
+	Provider            string  `json:"provider"`
+	Image               string  `json:"image"`
+	CPU                 float64 `json:"cpu"`
+	Memory              int     `json:"memory"` // MiB
+	MinWarm             int     `json:"min_warm"`
+	MaxTotal            int     `json:"max_total"`
+	DefaultLeaseSeconds int     `json:"default_lease_seconds"`
+	MaxLeaseSeconds     int     `json:"max_lease_seconds"`
+	Ready               int     `json:"ready"`
+	Launching           int     `json:"launching"`
+	Leased              int     `json:"leased"`
+	Stopping            int     `json:"stopping"`
+}
+
+// PoolList is the answer of GET /v1/pools.
+type PoolList struct {
+	Pools []Pool `json:"pools"`
+}
