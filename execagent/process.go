@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -345,6 +346,27 @@ func (s *Server) handleProcessSignal(w http.ResponseWriter, r *http.Request) err
 	}
 	writeJSON(w, http.StatusOK, p.info())
 	return nil
+}
+
+// parseSignal parses "TERM", "SIGTERM", "sigterm" or "15".
+func parseSignal(v string) (unix.Signal, error) {
+	if v == "" {
+		return 0, invalid("signal", "required")
+	}
+	if n, err := strconv.Atoi(v); err == nil {
+		if n <= 0 || n > 64 {
+			return 0, invalid("signal", "%d is not a signal number", n)
+		}
+		return unix.Signal(n), nil
+	}
+	name := strings.ToUpper(v)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig, nil
+	}
+	return 0, invalid("signal", "unknown signal %q", v)
 }
 
 // handleProcessStdin answers POST /v1/processes/{id}/stdin: the raw body is

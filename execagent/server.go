@@ -461,3 +461,26 @@ func (s *Server) commandEnv(extra []string) []string {
 	s.leaseMu.Unlock()
 	return mergeEnv(s.cfg.Env, lease, extra)
 }
+
+// mergeEnv merges "K=V" lists; a key in a later list replaces the same key
+// of an earlier one, keeping the earlier position.
+func mergeEnv(lists ...[]string) []string {
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+	}
+	out := make([]string, 0, n)
+	index := make(map[string]int, n)
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := index[k]; ok {
+				out[i] = kv
+				continue
+			}
+			index[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
