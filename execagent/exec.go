@@ -286,7 +286,7 @@ func lookPath(name, dir string, env []string) (string, error) {
 }
 
 // newCmd builds an exec.Cmd for spec (process group and env are set by
-// procTable.start; Env is always explicit).
+// childTable.start; Env is always explicit).
 func newCmd(spec cmdSpec) *exec.Cmd {
 	return &exec.Cmd{Path: spec.argv[0], Args: spec.argv, Env: spec.env, Dir: spec.dir}
 }
@@ -347,7 +347,7 @@ func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) 
 		parentClose = append(parentClose, r)
 	}
 	rc.start = time.Now()
-	if err := s.procs.start(rc.cmd); err != nil {
+	if err := s.children.start(rc.cmd); err != nil {
 		return fail(startError("start command", spec.argv, spec.env, err))
 	}
 	for _, f := range parentClose {
@@ -450,7 +450,7 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	type waited struct{ ps *os.ProcessState }
 	done := make(chan waited, 1)
 	go func() {
-		ps, _ := s.procs.wait(rc.cmd)
+		ps, _ := s.children.wait(rc.cmd)
 		done <- waited{ps}
 	}()
 	timer := time.NewTimer(timeout)
@@ -461,13 +461,13 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	case w = <-done:
 	case <-timer.C:
 		out.timedOut = true
-		s.procs.killGroup(pgid, syscall.SIGKILL)
+		s.children.killGroup(pgid, syscall.SIGKILL)
 		w = <-done
 	case <-ctx.Done():
-		s.procs.killGroup(pgid, syscall.SIGKILL)
+		s.children.killGroup(pgid, syscall.SIGKILL)
 		w = <-done
 	case <-s.ctx.Done():
-		s.procs.killGroup(pgid, syscall.SIGKILL)
+		s.children.killGroup(pgid, syscall.SIGKILL)
 		w = <-done
 	}
 	out.duration = time.Since(rc.start)
