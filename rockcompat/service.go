@@ -14,6 +14,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -156,8 +157,8 @@ type Deps struct {
 	HTTP *http.Client
 	// Logger receives server-side failures (nil: discard).
 	Logger *slog.Logger
-	// Clock decides whether a lease has expired (nil: the system clock).
-	Clock warmpool.Clock
+	// Clock decides whether a lease has expired (nil: clock.System).
+	Clock clock.Clock
 }
 
 // PoolConfigs is an optional capability of Leases: the configured pools
@@ -182,7 +183,7 @@ type Service struct {
 	body   func(*fiber.Ctx, int64) (io.Reader, error)
 	http   *http.Client
 	log    *slog.Logger
-	clock  warmpool.Clock
+	clock  clock.Clock
 
 	poolsMu sync.Mutex
 	pools   []warmpool.PoolConfig
@@ -211,10 +212,6 @@ func (s *Service) poolList(ctx context.Context) ([]warmpool.PoolConfig, error) {
 	return out, nil
 }
 
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // New validates cfg and returns the service. It fails on a bad Config or a
 // missing required dependency.
 func New(cfg Config, deps Deps) (*Service, error) {
@@ -242,7 +239,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if s.clock == nil {
-		s.clock = systemClock{}
+		s.clock = clock.System{}
 	}
 	return s, nil
 }

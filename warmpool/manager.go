@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/providers"
 )
 
@@ -26,7 +27,7 @@ type Deps struct {
 	Pools   []PoolConfig
 	Agents  Agents
 	Logger  *slog.Logger          // nil discards logs
-	Clock   Clock                 // nil is real time
+	Clock   clock.Clock           // nil is clock.System
 	Metrics prometheus.Registerer // nil registers no metrics
 	// LeaseEnv, when set, returns variables added to a new lease's env
 	// (under the request's own, which it overrides): per-lease settings that
@@ -50,7 +51,7 @@ type Manager struct {
 	providers map[string]providers.Provider
 	agents    Agents
 	log       *slog.Logger
-	clock     Clock
+	clock     clock.Clock
 	leaseEnv  func(string) map[string]string
 	metrics   *metrics
 	pools     map[string]*pool // fixed after New
@@ -97,9 +98,9 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	clock := deps.Clock
-	if clock == nil {
-		clock = realClock{}
+	clk := deps.Clock
+	if clk == nil {
+		clk = clock.System{}
 	}
 	met, err := newMetrics(deps.Metrics)
 	if err != nil {
@@ -127,7 +128,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{
-		cfg: cfg, store: deps.Store, providers: provs, agents: deps.Agents, log: log.With("replica", cfg.ReplicaID), clock: clock,
+		cfg: cfg, store: deps.Store, providers: provs, agents: deps.Agents, log: log.With("replica", cfg.ReplicaID), clock: clk,
 		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphanSeen: map[string]time.Time{},
 		locks: lockSet{held: map[string]bool{}, failing: map[string]bool{}}, cache: newLeaseCache(cfg.LeaseCacheTTL), bg: bg, cancel: cancel,
 	}, nil

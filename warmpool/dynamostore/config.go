@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/config"
-
-	"github.com/quarryhq/quarry/warmpool"
+	"github.com/quarryhq/quarry/internal/clock"
 )
 
 // Defaults of Config.
@@ -64,14 +63,9 @@ type Config struct {
 	// tables to become ACTIVE or to go (default 5 min).
 	TableWait time.Duration `envconfig:"QUARRY_DYNAMODB_TABLE_WAIT"`
 	// Clock tells the time for TTL checks on reads, which get no time from
-	// their caller (default: the wall clock).
-	Clock warmpool.Clock `ignored:"true"`
+	// their caller (default: clock.System).
+	Clock clock.Clock `ignored:"true"`
 }
-
-// wallClock is the default Clock.
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
 
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
@@ -100,7 +94,7 @@ func (c Config) withDefaults() Config {
 		c.TableWait = DefaultTableWait
 	}
 	if c.Clock == nil {
-		c.Clock = wallClock{}
+		c.Clock = clock.System{}
 	}
 	return c
 }
