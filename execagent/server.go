@@ -61,7 +61,7 @@ type Server struct {
 // Server at a time and start no children of its own meanwhile. log may be
 // nil (slog.Default()).
 func New(cfg Config, log *slog.Logger) (*Server, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("validate agent config: %w", err)
 	}

@@ -112,7 +112,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if deps.Manager == nil {
 		return nil, errors.New("gateway: Deps.Manager is required")
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	g := &Gateway{
 		cfg:    cfg,
 		mgr:    deps.Manager,

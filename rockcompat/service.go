@@ -81,7 +81,8 @@ const (
 	SDKDefaultImage = "python:3.11"
 )
 
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
 	setDefault(&c.DefaultPool, "default")
 	setDefault(&c.MaxJSONBody, 8<<20)
 	setDefault(&c.MaxUploadBody, 1<<30)
@@ -221,7 +222,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if deps.Leases == nil || deps.Owner == nil {
 		return nil, errors.New("rockcompat: Deps.Leases and Deps.Owner are required")
 	}
-	s := &Service{cfg: cfg.withDefaults(), leases: deps.Leases, owner: deps.Owner, body: deps.Body,
+	s := &Service{cfg: cfg.WithDefaults(), leases: deps.Leases, owner: deps.Owner, body: deps.Body,
 		http: deps.HTTP, log: deps.Logger, clock: deps.Clock}
 	if s.body == nil {
 		s.body = func(c *fiber.Ctx, limit int64) (io.Reader, error) {

@@ -60,19 +60,25 @@ type entry struct {
 	ended        chan struct{}
 }
 
+// WithDefaults returns c with every zero (or negative) field set to its
+// default.
+func (c Config) WithDefaults() Config {
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = DefaultMaxBytes
+	}
+	if c.Clock == nil {
+		c.Clock = clock.System{}
+	}
+	return c
+}
+
 // New returns an empty Broker.
 func New(cfg Config) *Broker {
-	if cfg.Retention <= 0 {
-		cfg.Retention = DefaultRetention
-	}
-	if cfg.MaxBytes <= 0 {
-		cfg.MaxBytes = DefaultMaxBytes
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.System{}
-	}
 	return &Broker{
-		cfg: cfg, done: make(chan struct{}), entries: map[string]*entry{}, leases: map[string][]*entry{},
+		cfg: cfg.WithDefaults(), done: make(chan struct{}), entries: map[string]*entry{}, leases: map[string][]*entry{},
 		changed: make(chan struct{}),
 	}
 }

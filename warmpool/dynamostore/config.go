@@ -67,8 +67,8 @@ type Config struct {
 	Clock clock.Clock `ignored:"true"`
 }
 
-// withDefaults returns c with every zero field set to its default.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
 	if c.TasksTable == "" {
 		c.TasksTable = DefaultTasksTable
 	}
@@ -105,7 +105,7 @@ var tableName = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,255}$`)
 // Validate checks c after defaults; each error names the environment
 // variable (QUARRY_ prefix) of the field.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	var errs []error
 	for _, t := range []struct{ env, name string }{
 		{"QUARRY_DYNAMODB_TASKS_TABLE", c.TasksTable},
@@ -147,7 +147,7 @@ func (c Config) Validate() error {
 // The SDK's default chain supplies the rest (credentials, AWS_ENDPOINT_URL
 // for LocalStack or an emulator).
 func (c Config) SDKOptions() []func(*config.LoadOptions) error {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	opts := []func(*config.LoadOptions) error{config.WithRetryMaxAttempts(c.MaxAttempts)}
 	if c.Region != "" {
 		opts = append(opts, config.WithRegion(c.Region))
