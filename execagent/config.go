@@ -102,8 +102,8 @@ func DefaultConfig() Config {
 	}
 }
 
-// withDefaults fills zero fields from DefaultConfig.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field set from DefaultConfig.
+func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
 	setDefault(&c.MaxJSONBody, d.MaxJSONBody)
 	setDefault(&c.MaxUploadBytes, d.MaxUploadBytes)

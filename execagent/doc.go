@@ -15,11 +15,11 @@
 // naming it); a command string too long for one argument of a new process
 // runs from a private script file in StateDir, removed when it ends.
 //
-// Process bookkeeping: every child is started in its own process group while
-// holding the process table's lock and registered before the lock is released.
-// The reaper (the agent is a child subreaper, or PID 1 in a container) reaps
-// only zombies the table does not track, so it never steals the exit status
-// that exec.Cmd.Wait reports for tracked children.
+// Child bookkeeping (children.go): every child is started in its own process
+// group while holding the child table's lock and registered before the lock
+// is released. The reaper (the agent is a child subreaper, or PID 1 in a
+// container) reaps only zombies the table does not track, so it never steals
+// the exit status that exec.Cmd.Wait reports for tracked children.
 //
 // Nothing in this package reads environment variables: cmd/execagent fills a
 // Config. Children never see QUARRY_AGENT_* variables (see Config.Env).

@@ -8,10 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
@@ -178,6 +182,66 @@ func (s *Server) commandSpec(command string, argv []string, env map[string]strin
 	return spec, nil
 }
 
+// resolveCwd resolves a command's cwd (empty: the workdir) and checks that
+// it is a directory.
+func (s *Server) resolveCwd(cwd string) (string, error) {
+	if cwd == "" {
+		return s.cfg.Workdir, nil
+	}
+	p, err := s.resolvePath("cwd", cwd)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return "", invalid("cwd", "%q: no such directory", cwd)
+	}
+	if !fi.IsDir() {
+		return "", invalid("cwd", "%q is not a directory", cwd)
+	}
+	return p, nil
+}
+
+// runLimits validates a request's timeout_ms and max_output_bytes (0: the
+// defaults).
+func (s *Server) runLimits(timeoutMS, maxOutput int64) (time.Duration, int64, error) {
+	timeout, err := s.timeout(timeoutMS)
+	if err != nil {
+		return 0, 0, err
+	}
+	limit, err := s.outputCap(maxOutput)
+	if err != nil {
+		return 0, 0, err
+	}
+	return timeout, limit, nil
+}
+
+// timeout validates a request's timeout_ms (0: the default).
+func (s *Server) timeout(ms int64) (time.Duration, error) {
+	switch {
+	case ms < 0:
+		return 0, invalid("timeout_ms", "must be non-negative, got %d", ms)
+	case ms == 0:
+		return s.cfg.DefaultTimeout, nil
+	case ms > s.cfg.MaxTimeout.Milliseconds():
+		return 0, invalid("timeout_ms", "%d is above the agent's maximum of %d", ms, s.cfg.MaxTimeout.Milliseconds())
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// outputCap validates a request's max_output_bytes (0: the default).
+func (s *Server) outputCap(n int64) (int64, error) {
+	switch {
+	case n < 0:
+		return 0, invalid("max_output_bytes", "must be non-negative, got %d", n)
+	case n == 0:
+		return s.cfg.DefaultOutputBytes, nil
+	case n > s.cfg.MaxOutputBytes:
+		return 0, invalid("max_output_bytes", "%d is above the agent's maximum of %d", n, s.cfg.MaxOutputBytes)
+	}
+	return n, nil
+}
+
 // lookPath finds name like a shell would, with the child's PATH and cwd.
 func lookPath(name, dir string, env []string) (string, error) {
 	check := func(p string) error {
@@ -222,7 +286,7 @@ func lookPath(name, dir string, env []string) (string, error) {
 }
 
 // newCmd builds an exec.Cmd for spec (process group and env are set by
-// procTable.start; Env is always explicit).
+// childTable.start; Env is always explicit).
 func newCmd(spec cmdSpec) *exec.Cmd {
 	return &exec.Cmd{Path: spec.argv[0], Args: spec.argv, Env: spec.env, Dir: spec.dir}
 }
@@ -283,7 +347,7 @@ func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) 
 		parentClose = append(parentClose, r)
 	}
 	rc.start = time.Now()
-	if err := s.procs.start(rc.cmd); err != nil {
+	if err := s.children.start(rc.cmd); err != nil {
 		return fail(startError("start command", spec.argv, spec.env, err))
 	}
 	for _, f := range parentClose {
@@ -332,6 +396,37 @@ func readStream(r *os.File, emit func([]byte)) {
 	}
 }
 
+// utf8Split returns how many bytes of b end at a UTF-8 character boundary:
+// a trailing incomplete (but so far valid) sequence is held back, so a
+// character split across two reads is not turned into two U+FFFD.
+func utf8Split(b []byte) int {
+	n := len(b)
+	for i := 1; i <= utf8.UTFMax-1 && i <= n; i++ {
+		c := b[n-i]
+		if c < 0x80 { // ASCII: boundary after it
+			return n
+		}
+		if utf8.RuneStart(c) {
+			need := 0
+			switch {
+			case c&0xE0 == 0xC0:
+				need = 2
+			case c&0xF0 == 0xE0:
+				need = 3
+			case c&0xF8 == 0xF0:
+				need = 4
+			default:
+				return n
+			}
+			if i < need {
+				return n - i
+			}
+			return n
+		}
+	}
+	return n
+}
+
 // utf8Carry is the room for an incomplete UTF-8 sequence carried between reads.
 const utf8Carry = 4
 
@@ -355,7 +450,7 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	type waited struct{ ps *os.ProcessState }
 	done := make(chan waited, 1)
 	go func() {
-		ps, _ := s.procs.wait(rc.cmd)
+		ps, _ := s.children.wait(rc.cmd)
 		done <- waited{ps}
 	}()
 	timer := time.NewTimer(timeout)
@@ -366,13 +461,13 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	case w = <-done:
 	case <-timer.C:
 		out.timedOut = true
-		s.procs.killGroup(pgid, syscall.SIGKILL)
+		s.children.killGroup(pgid, syscall.SIGKILL)
 		w = <-done
 	case <-ctx.Done():
-		s.procs.killGroup(pgid, syscall.SIGKILL)
+		s.children.killGroup(pgid, syscall.SIGKILL)
 		w = <-done
 	case <-s.ctx.Done():
-		s.procs.killGroup(pgid, syscall.SIGKILL)
+		s.children.killGroup(pgid, syscall.SIGKILL)
 		w = <-done
 	}
 	out.duration = time.Since(rc.start)
@@ -418,6 +513,14 @@ func exitStatus(ps *os.ProcessState) (int, string) {
 		return -1, signalName(ws.Signal())
 	}
 	return ps.ExitCode(), ""
+}
+
+// signalName names a signal "SIGKILL"; unknown signals "SIG<n>".
+func signalName(sig unix.Signal) string {
+	if name := unix.SignalName(sig); name != "" {
+		return name
+	}
+	return "SIG" + strconv.Itoa(int(sig))
 }
 
 // capBuffer collects up to max bytes and remembers whether more came.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
@@ -42,6 +43,25 @@ func queryBool(r *http.Request, name string) (bool, error) {
 		return false, invalid(name, "must be true or false, got %q", v)
 	}
 	return b, nil
+}
+
+// queryPath resolves the "path" query parameter against the workdir.
+func (s *Server) queryPath(r *http.Request) (string, error) {
+	return s.resolvePath("path", r.URL.Query().Get("path"))
+}
+
+// resolvePath resolves p (field names it in errors) against the workdir.
+func (s *Server) resolvePath(field, p string) (string, error) {
+	if p == "" {
+		return "", invalid(field, "required")
+	}
+	if strings.ContainsRune(p, 0) {
+		return "", invalid(field, "contains a NUL byte")
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(s.cfg.Workdir, p)
+	}
+	return filepath.Clean(p), nil
 }
 
 // Linux limits of file names (NAME_MAX) and paths (PATH_MAX, without the NUL).

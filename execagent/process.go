@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,7 +54,9 @@ type process struct {
 	readDone chan struct{}
 }
 
-// processTable holds the background processes until they are deleted.
+// processTable holds the background processes of the /v1/processes routes,
+// by id and by name, until they are deleted. Their OS children are the
+// childTable's.
 type processTable struct {
 	srv   *Server
 	mu    sync.Mutex
@@ -119,7 +122,7 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 		cmd.Stdin = inR
 	}
 	p.started = time.Now()
-	err = s.procs.start(cmd)
+	err = s.children.start(cmd)
 	_ = outW.Close()
 	closeFile(rpcW)
 	if inR != nil {
@@ -176,7 +179,7 @@ func (p *process) notifyLocked() {
 // read (at most DrainTimeout after the exit, while a leftover child keeps
 // the pipe open).
 func (p *process) wait(s *Server) {
-	ps, _ := s.procs.wait(p.cmd)
+	ps, _ := s.children.wait(p.cmd)
 	p.cleanup()
 	code, sig := exitStatus(ps)
 	t := time.NewTimer(s.cfg.DrainTimeout)
@@ -250,7 +253,7 @@ func (t *processTable) list() []agentapi.ProcessInfo {
 
 // kill kills the process's group, waits for its exit (bounded) and forgets it.
 func (t *processTable) kill(p *process) agentapi.ProcessInfo {
-	t.srv.procs.killGroup(p.pgid, unix.SIGKILL)
+	t.srv.children.killGroup(p.pgid, unix.SIGKILL)
 	waitDone(p.done, t.srv.cfg.DrainTimeout+10*time.Second)
 	t.mu.Lock()
 	t.forgetLocked(p)
@@ -264,7 +267,7 @@ func (t *processTable) closeAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, p := range t.m {
-		t.srv.procs.killGroup(p.pgid, unix.SIGKILL)
+		t.srv.children.killGroup(p.pgid, unix.SIGKILL)
 	}
 }
 
@@ -336,7 +339,7 @@ func (s *Server) handleProcessSignal(w http.ResponseWriter, r *http.Request) err
 	if exited {
 		return fmt.Errorf("process %s has exited: %w", p.id, errConflict)
 	}
-	sent, err := s.procs.signalGroup(p.pgid, sig)
+	sent, err := s.children.signalGroup(p.pgid, sig)
 	if err != nil {
 		return err
 	}
@@ -345,6 +348,27 @@ func (s *Server) handleProcessSignal(w http.ResponseWriter, r *http.Request) err
 	}
 	writeJSON(w, http.StatusOK, p.info())
 	return nil
+}
+
+// parseSignal parses "TERM", "SIGTERM", "sigterm" or "15".
+func parseSignal(v string) (unix.Signal, error) {
+	if v == "" {
+		return 0, invalid("signal", "required")
+	}
+	if n, err := strconv.Atoi(v); err == nil {
+		if n <= 0 || n > 64 {
+			return 0, invalid("signal", "%d is not a signal number", n)
+		}
+		return unix.Signal(n), nil
+	}
+	name := strings.ToUpper(v)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig, nil
+	}
+	return 0, invalid("signal", "unknown signal %q", v)
 }
 
 // handleProcessStdin answers POST /v1/processes/{id}/stdin: the raw body is

@@ -266,7 +266,7 @@ func (p *process) isExited() bool {
 // killAndWait kills p's group and waits (bounded) until it has exited; p
 // stays in the table, so its status and output remain readable.
 func (t *processTable) killAndWait(p *process) {
-	t.srv.procs.killGroup(p.pgid, unix.SIGKILL)
+	t.srv.children.killGroup(p.pgid, unix.SIGKILL)
 	waitDone(p.done, t.srv.cfg.DrainTimeout+10*time.Second)
 }
 

@@ -26,14 +26,14 @@ import (
 // Server is the exec agent. Create it with New, serve with Serve, stop with
 // Close. Its methods are safe for concurrent use.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	procs   *procTable
-	shell   shellInfo
-	started time.Time
-	handler http.Handler
-	authHdr []byte // "Bearer <token>"
-	ownsDir bool   // StateDir was created by New and is removed by Close
+	cfg      Config
+	log      *slog.Logger
+	children *childTable // the OS children: process groups, signals, the reaper
+	shell    shellInfo
+	started  time.Time
+	handler  http.Handler
+	authHdr  []byte // "Bearer <token>"
+	ownsDir  bool   // StateDir was created by New and is removed by Close
 
 	sessions  *sessionTable
 	processes *processTable
@@ -61,7 +61,7 @@ type Server struct {
 // Server at a time and start no children of its own meanwhile. log may be
 // nil (slog.Default()).
 func New(cfg Config, log *slog.Logger) (*Server, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("validate agent config: %w", err)
 	}
@@ -88,15 +88,15 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		cfg:     cfg,
-		log:     log,
-		procs:   newProcTable(log),
-		shell:   sh,
-		started: time.Now(),
-		authHdr: []byte("Bearer " + cfg.Token),
-		ownsDir: ownsDir,
-		ctx:     ctx,
-		cancel:  cancel,
+		cfg:      cfg,
+		log:      log,
+		children: newChildTable(log),
+		shell:    sh,
+		started:  time.Now(),
+		authHdr:  []byte("Bearer " + cfg.Token),
+		ownsDir:  ownsDir,
+		ctx:      ctx,
+		cancel:   cancel,
 	}
 	s.sessions = newSessionTable(s)
 	s.processes = newProcessTable(s)
@@ -104,7 +104,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.procs.runReaper(ctx, cfg.ReapInterval, cfg.NoSubreaper)
+		s.children.runReaper(ctx, cfg.ReapInterval, cfg.NoSubreaper)
 	}()
 	return s, nil
 }
@@ -151,7 +151,7 @@ func (s *Server) Close(ctx context.Context) error {
 		servers := s.servers
 		s.srvMu.Unlock()
 		// Kill first: streams and runs end when their commands die.
-		s.procs.killAll()
+		s.children.killAll()
 		s.sessions.closeAll()
 		s.processes.closeAll()
 		for _, hs := range servers {
@@ -161,7 +161,7 @@ func (s *Server) Close(ctx context.Context) error {
 			}
 		}
 		s.wg.Wait()
-		s.procs.settle(ctx)
+		s.children.settle(ctx)
 		if s.ownsDir {
 			if e := os.RemoveAll(s.cfg.StateDir); e != nil {
 				err = errors.Join(err, fmt.Errorf("remove agent state dir: %w", e))
@@ -460,4 +460,27 @@ func (s *Server) commandEnv(extra []string) []string {
 	lease := s.leaseEnv
 	s.leaseMu.Unlock()
 	return mergeEnv(s.cfg.Env, lease, extra)
+}
+
+// mergeEnv merges "K=V" lists; a key in a later list replaces the same key
+// of an earlier one, keeping the earlier position.
+func mergeEnv(lists ...[]string) []string {
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+	}
+	out := make([]string, 0, n)
+	index := make(map[string]int, n)
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := index[k]; ok {
+				out[i] = kv
+				continue
+			}
+			index[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
 }

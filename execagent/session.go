@@ -305,7 +305,7 @@ func (ss *session) start(env []string, dir string) error {
 	env = mergeEnv(env, []string{"PS1=", "PS2=", "PROMPT_COMMAND=", "ENV=", "HISTFILE="})
 	cmd := &exec.Cmd{Path: argv[0], Args: argv, Env: env, Dir: dir,
 		Stdin: stdinR, Stdout: outW, Stderr: outW, ExtraFiles: []*os.File{statusW}}
-	if err := s.procs.start(cmd); err != nil {
+	if err := s.children.start(cmd); err != nil {
 		return fail(startError("start session shell", argv, env, err))
 	}
 	// The shell has its ends now; keep ours.
@@ -317,8 +317,8 @@ func (ss *session) start(env []string, dir string) error {
 		err = rawOut.Control(func(fd uintptr) { ss.outFD = int(fd) })
 	}
 	if err != nil {
-		s.procs.killGroup(cmd.Process.Pid, unix.SIGKILL)
-		_, _ = s.procs.wait(cmd)
+		s.children.killGroup(cmd.Process.Pid, unix.SIGKILL)
+		_, _ = s.children.wait(cmd)
 		return fail(fmt.Errorf("prepare session output: %w", err))
 	}
 	ss.cmd, ss.pgid = cmd, cmd.Process.Pid
@@ -476,14 +476,14 @@ func (ss *session) finishLocked(r *sessionRun, code int, timedOut, closed bool) 
 // the current run completes with closed set, the session's process group is
 // killed and the session is removed.
 func (ss *session) waitShell() {
-	ps, _ := ss.srv.procs.wait(ss.cmd)
+	ps, _ := ss.srv.children.wait(ss.cmd)
 	code, sig := exitStatus(ps)
 	if sig != "" {
 		if ws, ok := ps.Sys().(syscall.WaitStatus); ok {
 			code = 128 + int(ws.Signal())
 		}
 	}
-	ss.srv.procs.killGroup(ss.pgid, unix.SIGKILL) // background jobs die with their session
+	ss.srv.children.killGroup(ss.pgid, unix.SIGKILL) // background jobs die with their session
 	ss.mu.Lock()
 	ss.dead = true
 	ss.mu.Unlock()
@@ -512,7 +512,7 @@ func (ss *session) waitShell() {
 // close kills the shell and its process group and waits until the session
 // is torn down. It is idempotent.
 func (ss *session) close() {
-	ss.srv.procs.killGroup(ss.pgid, unix.SIGKILL)
+	ss.srv.children.killGroup(ss.pgid, unix.SIGKILL)
 	<-ss.exited
 }
 
@@ -645,7 +645,7 @@ func (ss *session) interrupt(r *sessionRun) {
 		ss.flush(grace)
 		return
 	}
-	ss.srv.procs.signalLeader(ss.pgid, unix.SIGINT)
+	ss.srv.children.signalLeader(ss.pgid, unix.SIGINT)
 	if waitDone(r.done, grace) {
 		ss.flush(grace)
 		return
@@ -669,7 +669,7 @@ func (ss *session) resync(r *sessionRun, grace time.Duration) (started, ok bool)
 	ss.seq++
 	r.token = "R" + strconv.Itoa(ss.seq)
 	ss.mu.Unlock()
-	ss.srv.procs.killGroup(ss.pgid, unix.SIGINT)
+	ss.srv.children.killGroup(ss.pgid, unix.SIGINT)
 	return true, ss.write(fmt.Sprintf(resyncLine, r.token, ss.statusFD()), time.Now().Add(grace)) == nil
 }
 

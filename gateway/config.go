@@ -169,8 +169,8 @@ func checkAPIKey(k string) error {
 	return nil
 }
 
-// withDefaults returns c with every zero field set to its default.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
 	def := func(v *time.Duration, d time.Duration) {
 		if *v == 0 {
 			*v = d

@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/rockcompat"
 	"github.com/quarryhq/quarry/warmpool"
@@ -63,8 +64,8 @@ type Deps struct {
 	// /metrics serves; the manager registers its own on the same one (nil:
 	// a new private registry).
 	Metrics *prometheus.Registry
-	// Clock decides whether a lease has expired (nil: the system clock).
-	Clock warmpool.Clock
+	// Clock decides whether a lease has expired (nil: clock.System).
+	Clock clock.Clock
 	// Model is the model relay (docs/MODELSERVICE.md); nil: its routes
 	// answer 404.
 	Model *modelservice.Service
@@ -85,7 +86,7 @@ type Gateway struct {
 	model   *modelservice.Service
 	envs    *envs.Service // nil without Deps.Envs
 	log     *slog.Logger
-	clock   warmpool.Clock
+	clock   clock.Clock
 	keys    keyring
 	agents  *agentClients
 	metrics *metrics
@@ -101,10 +102,6 @@ type Gateway struct {
 	rock *rockcompat.Service // ROCK's routes (rock.go)
 }
 
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // New validates cfg, applies its defaults and builds the gateway's app. It
 // fails on a bad Config, a nil Manager, or metrics already registered on
 // deps.Metrics.
@@ -115,7 +112,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if deps.Manager == nil {
 		return nil, errors.New("gateway: Deps.Manager is required")
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	g := &Gateway{
 		cfg:    cfg,
 		mgr:    deps.Manager,
@@ -133,7 +130,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if g.clock == nil {
-		g.clock = systemClock{}
+		g.clock = clock.System{}
 	}
 	reg := deps.Metrics
 	if reg == nil {

@@ -593,7 +593,7 @@ func TestProxy_MetricsByRouteTemplate(t *testing.T) {
 }
 
 func TestCommandTimeout(t *testing.T) {
-	g := &Gateway{cfg: Config{APIKeys: []string{testKey}, TimeoutMargin: time.Second, MaxCommandTimeout: time.Hour}.withDefaults()}
+	g := &Gateway{cfg: Config{APIKeys: []string{testKey}, TimeoutMargin: time.Second, MaxCommandTimeout: time.Hour}.WithDefaults()}
 	tests := []struct {
 		name string
 		body string

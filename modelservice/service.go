@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -69,7 +70,7 @@ type Deps struct {
 	// long; each call is bounded by its request's timeout).
 	HTTP   *http.Client
 	Logger *slog.Logger // nil discards
-	Clock  warmpool.Clock
+	Clock  clock.Clock  // nil is clock.System
 }
 
 // Service is the model relay: it gives each lease its relay URL and token,
@@ -84,7 +85,7 @@ type Service struct {
 	pools  map[string]poolSettings
 	http   *http.Client
 	log    *slog.Logger
-	clock  warmpool.Clock
+	clock  clock.Clock
 
 	mu      sync.Mutex
 	started bool
@@ -92,10 +93,6 @@ type Service struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // New validates cfg and deps and builds a Service. It starts nothing.
 func New(cfg Config, deps Deps) (*Service, error) {
@@ -126,7 +123,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.clock == nil {
-		s.clock = systemClock{}
+		s.clock = clock.System{}
 	}
 	return s, nil
 }

@@ -43,7 +43,7 @@ func TestService_PoolFor(t *testing.T) {
 		{Name: "py", Image: "python:3.12"},
 		{Name: "swe", Image: "swe/django:1"},
 	}
-	s := &Service{cfg: Config{Images: map[string]string{"mapped:1": "swe", "broken:1": "gone"}}.withDefaults()}
+	s := &Service{cfg: Config{Images: map[string]string{"mapped:1": "swe", "broken:1": "gone"}}.WithDefaults()}
 	for _, tc := range []struct {
 		name, image, pool, err string
 	}{
@@ -83,7 +83,7 @@ func TestCheckSession(t *testing.T) {
 }
 
 func TestService_CommandTimeout(t *testing.T) {
-	s := &Service{cfg: Config{MaxCommandTimeout: time.Hour, TimeoutMargin: 10 * time.Second}.withDefaults()}
+	s := &Service{cfg: Config{MaxCommandTimeout: time.Hour, TimeoutMargin: 10 * time.Second}.WithDefaults()}
 	f := func(v float64) *float64 { return &v }
 	for _, tc := range []struct {
 		name  string

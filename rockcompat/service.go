@@ -14,6 +14,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -83,7 +84,8 @@ const (
 	SDKDefaultImage = "python:3.11"
 )
 
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
 	setDefault(&c.DefaultPool, "default")
 	setDefault(&c.MaxJSONBody, 8<<20)
 	setDefault(&c.MaxUploadBody, 1<<30)
@@ -160,8 +162,8 @@ type Deps struct {
 	HTTP *http.Client
 	// Logger receives server-side failures (nil: discard).
 	Logger *slog.Logger
-	// Clock decides whether a lease has expired (nil: the system clock).
-	Clock warmpool.Clock
+	// Clock decides whether a lease has expired (nil: clock.System).
+	Clock clock.Clock
 }
 
 // PoolConfigs is an optional capability of Leases: the configured pools
@@ -186,7 +188,7 @@ type Service struct {
 	body   func(*fiber.Ctx, int64) (io.Reader, error)
 	http   *http.Client
 	log    *slog.Logger
-	clock  warmpool.Clock
+	clock  clock.Clock
 
 	poolsMu sync.Mutex
 	pools   []warmpool.PoolConfig
@@ -215,10 +217,6 @@ func (s *Service) poolList(ctx context.Context) ([]warmpool.PoolConfig, error) {
 	return out, nil
 }
 
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // New validates cfg and returns the service. It fails on a bad Config or a
 // missing required dependency.
 func New(cfg Config, deps Deps) (*Service, error) {
@@ -228,7 +226,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if deps.Leases == nil || deps.Owner == nil {
 		return nil, errors.New("rockcompat: Deps.Leases and Deps.Owner are required")
 	}
-	s := &Service{cfg: cfg.withDefaults(), leases: deps.Leases, owner: deps.Owner, body: deps.Body,
+	s := &Service{cfg: cfg.WithDefaults(), leases: deps.Leases, owner: deps.Owner, body: deps.Body,
 		http: deps.HTTP, log: deps.Logger, clock: deps.Clock}
 	if s.body == nil {
 		s.body = func(c *fiber.Ctx, limit int64) (io.Reader, error) {
@@ -246,7 +244,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if s.clock == nil {
-		s.clock = systemClock{}
+		s.clock = clock.System{}
 	}
 	return s, nil
 }

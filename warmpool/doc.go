@@ -4,8 +4,11 @@
 // release, the per-pool reconciler and the lease reaper.
 //
 // Files: config.go parses and validates the pools file (LoadPools,
-// ParsePools); manager.go holds the Manager's lifecycle and lease calls;
-// acquire.go the acquire path; reconcile.go the per-pool reconciler and
+// ParsePools); manager_config.go the Manager's Config (defaults,
+// Validate); manager.go the Manager, New and its Start/Close lifecycle;
+// leases.go the lease calls (Get, Heartbeat, Release, List, CheckTask);
+// stop.go retiring ended leases (fence, stop, delete); acquire.go the
+// acquire path; reconcile.go the per-pool reconciler and
 // launches; reaper.go the reaper and the orphan sweep; locks.go the locks
 // that gate background work across replicas; cache.go the short lease
 // cache; caller.go the caller marks on store calls (CallerOf); agents.go

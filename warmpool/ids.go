@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"strings"
-	"time"
 )
 
 // Prefixes of the ids the manager generates.
@@ -42,8 +41,3 @@ func ValidLeaseID(id string) bool {
 	_, err := idEncoding.DecodeString(rest)
 	return err == nil
 }
-
-// realClock is the Clock used when Deps.Clock is nil.
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }

@@ -2,7 +2,6 @@ package warmpool
 
 import (
 	"strings"
-	"time"
 )
 
 // PoolConfig is one pool as written in the pools file (YAML or JSON, path in
@@ -79,9 +78,4 @@ type AcquireRequest struct {
 	Env            map[string]string
 	Labels         map[string]string
 	IdempotencyKey string
-}
-
-// Clock is the manager's source of time; tests inject a fake one.
-type Clock interface {
-	Now() time.Time
 }

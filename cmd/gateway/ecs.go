@@ -23,50 +23,35 @@ import (
 const ecsSetupTimeout = 30 * time.Second
 
 // ecsEnv is the ECS provider's part of the gateway's configuration, read by
-// envconfig with the QUARRY_ECS prefix; each field is the ecs.Config field
-// of the same name, and its variable is the name split into words
-// (ExecutionRoleARN is QUARRY_ECS_EXECUTION_ROLE_ARN). Lists are comma
-// separated. Empty values take ecs.Config's defaults. The region and
+// envconfig: ecs.Config, whose tags name its QUARRY_ECS_* variables (unset
+// ones take ecs.Config's defaults), and the token key in hex. The region and
 // endpoint are the AWS SDK's own (AWS_REGION, AWS_ENDPOINT_URL).
 type ecsEnv struct {
-	Cluster           string
-	Subnets           []string
-	SecurityGroups    []string      `split_words:"true"`
-	AssignPublicIP    bool          `split_words:"true"`
-	ExecutionRoleARN  string        `split_words:"true"`
-	TaskRoleARN       string        `split_words:"true"`
-	AgentImage        string        `split_words:"true"`
-	AgentPort         int           `split_words:"true"`
-	LogGroup          string        `split_words:"true"`
-	CapacityProvider  string        `split_words:"true"`
-	PlatformVersion   string        `split_words:"true"`
-	StartTimeout      time.Duration `split_words:"true"`
-	MaxStarting       int           `split_words:"true"`
-	RunTaskRate       float64       `split_words:"true"`
-	RunTaskBurst      int           `split_words:"true"`
-	LaunchRate        float64       `split_words:"true"`
-	LaunchBurst       int           `split_words:"true"`
-	TagRate           float64       `split_words:"true"`
-	TagBurst          int           `split_words:"true"`
-	MaxAttempts       int           `split_words:"true"`
-	PollInterval      time.Duration `split_words:"true"`
-	TokenKeySecretARN string        `split_words:"true"`
-	// TokenKey (hex) is the key itself; when unset the gateway reads the
-	// secret TokenKeySecretARN names (secretsmanager:GetSecretValue).
-	TokenKey string `split_words:"true"`
+	ecs.Config
+	// TokenKeyHex is the key itself (ecs.Config.TokenKey holds its bytes);
+	// when unset the gateway reads the secret TokenKeySecretARN names
+	// (secretsmanager:GetSecretValue).
+	TokenKeyHex string `envconfig:"QUARRY_ECS_TOKEN_KEY"`
+}
 
-	// Taken from the gateway's own configuration.
-	GatewayID string `ignored:"true"` // QUARRY_GATEWAY_ID
+// readECSEnv reads QUARRY_ECS_* and takes the gateway id from the gateway's
+// own configuration (QUARRY_GATEWAY_ID).
+func readECSEnv(cfg Config) (ecsEnv, error) {
+	var env ecsEnv
+	if err := envconfig.Process("", &env); err != nil {
+		return env, fmt.Errorf("read QUARRY_ECS_* configuration: %w", err)
+	}
+	env.GatewayID = cfg.ManagerConfig.WithDefaults().GatewayID
+	return env, nil
 }
 
 // makeECSProvider is the providerMakers entry of "ecs": it reads
 // QUARRY_ECS_* and the AWS SDK's configuration and builds the provider.
 func makeECSProvider(cfg Config, log *slog.Logger) (providers.Provider, error) {
-	var env ecsEnv
-	if err := envconfig.Process("QUARRY_ECS", &env); err != nil {
-		return nil, fmt.Errorf("read QUARRY_ECS_* configuration: %w", err)
+	env, err := readECSEnv(cfg)
+	if err != nil {
+		return nil, err
 	}
-	env.GatewayID = cfg.ManagerConfig.WithDefaults().GatewayID
 	ctx, cancel := context.WithTimeout(context.Background(), ecsSetupTimeout)
 	defer cancel()
 	awsCfg, err := config.LoadDefaultConfig(ctx)
@@ -76,8 +61,8 @@ func makeECSProvider(cfg Config, log *slog.Logger) (providers.Provider, error) {
 	if awsCfg.Region == "" {
 		return nil, errors.New("AWS_REGION: no AWS region is configured (the ECS provider needs one)")
 	}
-	if env.TokenKey == "" && env.TokenKeySecretARN != "" {
-		if env.TokenKey, err = readSecret(ctx, secretsmanager.NewFromConfig(awsCfg), env.TokenKeySecretARN); err != nil {
+	if env.TokenKeyHex == "" && env.TokenKeySecretARN != "" {
+		if env.TokenKeyHex, err = readSecret(ctx, secretsmanager.NewFromConfig(awsCfg), env.TokenKeySecretARN); err != nil {
 			return nil, err
 		}
 	}
@@ -103,42 +88,27 @@ func readSecret(ctx context.Context, sm secretReader, arn string) (string, error
 
 // newECSProvider builds the ECS provider from its configuration on api.
 func newECSProvider(env ecsEnv, region string, api ecs.API, log *slog.Logger) (providers.Provider, error) {
-	var key []byte
-	if env.TokenKey != "" {
-		var err error
-		if key, err = agentapi.ParseTokenKey(env.TokenKey); err != nil {
-			return nil, fmt.Errorf("QUARRY_ECS_TOKEN_KEY (or its secret): %w", err)
-		}
+	c, err := env.config(region)
+	if err != nil {
+		return nil, err
 	}
-	p, err := ecs.New(ecs.Config{
-		Cluster:           env.Cluster,
-		GatewayID:         env.GatewayID,
-		Subnets:           env.Subnets,
-		SecurityGroups:    env.SecurityGroups,
-		AssignPublicIP:    env.AssignPublicIP,
-		ExecutionRoleARN:  env.ExecutionRoleARN,
-		TaskRoleARN:       env.TaskRoleARN,
-		AgentImage:        env.AgentImage,
-		TokenKey:          key,
-		TokenKeySecretARN: env.TokenKeySecretARN,
-		AgentPort:         env.AgentPort,
-		LogGroup:          env.LogGroup,
-		LogRegion:         region,
-		CapacityProvider:  env.CapacityProvider,
-		PlatformVersion:   env.PlatformVersion,
-		StartTimeout:      env.StartTimeout,
-		MaxStarting:       env.MaxStarting,
-		RunTaskRate:       env.RunTaskRate,
-		RunTaskBurst:      env.RunTaskBurst,
-		LaunchRate:        env.LaunchRate,
-		LaunchBurst:       env.LaunchBurst,
-		TagRate:           env.TagRate,
-		TagBurst:          env.TagBurst,
-		MaxAttempts:       env.MaxAttempts,
-		PollInterval:      env.PollInterval,
-	}, api, log)
+	p, err := ecs.New(c, api, log)
 	if err != nil {
 		return nil, fmt.Errorf("QUARRY_ECS_* (fields named as the variables, split into words): %w", err)
 	}
 	return p, nil
+}
+
+// config returns env's ecs.Config with the token key parsed from hex and
+// the log region set to the AWS SDK's region.
+func (env ecsEnv) config(region string) (ecs.Config, error) {
+	c := env.Config
+	if env.TokenKeyHex != "" {
+		var err error
+		if c.TokenKey, err = agentapi.ParseTokenKey(env.TokenKeyHex); err != nil {
+			return c, fmt.Errorf("QUARRY_ECS_TOKEN_KEY (or its secret): %w", err)
+		}
+	}
+	c.LogRegion = region
+	return c, nil
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/providers/docker"
 )
 
 // Every variable the gateway reads is QUARRY_-prefixed and spelled out in
@@ -15,7 +17,8 @@ import (
 // prefixed one is unset, so a prefix given to Process would let an unrelated
 // ADDR or LOG_LEVEL in the environment configure the gateway.
 func TestConfig_EveryVariableIsQuarryPrefixed(t *testing.T) {
-	for name, spec := range map[string]any{"gateway": &Config{}, "relay": &RelayConfig{}} {
+	specs := map[string]any{"gateway": &Config{}, "relay": &RelayConfig{}, "docker": &docker.Config{}, "ecs": &ecsEnv{}}
+	for name, spec := range specs {
 		var buf bytes.Buffer
 		require.NoError(t, envconfig.Usagef("", spec, &buf, "{{range .}}{{usage_key .}}\n{{end}}"), name)
 		keys := strings.Fields(buf.String())

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/modelservice"
 )
 
@@ -62,8 +63,8 @@ type Config struct {
 	Recheck time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_RECHECK"`
 	// CallTimeout bounds each DynamoDB call (default 5 s).
 	CallTimeout time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_CALL_TIMEOUT"`
-	// Now is the clock (nil: time.Now).
-	Now func() time.Time `ignored:"true"`
+	// Clock tells the time (nil: clock.System).
+	Clock clock.Clock `ignored:"true"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -85,8 +86,8 @@ func (c Config) WithDefaults() Config {
 	if c.ClaimPollMax < c.ClaimPollMin {
 		c.ClaimPollMax = c.ClaimPollMin
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.Clock == nil {
+		c.Clock = clock.System{}
 	}
 	return c
 }
@@ -129,7 +130,7 @@ func New(cfg Config, api API, log *slog.Logger) *Broker {
 	}
 }
 
-func (br *Broker) now() time.Time { return br.cfg.Now() }
+func (br *Broker) now() time.Time { return br.cfg.Clock.Now() }
 
 func (br *Broker) isClosed() bool {
 	br.mu.Lock()

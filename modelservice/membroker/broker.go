@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/modelservice"
 )
 
@@ -33,8 +34,8 @@ type Config struct {
 	// exchange not yet purged); Submit and Record return ErrFull past it
 	// (default 1 GiB).
 	MaxBytes int64
-	// Now is the clock (nil: time.Now).
-	Now func() time.Time
+	// Clock tells the time (nil: clock.System).
+	Clock clock.Clock
 }
 
 // Broker is the in-memory broker: one process, nothing survives a restart.
@@ -59,19 +60,25 @@ type entry struct {
 	ended        chan struct{}
 }
 
+// WithDefaults returns c with every zero (or negative) field set to its
+// default.
+func (c Config) WithDefaults() Config {
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = DefaultMaxBytes
+	}
+	if c.Clock == nil {
+		c.Clock = clock.System{}
+	}
+	return c
+}
+
 // New returns an empty Broker.
 func New(cfg Config) *Broker {
-	if cfg.Retention <= 0 {
-		cfg.Retention = DefaultRetention
-	}
-	if cfg.MaxBytes <= 0 {
-		cfg.MaxBytes = DefaultMaxBytes
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	return &Broker{
-		cfg: cfg, done: make(chan struct{}), entries: map[string]*entry{}, leases: map[string][]*entry{},
+		cfg: cfg.WithDefaults(), done: make(chan struct{}), entries: map[string]*entry{}, leases: map[string][]*entry{},
 		changed: make(chan struct{}),
 	}
 }
@@ -186,7 +193,7 @@ func (b *Broker) Claim(ctx context.Context, q modelservice.ClaimQuery) ([]models
 func (b *Broker) waitClaimable(ctx context.Context, changed <-chan struct{}, next time.Time, timeout <-chan time.Time) error {
 	var wake <-chan time.Time
 	if !next.IsZero() {
-		t := time.NewTimer(max(next.Sub(b.cfg.Now()), time.Millisecond))
+		t := time.NewTimer(max(next.Sub(b.cfg.Clock.Now()), time.Millisecond))
 		defer t.Stop()
 		wake = t.C
 	}
@@ -208,7 +215,7 @@ func (b *Broker) waitClaimable(ctx context.Context, changed <-chan struct{}, nex
 // time at which a hidden matching request becomes visible (zero: none).
 // b.mu is held.
 func (b *Broker) claimLocked(q modelservice.ClaimQuery) ([]modelservice.Request, time.Time) {
-	now := b.cfg.Now()
+	now := b.cfg.Clock.Now()
 	var (
 		out   []modelservice.Request
 		bytes int64
@@ -295,7 +302,7 @@ func (b *Broker) checkOpen(e *entry) error {
 	case e.ex.State.Ended():
 		return fmt.Errorf("%w (%s: %s)", modelservice.ErrGone, e.ex.State, e.ex.Reason)
 	}
-	if now := b.cfg.Now(); !now.Before(e.ex.Deadline) {
+	if now := b.cfg.Clock.Now(); !now.Before(e.ex.Deadline) {
 		b.dequeue(e)
 		b.endLocked(e, modelservice.StateExpired, "no answer within the request's timeout", now)
 		return fmt.Errorf("%w (expired)", modelservice.ErrGone)
@@ -307,7 +314,7 @@ func (b *Broker) checkOpen(e *entry) error {
 // is held.
 func (b *Broker) live(id string) (*entry, error) {
 	e := b.entries[id]
-	if e == nil || !b.retained(e, b.cfg.Now()) {
+	if e == nil || !b.retained(e, b.cfg.Clock.Now()) {
 		return nil, modelservice.ErrNotFound
 	}
 	return e, nil
@@ -357,7 +364,7 @@ func (b *Broker) Cancel(_ context.Context, id string, end modelservice.End) (mod
 		return modelservice.Response{}, nil
 	}
 	b.dequeue(e)
-	b.endLocked(e, end.State, end.Reason, b.cfg.Now())
+	b.endLocked(e, end.State, end.Reason, b.cfg.Clock.Now())
 	return modelservice.Response{}, nil
 }
 
@@ -369,7 +376,7 @@ func (b *Broker) Transcript(_ context.Context, q modelservice.TranscriptQuery) (
 	if b.closed {
 		return nil, false, fmt.Errorf("read transcript: %w", modelservice.ErrClosed)
 	}
-	now := b.cfg.Now()
+	now := b.cfg.Clock.Now()
 	list := b.leases[q.LeaseID]
 	i := sort.Search(len(list), func(i int) bool { return list[i].ex.ID > q.After })
 	var (
@@ -394,7 +401,7 @@ func (b *Broker) Transcript(_ context.Context, q modelservice.TranscriptQuery) (
 func (b *Broker) Purge(_ context.Context) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	now := b.cfg.Now()
+	now := b.cfg.Clock.Now()
 	n := 0
 	for lease, list := range b.leases {
 		keep := list[:0]

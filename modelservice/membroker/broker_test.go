@@ -47,7 +47,7 @@ func request(id, lease string, now time.Time, body string) modelservice.Request 
 func TestBroker_Purge_DropsExchangesPastRetention(t *testing.T) {
 	ctx := context.Background()
 	clock := &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-	b := New(Config{Retention: time.Hour, Now: clock.Now})
+	b := New(Config{Retention: time.Hour, Clock: clock})
 	now := clock.Now()
 	answered := request(modelservice.NewRequestID(now), "sbx-a", now, `{"a":1}`)
 	pending := request(modelservice.NewRequestID(now.Add(1)), "sbx-a", now, `{"b":2}`)

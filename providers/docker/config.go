@@ -50,46 +50,49 @@ const (
 // Config configures the Docker provider. The zero value of every field but
 // AgentBinary and TokenKeyFile is replaced by its default (WithDefaults).
 // Pools can override User, Workdir, Network and PidsLimit with options (see
-// the package README section in providers/README.md).
+// the package README section in providers/README.md). cmd/gateway fills it
+// with envconfig: the tags name each field's QUARRY_DOCKER_* variable (in
+// full, so that no unprefixed USER or HOST is read); the ignored fields come
+// from the gateway's own configuration.
 type Config struct {
 	// Host is the Docker engine's endpoint, as DOCKER_HOST spells it
 	// ("unix:///var/run/docker.sock", "tcp://127.0.0.1:2375"). The engine
 	// must run on the gateway's host: the agent binary is bind-mounted from
 	// its file system.
-	Host string
+	Host string `envconfig:"QUARRY_DOCKER_HOST"`
 	// AgentBinary is the absolute path of the static exec agent
 	// (CGO_ENABLED=0) on the engine's host; it is bind-mounted read-only
 	// into every container. Required.
-	AgentBinary string
+	AgentBinary string `ignored:"true"`
 	// TokenKeyFile holds the secret (64 hex characters) that agent tokens
 	// are derived from. New creates it (mode 0600, its directory 0700) when
 	// missing. Gateways that share containers must share the key. Required.
-	TokenKeyFile string
+	TokenKeyFile string `envconfig:"QUARRY_DOCKER_TOKEN_KEY_FILE"`
 	// GatewayID is attached to every container as providers.LabelGateway;
 	// List, Describe and Stop only see containers that carry it.
-	GatewayID string
+	GatewayID string `ignored:"true"`
 	// User is the numeric "uid" or "uid:gid" commands run as (default
 	// 65534:65534, nobody). "0" runs them as root (still without
 	// privileges beyond the capability set the provider keeps).
-	User string
+	User string `envconfig:"QUARRY_DOCKER_USER"`
 	// Workdir is the sandbox's working directory and HOME: a tmpfs owned by
 	// User, so that any image gets a writable home for its unprivileged user.
-	Workdir string
+	Workdir string `envconfig:"QUARRY_DOCKER_WORKDIR"`
 	// WorkdirSizeMB bounds the work directory's tmpfs, in MiB. Its pages
 	// count against the container's memory limit; 0 sizes it as the pool's
 	// memory (1024 MiB for a pool without a memory limit).
-	WorkdirSizeMB int64
+	WorkdirSizeMB int64 `envconfig:"QUARRY_DOCKER_WORKDIR_SIZE_MB"`
 	// Network is "bridge" (default), "host", or the name of an existing
 	// Docker network.
-	Network string
+	Network string `envconfig:"QUARRY_DOCKER_NETWORK"`
 	// PidsLimit bounds the processes of one container (default 1024).
-	PidsLimit int64
+	PidsLimit int64 `envconfig:"QUARRY_DOCKER_PIDS_LIMIT"`
 	// StartTimeout bounds the launch of one container, from create until it
 	// runs with a known agent port.
-	StartTimeout time.Duration
+	StartTimeout time.Duration `envconfig:"QUARRY_DOCKER_START_TIMEOUT"`
 	// LaunchConcurrency bounds how many containers one Launch call creates
 	// and starts at once (1..64).
-	LaunchConcurrency int
+	LaunchConcurrency int `envconfig:"QUARRY_DOCKER_LAUNCH_CONCURRENCY"`
 }
 
 // WithDefaults returns c with every unset field set to its default.

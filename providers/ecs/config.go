@@ -42,75 +42,79 @@ const maxPerCall = 10
 
 // Config configures the ECS provider. Zero values of the fields with a
 // default take it (WithDefaults); Validate names the first bad field of
-// each kind.
+// each kind. cmd/gateway fills it with envconfig: the tags name each
+// field's QUARRY_ECS_* variable (lists comma separated); the ignored fields
+// come from elsewhere (GatewayID from the gateway's configuration, TokenKey
+// from QUARRY_ECS_TOKEN_KEY in hex or its secret, LogRegion from the AWS
+// SDK's region; RetryBase and RetryMax take their defaults).
 type Config struct {
 	// Cluster is the ECS cluster's name or ARN. Required.
-	Cluster string
+	Cluster string `envconfig:"QUARRY_ECS_CLUSTER"`
 	// GatewayID is attached to every task as providers.LabelGateway (a tag)
 	// and, hashed, as the tasks' startedBy; List, Describe and Stop only
 	// see tasks that carry it.
-	GatewayID string
+	GatewayID string `ignored:"true"`
 	// Subnets (private, of the cluster's VPC) and SecurityGroups are the
 	// tasks' awsvpc network; pools may override them (options "subnets",
 	// "security_groups"). At least one subnet is required.
-	Subnets        []string
-	SecurityGroups []string
+	Subnets        []string `envconfig:"QUARRY_ECS_SUBNETS"`
+	SecurityGroups []string `envconfig:"QUARRY_ECS_SECURITY_GROUPS"`
 	// AssignPublicIP gives tasks a public IP (default off: private subnets
 	// reach registries through a NAT gateway or VPC endpoints).
-	AssignPublicIP bool
+	AssignPublicIP bool `envconfig:"QUARRY_ECS_ASSIGN_PUBLIC_IP"`
 	// ExecutionRoleARN is the task execution role (pull images, read the
 	// token key secret, write logs). Required unless every pool supplies
 	// its own task definition.
-	ExecutionRoleARN string
+	ExecutionRoleARN string `envconfig:"QUARRY_ECS_EXECUTION_ROLE_ARN"`
 	// TaskRoleARN is the role commands in the sandbox get; "" gives them
 	// none (the default, and the safe choice).
-	TaskRoleARN string
+	TaskRoleARN string `envconfig:"QUARRY_ECS_TASK_ROLE_ARN"`
 	// AgentImage is an image with the static exec agent at /execagent and
 	// a cp command (e.g. busybox:musl with the agent copied in); the init
 	// container copies the agent from it into the shared volume. Required
 	// unless every pool supplies its own task definition.
-	AgentImage string
+	AgentImage string `envconfig:"QUARRY_ECS_AGENT_IMAGE"`
 	// TokenKey is the secret agent tokens are derived from
 	// (agentapi.DeriveToken); TokenKeySecretARN is the Secrets Manager
 	// secret (or SSM parameter) holding the same key, in hex, which ECS
 	// injects into the agent as QUARRY_AGENT_TOKEN_KEY. Both required.
-	TokenKey          []byte
-	TokenKeySecretARN string
+	TokenKey          []byte `ignored:"true"`
+	TokenKeySecretARN string `envconfig:"QUARRY_ECS_TOKEN_KEY_SECRET_ARN"`
 	// AgentPort is the agent's port in the task (default 8000).
-	AgentPort int
+	AgentPort int `envconfig:"QUARRY_ECS_AGENT_PORT"`
 	// LogGroup, when set, sends the containers' output to this CloudWatch
 	// Logs group (awslogs driver) in LogRegion (required with LogGroup).
-	LogGroup  string
-	LogRegion string
+	LogGroup  string `envconfig:"QUARRY_ECS_LOG_GROUP"`
+	LogRegion string `ignored:"true"`
 	// CapacityProvider is the default capacity provider strategy:
 	// "FARGATE", "FARGATE_SPOT", or weighted "FARGATE_SPOT:3,FARGATE:1"
 	// (name[:weight[:base]]). Pools override it with "capacity_provider".
-	CapacityProvider string
+	CapacityProvider string `envconfig:"QUARRY_ECS_CAPACITY_PROVIDER"`
 	// PlatformVersion is the Fargate platform version (default LATEST).
-	PlatformVersion string
+	PlatformVersion string `envconfig:"QUARRY_ECS_PLATFORM_VERSION"`
 	// StartTimeout bounds each task from its RunTask until it runs with an
 	// IP; a task past it is stopped and reported with the reason.
-	StartTimeout time.Duration
+	StartTimeout time.Duration `envconfig:"QUARRY_ECS_START_TIMEOUT"`
 	// MaxStarting caps the tasks between RunTask and running (or stopped)
 	// at once, over all Launch calls of the provider.
-	MaxStarting int
+	MaxStarting int `envconfig:"QUARRY_ECS_MAX_STARTING"`
 	// RunTaskRate/RunTaskBurst bound RunTask calls per second;
 	// LaunchRate/LaunchBurst bound tasks launched per second;
 	// TagRate/TagBurst bound TagResource calls (one per task) per second.
-	RunTaskRate  float64
-	RunTaskBurst int
-	LaunchRate   float64
-	LaunchBurst  int
-	TagRate      float64
-	TagBurst     int
+	RunTaskRate  float64 `envconfig:"QUARRY_ECS_RUN_TASK_RATE"`
+	RunTaskBurst int     `envconfig:"QUARRY_ECS_RUN_TASK_BURST"`
+	LaunchRate   float64 `envconfig:"QUARRY_ECS_LAUNCH_RATE"`
+	LaunchBurst  int     `envconfig:"QUARRY_ECS_LAUNCH_BURST"`
+	TagRate      float64 `envconfig:"QUARRY_ECS_TAG_RATE"`
+	TagBurst     int     `envconfig:"QUARRY_ECS_TAG_BURST"`
 	// MaxAttempts bounds the tries of a throttled call (ThrottlingException,
 	// or InvalidParameterException "Rate exceeded"), with jittered
 	// exponential backoff from RetryBase up to RetryMax between them.
-	MaxAttempts int
-	RetryBase   time.Duration
-	RetryMax    time.Duration
+	MaxAttempts int           `envconfig:"QUARRY_ECS_MAX_ATTEMPTS"`
+	RetryBase   time.Duration `ignored:"true"`
+	RetryMax    time.Duration `ignored:"true"`
 	// PollInterval is how often DescribeTasks polls the starting tasks.
-	PollInterval time.Duration
+	PollInterval time.Duration `envconfig:"QUARRY_ECS_POLL_INTERVAL"`
 }
 
 // WithDefaults returns c with every unset field that has a default set to it.

@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/config"
-
-	"github.com/quarryhq/quarry/warmpool"
+	"github.com/quarryhq/quarry/internal/clock"
 )
 
 // Defaults of Config.
@@ -64,17 +63,12 @@ type Config struct {
 	// tables to become ACTIVE or to go (default 5 min).
 	TableWait time.Duration `envconfig:"QUARRY_DYNAMODB_TABLE_WAIT"`
 	// Clock tells the time for TTL checks on reads, which get no time from
-	// their caller (default: the wall clock).
-	Clock warmpool.Clock `ignored:"true"`
+	// their caller (default: clock.System).
+	Clock clock.Clock `ignored:"true"`
 }
 
-// wallClock is the default Clock.
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
-
-// withDefaults returns c with every zero field set to its default.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
 	if c.TasksTable == "" {
 		c.TasksTable = DefaultTasksTable
 	}
@@ -100,7 +94,7 @@ func (c Config) withDefaults() Config {
 		c.TableWait = DefaultTableWait
 	}
 	if c.Clock == nil {
-		c.Clock = wallClock{}
+		c.Clock = clock.System{}
 	}
 	return c
 }
@@ -111,7 +105,7 @@ var tableName = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,255}$`)
 // Validate checks c after defaults; each error names the environment
 // variable (QUARRY_ prefix) of the field.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	var errs []error
 	for _, t := range []struct{ env, name string }{
 		{"QUARRY_DYNAMODB_TASKS_TABLE", c.TasksTable},
@@ -153,7 +147,7 @@ func (c Config) Validate() error {
 // The SDK's default chain supplies the rest (credentials, AWS_ENDPOINT_URL
 // for LocalStack or an emulator).
 func (c Config) SDKOptions() []func(*config.LoadOptions) error {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	opts := []func(*config.LoadOptions) error{config.WithRetryMaxAttempts(c.MaxAttempts)}
 	if c.Region != "" {
 		opts = append(opts, config.WithRegion(c.Region))

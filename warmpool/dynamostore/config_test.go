@@ -41,7 +41,7 @@ func TestConfig_Validate(t *testing.T) {
 }
 
 func TestConfig_Defaults(t *testing.T) {
-	c := Config{}.withDefaults()
+	c := Config{}.WithDefaults()
 	assert.Equal(t, "quarry-tasks", c.TasksTable)
 	assert.Equal(t, "quarry-leases", c.LeasesTable)
 	assert.Equal(t, 8, c.Shards)

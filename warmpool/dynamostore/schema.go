@@ -82,7 +82,7 @@ func schemaItem(cfg Config) item {
 // It is idempotent: existing tables are checked, not changed. It fails when
 // an existing table lacks an index, or was made with another Shards value.
 func CreateTables(ctx context.Context, api API, cfg Config) error {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("create tables: %w", err)
 	}
@@ -201,7 +201,7 @@ func ref[T any](v T) *T { return &v }
 // DeleteTables deletes both tables and waits until they are gone (at most
 // cfg.TableWait). It is idempotent: a missing table is not an error.
 func DeleteTables(ctx context.Context, api API, cfg Config) error {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	ctx, cancel := context.WithTimeout(ctx, cfg.TableWait)
 	defer cancel()
 	for _, def := range tableDefs(cfg) {
@@ -263,7 +263,7 @@ type ExtraTable struct {
 // with the default Config and the relay's table (`quarry tables
 // localstack-hook`); a unit test in cmd/quarry fails when the two differ.
 func RenderLocalStackInit(cfg Config, extra ...ExtraTable) (string, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return "", fmt.Errorf("render LocalStack init: %w", err)
 	}
@@ -364,16 +364,16 @@ const TTLAttribute = attrTTL
 // another way (the Terraform module in infra/ is checked against it) and
 // must not be modified by them.
 func TableDefinitions(cfg Config) []*dynamodb.CreateTableInput {
-	return tableDefs(cfg.withDefaults())
+	return tableDefs(cfg.WithDefaults())
 }
 
 // TTLTable returns the name of the table on which CreateTables enables TTL
 // on TTLAttribute (defaults applied).
-func TTLTable(cfg Config) string { return ttlTable(cfg.withDefaults()) }
+func TTLTable(cfg Config) string { return ttlTable(cfg.WithDefaults()) }
 
 // SchemaItem returns the item CreateTables records in the tasks table:
 // the shard count the tables were made with (defaults applied). A table
 // created another way must hold it too.
 func SchemaItem(cfg Config) map[string]types.AttributeValue {
-	return schemaItem(cfg.withDefaults())
+	return schemaItem(cfg.WithDefaults())
 }

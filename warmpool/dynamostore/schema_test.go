@@ -14,11 +14,11 @@ func TestRenderLocalStackInit_CreatesEveryTable(t *testing.T) {
 	extra := ExtraTable{Def: &dynamodb.CreateTableInput{TableName: ptr("relay"), BillingMode: types.BillingModePayPerRequest}, TTLAttribute: "ttl"}
 	got, err := RenderLocalStackInit(Config{}, extra)
 	require.NoError(t, err)
-	for _, def := range tableDefs(Config{}.withDefaults()) {
+	for _, def := range tableDefs(Config{}.WithDefaults()) {
 		assert.Contains(t, got, "create_table "+*def.TableName+" '")
 	}
 	assert.Contains(t, got, "create_table relay '")
-	assert.Contains(t, got, "enable_ttl "+ttlTable(Config{}.withDefaults())+" ttl\n")
+	assert.Contains(t, got, "enable_ttl "+ttlTable(Config{}.WithDefaults())+" ttl\n")
 	assert.Contains(t, got, "enable_ttl relay ttl\n")
 	assert.Contains(t, got, `{"N":"8"}`, "the schema item records the shard count")
 
@@ -27,7 +27,7 @@ func TestRenderLocalStackInit_CreatesEveryTable(t *testing.T) {
 }
 
 func TestCLIJSON_CarriesEveryDefinedField(t *testing.T) {
-	for _, def := range tableDefs(Config{}.withDefaults()) {
+	for _, def := range tableDefs(Config{}.WithDefaults()) {
 		t.Run(*def.TableName, func(t *testing.T) {
 			js, err := cliJSON(def)
 			require.NoError(t, err)
@@ -70,7 +70,7 @@ func TestCLIJSON_CarriesEveryDefinedField(t *testing.T) {
 }
 
 func TestTableDefs_EveryKeyAttributeIsDefined(t *testing.T) {
-	for _, def := range tableDefs(Config{}.withDefaults()) {
+	for _, def := range tableDefs(Config{}.WithDefaults()) {
 		defined := map[string]bool{}
 		for _, a := range def.AttributeDefinitions {
 			defined[*a.AttributeName] = true

@@ -61,7 +61,7 @@ func New(api API, cfg Config) (*Store, error) {
 	if api == nil {
 		return nil, errors.New("new DynamoDB lease store: api is nil")
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("new DynamoDB lease store: %w", err)
 	}

@@ -19,9 +19,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// procTable tracks every child the agent starts and every process group it
-// owns, signals those groups without ever hitting a reused id, and reaps the
-// zombies nobody else will wait for.
+// childTable is the agent's table of OS children: it starts every child
+// (exec runs, session shells, background processes) in its own process
+// group, tracks the children whose Wait is pending and the groups it owns,
+// signals those groups without ever hitting a reused id, and reaps the
+// zombies nobody else will wait for. (The API's background processes, by id
+// and name, are processTable's.)
 //
 // The known trap: a blanket wait4(-1) in a reaper races exec.Cmd.Wait and
 // steals exit statuses. Here a child is started and registered while holding
@@ -38,7 +41,7 @@ import (
 // leader is unreaped is signaled directly; after that only when no process
 // has the leader's pid (had the group emptied and the id been reused, that
 // process would exist).
-type procTable struct {
+type childTable struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
@@ -52,14 +55,14 @@ type group struct {
 	leaderReaped bool
 }
 
-func newProcTable(log *slog.Logger) *procTable {
-	return &procTable{log: log, tracked: map[int]struct{}{}, groups: map[int]*group{}}
+func newChildTable(log *slog.Logger) *childTable {
+	return &childTable{log: log, tracked: map[int]struct{}{}, groups: map[int]*group{}}
 }
 
 // start starts cmd in its own process group and registers it. cmd must set
 // Env explicitly (never nil) so the agent's environment is not inherited,
 // and its stdio must be nil or *os.File (so Wait never waits for copying).
-func (t *procTable) start(cmd *exec.Cmd) error {
+func (t *childTable) start(cmd *exec.Cmd) error {
 	if cmd.Env == nil {
 		return errors.New("start process: Env must be set")
 	}
@@ -84,7 +87,7 @@ func (t *procTable) start(cmd *exec.Cmd) error {
 // wait waits for a child started by start, reaps and unregisters it. Its
 // process group stays registered (for signals and Close) while other
 // members are alive.
-func (t *procTable) wait(cmd *exec.Cmd) (*os.ProcessState, error) {
+func (t *childTable) wait(cmd *exec.Cmd) (*os.ProcessState, error) {
 	pid := cmd.Process.Pid
 	waitExited(pid)
 	t.mu.Lock()
@@ -119,7 +122,7 @@ func pidExists(pid int) bool {
 
 // groupGoneLocked reports whether registered group pgid has no member left
 // (or its id was reused). t.mu is held.
-func (t *procTable) groupGoneLocked(pgid int) bool {
+func (t *childTable) groupGoneLocked(pgid int) bool {
 	g := t.groups[pgid]
 	if g == nil {
 		return true
@@ -136,13 +139,13 @@ func (t *procTable) groupGoneLocked(pgid int) bool {
 // signalGroup sends sig to the process group the agent started with leader
 // pgid. It reports false when the group has no member left (then nothing is
 // signaled).
-func (t *procTable) signalGroup(pgid int, sig syscall.Signal) (bool, error) {
+func (t *childTable) signalGroup(pgid int, sig syscall.Signal) (bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.signalGroupLocked(pgid, sig)
 }
 
-func (t *procTable) signalGroupLocked(pgid int, sig syscall.Signal) (bool, error) {
+func (t *childTable) signalGroupLocked(pgid int, sig syscall.Signal) (bool, error) {
 	if pgid <= 1 {
 		return false, fmt.Errorf("signal process group %d: refusing", pgid)
 	}
@@ -161,7 +164,7 @@ func (t *procTable) signalGroupLocked(pgid int, sig syscall.Signal) (bool, error
 }
 
 // signalLeader sends sig to the tracked (unreaped) child pid only.
-func (t *procTable) signalLeader(pid int, sig syscall.Signal) {
+func (t *childTable) signalLeader(pid int, sig syscall.Signal) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.tracked[pid]; ok {
@@ -171,7 +174,7 @@ func (t *procTable) signalLeader(pid int, sig syscall.Signal) {
 
 // killGroup sends sig to a group the agent started; a group that is gone is
 // not an error.
-func (t *procTable) killGroup(pgid int, sig syscall.Signal) {
+func (t *childTable) killGroup(pgid int, sig syscall.Signal) {
 	if _, err := t.signalGroup(pgid, sig); err != nil {
 		t.log.Warn("signal process group", "pgid", pgid, "signal", signalName(sig), "err", err)
 	}
@@ -179,7 +182,7 @@ func (t *procTable) killGroup(pgid int, sig syscall.Signal) {
 
 // killAll sends SIGKILL to every registered process group and refuses
 // later starts.
-func (t *procTable) killAll() {
+func (t *childTable) killAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.closed = true
@@ -192,7 +195,7 @@ func (t *procTable) killAll() {
 
 // settle reaps what killAll left behind until every process group the agent
 // started is gone, or ctx is done (a process stuck in the kernel).
-func (t *procTable) settle(ctx context.Context) {
+func (t *childTable) settle(ctx context.Context) {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -214,7 +217,7 @@ func (t *procTable) settle(ctx context.Context) {
 
 // reapOrphans reaps every zombie child that is not tracked, and forgets
 // process groups that are empty. It returns the number of children reaped.
-func (t *procTable) reapOrphans() int {
+func (t *childTable) reapOrphans() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for pgid := range t.groups {
@@ -321,7 +324,7 @@ func scanProc(match func(procStat) bool) []int {
 // there is no zombie or the first one is tracked (its Wait reaps it; any
 // other orphan waits for the next signal or the periodic full sweep). This
 // keeps the common case — a tracked command exiting — to one system call.
-func (t *procTable) reapSignaled() {
+func (t *childTable) reapSignaled() {
 	for range 256 { // bounded: the sweep catches the rest
 		pid := peekZombie()
 		if pid <= 0 {
@@ -361,7 +364,7 @@ func peekZombie() int {
 // with a full sweep every interval (reapOrphans) until ctx is done. It makes the process a child subreaper unless
 // noSubreaper, so orphans of sandbox commands are reparented to the agent
 // (as they are to PID 1 in a container).
-func (t *procTable) runReaper(ctx context.Context, interval time.Duration, noSubreaper bool) {
+func (t *childTable) runReaper(ctx context.Context, interval time.Duration, noSubreaper bool) {
 	if !noSubreaper {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 			t.log.Warn("become child subreaper", "err", err)

@@ -1,0 +1,161 @@
+package warmpool
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config tunes the Manager. Zero fields take the defaults noted on each
+// field (WithDefaults); cmd/ fills it from QUARRY_* variables with
+// envconfig, which is what the tags are for.
+type Config struct {
+	// GatewayID is the deployment id of the gateway fleet, attached to every
+	// task as providers.LabelGateway. The orphan sweep never stops tasks
+	// labelled with another gateway id. Default "quarry".
+	GatewayID string `envconfig:"QUARRY_GATEWAY_ID"`
+	// ReconcileInterval is how often each pool is reconciled (default 2 s);
+	// an acquire also wakes its pool's reconciler at once.
+	ReconcileInterval time.Duration `envconfig:"QUARRY_RECONCILE_INTERVAL"`
+	// ReapInterval is how often expired leases are ended (default 5 s).
+	ReapInterval time.Duration `envconfig:"QUARRY_REAP_INTERVAL"`
+	// LeaseRetention is how long ended leases stay readable (410, not 404)
+	// before they are purged (default 24 h).
+	LeaseRetention time.Duration `envconfig:"QUARRY_LEASE_RETENTION"`
+	// OrphanInterval is how often the providers are listed to find tasks
+	// that no record accounts for (default 30 s); OrphanGrace is how old
+	// such a task must be before it is stopped (default 2 min), and with
+	// OrphanDryRun it is only logged.
+	OrphanInterval time.Duration `envconfig:"QUARRY_ORPHAN_INTERVAL"`
+	OrphanGrace    time.Duration `envconfig:"QUARRY_ORPHAN_GRACE"`
+	OrphanDryRun   bool          `envconfig:"QUARRY_ORPHAN_DRY_RUN"`
+	// HealthTimeout bounds one agent health check or fence (default 2 s).
+	HealthTimeout time.Duration `envconfig:"QUARRY_HEALTH_TIMEOUT"`
+	// HealthCheckInterval is how often each ready task's agent is checked
+	// (default 30 s); after HealthFailures failed checks in a row (default
+	// 2) the task is replaced.
+	HealthCheckInterval time.Duration `envconfig:"QUARRY_HEALTH_CHECK_INTERVAL"`
+	HealthFailures      int           `envconfig:"QUARRY_HEALTH_FAILURES"`
+	// InitTimeout bounds the agent's /v1/init after a claim (default 10 s).
+	InitTimeout time.Duration `envconfig:"QUARRY_INIT_TIMEOUT"`
+	// AcquireTimeout bounds one Acquire that has to cold-start a task or
+	// wait for a launching one (default 2 min); the pool's startup timeout
+	// bounds the launch itself.
+	AcquireTimeout time.Duration `envconfig:"QUARRY_ACQUIRE_TIMEOUT"`
+	// AcquireAttempts bounds how many tasks one Acquire tries when agents
+	// fail their init or launches fail (default 3).
+	AcquireAttempts int `envconfig:"QUARRY_ACQUIRE_ATTEMPTS"`
+	// StoreTimeout bounds each lease-store call of background work (default
+	// 5 s); ProviderTimeout each provider call (default 30 s).
+	StoreTimeout    time.Duration `envconfig:"QUARRY_STORE_TIMEOUT"`
+	ProviderTimeout time.Duration `envconfig:"QUARRY_PROVIDER_TIMEOUT"`
+	// LaunchBackoff is the pause after a failed launch before the
+	// reconciler launches again in that pool; it doubles with each failure
+	// in a row up to LaunchBackoffMax (defaults 1 s and 1 min).
+	LaunchBackoff    time.Duration `envconfig:"QUARRY_LAUNCH_BACKOFF"`
+	LaunchBackoffMax time.Duration `envconfig:"QUARRY_LAUNCH_BACKOFF_MAX"`
+	// MaxListLeases bounds what List returns (default 1000).
+	MaxListLeases int `envconfig:"QUARRY_MAX_LIST_LEASES"`
+	// ReplicaID names this gateway replica as the holder of the locks that
+	// gate background work (default DefaultReplicaID(): host name, pid and
+	// a random suffix). Replicas sharing a store must use distinct ids.
+	ReplicaID string `envconfig:"QUARRY_REPLICA_ID"`
+	// LockTTL is how long a replica holds the lock of a background job (a
+	// pool's reconciler, the reaper, the orphan sweep) after its last pass;
+	// a replica that dies holding a lock is replaced once it expires. The
+	// lock of a job is held for at least twice the job's interval (default
+	// 15 s).
+	LockTTL time.Duration `envconfig:"QUARRY_LOCK_TTL"`
+	// LeaseCacheTTL is how long a lease read from the store may serve the
+	// lease lookups of this replica (never past the lease's ExpiresAt;
+	// dropped at once when this replica ends or renews the lease). Default
+	// 1 s; a negative value disables the cache. At most 1 min.
+	LeaseCacheTTL time.Duration `envconfig:"QUARRY_LEASE_CACHE_TTL"`
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.GatewayID == "" {
+		c.GatewayID = "quarry"
+	}
+	def(&c.ReconcileInterval, 2*time.Second)
+	def(&c.ReapInterval, 5*time.Second)
+	def(&c.LeaseRetention, 24*time.Hour)
+	def(&c.OrphanInterval, 30*time.Second)
+	def(&c.OrphanGrace, 2*time.Minute)
+	def(&c.HealthTimeout, 2*time.Second)
+	def(&c.HealthCheckInterval, 30*time.Second)
+	def(&c.InitTimeout, 10*time.Second)
+	def(&c.AcquireTimeout, 2*time.Minute)
+	def(&c.StoreTimeout, 5*time.Second)
+	def(&c.ProviderTimeout, 30*time.Second)
+	def(&c.LaunchBackoff, time.Second)
+	def(&c.LaunchBackoffMax, time.Minute)
+	if c.HealthFailures == 0 {
+		c.HealthFailures = 2
+	}
+	if c.AcquireAttempts == 0 {
+		c.AcquireAttempts = 3
+	}
+	if c.MaxListLeases == 0 {
+		c.MaxListLeases = 1000
+	}
+	if c.ReplicaID == "" {
+		c.ReplicaID = DefaultReplicaID()
+	}
+	def(&c.LockTTL, 15*time.Second)
+	def(&c.LeaseCacheTTL, time.Second)
+	return c
+}
+
+// Validate checks c after defaults. Errors name the QUARRY_ variable.
+func (c Config) Validate() error {
+	var errs []error
+	positive := func(name string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("QUARRY_%s: %s is not a positive duration", name, d))
+		}
+	}
+	positive("RECONCILE_INTERVAL", c.ReconcileInterval)
+	positive("REAP_INTERVAL", c.ReapInterval)
+	positive("LEASE_RETENTION", c.LeaseRetention)
+	positive("ORPHAN_INTERVAL", c.OrphanInterval)
+	positive("HEALTH_TIMEOUT", c.HealthTimeout)
+	positive("HEALTH_CHECK_INTERVAL", c.HealthCheckInterval)
+	positive("INIT_TIMEOUT", c.InitTimeout)
+	positive("ACQUIRE_TIMEOUT", c.AcquireTimeout)
+	positive("STORE_TIMEOUT", c.StoreTimeout)
+	positive("PROVIDER_TIMEOUT", c.ProviderTimeout)
+	positive("LAUNCH_BACKOFF", c.LaunchBackoff)
+	positive("LOCK_TTL", c.LockTTL)
+	if c.LeaseCacheTTL > maxLeaseCacheTTL {
+		errs = append(errs, fmt.Errorf("QUARRY_LEASE_CACHE_TTL: %s is above the maximum %s", c.LeaseCacheTTL, maxLeaseCacheTTL))
+	}
+	if !replicaIDPattern.MatchString(c.ReplicaID) {
+		errs = append(errs, fmt.Errorf("QUARRY_REPLICA_ID: %q must be 1-128 letters, digits, '.', '_', ':' or '-'", c.ReplicaID))
+	}
+	if c.OrphanGrace < 0 {
+		errs = append(errs, fmt.Errorf("QUARRY_ORPHAN_GRACE: %s is negative", c.OrphanGrace))
+	}
+	if c.LaunchBackoffMax < c.LaunchBackoff {
+		errs = append(errs, fmt.Errorf("QUARRY_LAUNCH_BACKOFF_MAX: %s is below QUARRY_LAUNCH_BACKOFF %s", c.LaunchBackoffMax, c.LaunchBackoff))
+	}
+	if c.HealthFailures < 1 {
+		errs = append(errs, fmt.Errorf("QUARRY_HEALTH_FAILURES: %d; at least 1", c.HealthFailures))
+	}
+	if c.AcquireAttempts < 1 || c.AcquireAttempts > 10 {
+		errs = append(errs, fmt.Errorf("QUARRY_ACQUIRE_ATTEMPTS: %d; between 1 and 10", c.AcquireAttempts))
+	}
+	if c.MaxListLeases < 1 {
+		errs = append(errs, fmt.Errorf("QUARRY_MAX_LIST_LEASES: %d; at least 1", c.MaxListLeases))
+	}
+	if !labelKeyPattern.MatchString(c.GatewayID) || len(c.GatewayID) > 63 {
+		errs = append(errs, fmt.Errorf("QUARRY_GATEWAY_ID: %q must be 1-63 letters, digits, '.', '_' or '-'", c.GatewayID))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,119 @@
+package warmpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/providers"
+)
+
+// findTask returns the record of task id in pool: one read when the store
+// is a TaskGetter, else a listing of the pool's tasks.
+func (m *Manager) findTask(ctx context.Context, pool, id string) (TaskRecord, bool, error) {
+	if g, ok := m.store.(TaskGetter); ok {
+		rec, err := g.GetTask(ctx, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return TaskRecord{}, false, nil
+		case err != nil:
+			return TaskRecord{}, false, fmt.Errorf("read task %s: %w", id, err)
+		}
+		return rec, rec.Pool == pool, nil
+	}
+	tasks, err := m.store.ListTasks(ctx, pool)
+	if err != nil {
+		return TaskRecord{}, false, fmt.Errorf("read tasks of pool %s: %w", pool, err)
+	}
+	for _, t := range tasks {
+		if t.ID == id {
+			return t, true, nil
+		}
+	}
+	return TaskRecord{}, false, nil
+}
+
+// retire finishes an ended lease: it stops the task (fencing its agent
+// first when the agent may still answer) and deletes its record. Best
+// effort with bounded calls: whatever fails is logged and left to the
+// reconciler (the task is "stopping").
+func (m *Manager) retire(ctx context.Context, l Lease, fence bool) {
+	log := m.log.With("pool", l.Pool, "lease", l.ID, "task", l.TaskID)
+	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+	rec, ok, err := m.findTask(sctx, l.Pool, l.TaskID)
+	cancel()
+	if err != nil {
+		log.Warn("retire task: the reconciler will stop it", "err", err)
+		return
+	}
+	if !ok || rec.State != TaskStopping {
+		return // the reconciler got there first
+	}
+	if !fence {
+		rec.AgentURL = ""
+	}
+	if err := m.stopTask(ctx, rec, "lease "+string(l.State)); err != nil {
+		log.Warn("stop task: the reconciler will retry", "err", err)
+	}
+}
+
+// stopTask stops a stopping task in its provider (finding it by name when
+// its provider id is unknown) and deletes its record. A task that was
+// leased is fenced first, when rec.AgentURL is set: an init with a higher
+// generation makes its agent refuse a stale gateway's calls while the
+// provider stops it (best effort; the caller clears AgentURL for a task
+// known to be dead).
+func (m *Manager) stopTask(ctx context.Context, rec TaskRecord, reason string) error {
+	prov, ok := m.providers[rec.Provider]
+	if !ok {
+		return fmt.Errorf("stop task %s: provider %q is not configured", rec.ID, rec.Provider)
+	}
+	if rec.LeaseID != "" && rec.AgentURL != "" {
+		fctx, cancel := context.WithTimeout(ctx, m.cfg.HealthTimeout)
+		_, err := m.agents.Init(fctx, rec.AgentURL, rec.AgentToken, agentapi.InitRequest{LeaseID: rec.LeaseID, Generation: rec.Generation + 1})
+		cancel()
+		if err != nil {
+			m.log.Debug("fence agent", "pool", rec.Pool, "task", rec.ID, "err", err)
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, m.cfg.ProviderTimeout)
+	defer cancel()
+	ids := []string{rec.ProviderID}
+	if rec.ProviderID == "" {
+		found, err := prov.List(pctx, rec.Pool)
+		if err != nil {
+			return fmt.Errorf("find task %s by name: %w", rec.ID, err)
+		}
+		ids = ids[:0]
+		for _, t := range found {
+			if t.Name == rec.ID || t.Labels[providers.LabelTask] == rec.ID {
+				ids = append(ids, t.ID)
+			}
+		}
+	}
+	for _, id := range ids {
+		if err := prov.Stop(pctx, id, reason); err != nil {
+			return fmt.Errorf("stop task %s: %w", rec.ID, err)
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+	defer cancel()
+	if err := m.store.DeleteTask(sctx, rec.ID); err != nil {
+		return fmt.Errorf("delete task %s: %w", rec.ID, err)
+	}
+	if p := m.pools[rec.Pool]; p != nil {
+		p.forget(rec.ID)
+		p.changed.broadcast()
+		p.poke() // a slot is free: the pool may refill
+	}
+	return nil
+}
+
+// stoppedReason says why a provider task stopped.
+func stoppedReason(t providers.Task) string {
+	if t.Reason == "" {
+		return "its task stopped"
+	}
+	return "its task stopped: " + t.Reason
+}
