@@ -97,7 +97,7 @@ func (g *Gateway) makeEnv(c *fiber.Ctx) error {
 		return envs.ErrOff
 	}
 	idem := string(c.Request().Header.Peek("Idempotency-Key"))
-	if len(idem) > maxIdempotencyLen || !printable(idem) {
+	if len(idem) > maxIdempotencyLen || !badinput.Printable(idem) {
 		return badinput.New("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
 	}
 	var req makeEnvRequest

@@ -14,7 +14,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/bytebufferpool"
-	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/execagent/agentapi"
@@ -298,37 +297,6 @@ func (g *Gateway) claimModelRequests(c *fiber.Ctx) error {
 	out.WriteString("]}")
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 	return sendCopy(c, out.B)
-}
-
-// queryInt returns query parameter name as a whole number between lo and
-// hi, or def when it is absent. Anything else (not a number, out of range,
-// too large to parse) is refused with the same message naming the range.
-func queryInt(args *fasthttp.Args, name string, def, lo, hi int64) (int64, error) {
-	s := args.Peek(name)
-	if len(s) == 0 {
-		return def, nil
-	}
-	n, err := strconv.ParseInt(string(s), 10, 64)
-	if err != nil || n < lo || n > hi {
-		return 0, badinput.New(name, "must be a whole number between %d and %d, got %q", lo, hi, s)
-	}
-	return n, nil
-}
-
-// labelFilter parses repeated label=k=v query values.
-func labelFilter(vals [][]byte) (map[string]string, error) {
-	var labels map[string]string
-	for _, l := range vals {
-		k, v, ok := bytes.Cut(l, []byte("="))
-		if !ok || checkName(string(k)) != nil {
-			return nil, badinput.New("label", "must be key=value with a label key, got %q", l)
-		}
-		if labels == nil {
-			labels = make(map[string]string)
-		}
-		labels[string(k)] = string(v)
-	}
-	return labels, nil
 }
 
 // appendWithBody writes meta as a JSON object with one more member, key,

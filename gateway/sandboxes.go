@@ -3,13 +3,8 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
-	"slices"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -50,7 +45,7 @@ var createFields = []string{"pool", "lease_seconds", "env", "labels"}
 // the Idempotency-Key was used before by the same key.
 func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	idem := string(c.Request().Header.Peek("Idempotency-Key"))
-	if len(idem) > maxIdempotencyLen || !printable(idem) {
+	if len(idem) > maxIdempotencyLen || !badinput.Printable(idem) {
 		return badinput.New("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
 	}
 	bb, err := readBody(c, g.cfg.MaxJSONBody)
@@ -107,7 +102,7 @@ func validateCreate(r *api.CreateSandboxRequest) error {
 		if err := checkName(k); err != nil {
 			return badinput.New("labels", "key %q: %s", k, err.Error())
 		}
-		if v := r.Labels[k]; len(v) > maxLabelValueLen || !printable(v) {
+		if v := r.Labels[k]; len(v) > maxLabelValueLen || !badinput.Printable(v) {
 			return badinput.New("labels."+k, "must be at most %d printable ASCII characters", maxLabelValueLen)
 		}
 	}
@@ -253,132 +248,4 @@ func (g *Gateway) listPools(c *fiber.Ctx) error {
 		})
 	}
 	return c.JSON(out)
-}
-
-// pathID returns the path parameter name, validated as an id and copied
-// (fiber's parameters alias the request buffer).
-func pathID(c *fiber.Ctx, name string) (string, error) {
-	id := c.Params(name)
-	if err := checkID(id); err != nil {
-		return "", badinput.New(name, "%s", err.Error())
-	}
-	return strings.Clone(id), nil
-}
-
-// checkID accepts 1..128 letters, digits, '.', '_' and '-', not starting
-// with '.'.
-func checkID(s string) error {
-	if s == "" || len(s) > maxIDLen || s[0] == '.' || !isNameChars(s) {
-		return errors.New("must be 1 to 128 letters, digits, '.', '_' or '-', not starting with '.'")
-	}
-	return nil
-}
-
-// checkName accepts pool names and label keys: 1..63 letters, digits, '.',
-// '_', '-' and '/', starting with a letter or digit.
-func checkName(s string) error {
-	if s == "" || len(s) > maxNameLen || !isAlnum(s[0]) || !isNameChars(s) {
-		return errors.New("must be 1 to 63 letters, digits, '.', '_', '-' or '/', starting with a letter or digit")
-	}
-	return nil
-}
-
-func isNameChars(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if b := s[i]; !isAlnum(b) && b != '.' && b != '_' && b != '-' && b != '/' {
-			return false
-		}
-	}
-	return true
-}
-
-func isAlnum(b byte) bool {
-	return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9')
-}
-
-// printable reports whether s is printable ASCII (spaces allowed).
-func printable(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < ' ' || s[i] > '~' {
-			return false
-		}
-	}
-	return true
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-// decodeStrict decodes a JSON object into v, refusing fields not in allowed
-// and answering every problem as a *badinput.Error naming the
-// field. An empty body is an empty object.
-func decodeStrict(body []byte, v any, allowed []string) error {
-	body = bytes.TrimSpace(body)
-	if len(body) == 0 {
-		return nil
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return jsonError(err)
-	}
-	var unknown []string
-	for k := range fields {
-		if !slices.Contains(allowed, k) {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return badinput.New(unknown[0], "unknown field (known: %s)", strings.Join(allowed, ", "))
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		return jsonError(err)
-	}
-	return nil
-}
-
-// jsonError names the field of a JSON decoding error.
-func jsonError(err error) error {
-	var (
-		syn *json.SyntaxError
-		typ *json.UnmarshalTypeError
-	)
-	switch {
-	case errors.As(err, &typ) && typ.Field != "":
-		return badinput.New(typ.Field, "must be %s, not %s", jsonType(typ.Type.Kind().String()), typ.Value)
-	case errors.As(err, &typ):
-		return badinput.New("body", "must be a JSON object, not %s", typ.Value)
-	case errors.As(err, &syn):
-		return badinput.New("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return badinput.New("body", "truncated JSON")
-	default:
-		return badinput.New("body", "invalid JSON: %s", err.Error())
-	}
-}
-
-// jsonType names a Go kind as a JSON type.
-func jsonType(kind string) string {
-	switch kind {
-	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
-		return "an integer"
-	case "float32", "float64":
-		return "a number"
-	case "string":
-		return "a string"
-	case "bool":
-		return "a boolean"
-	case "map", "struct":
-		return "an object"
-	case "slice", "array":
-		return "an array"
-	default:
-		return kind
-	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
 )
 
@@ -96,16 +97,6 @@ func failureOf(err error) failure {
 
 func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
-// printable reports whether s is printable ASCII (spaces allowed).
-func printable(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < ' ' || s[i] > '~' {
-			return false
-		}
-	}
-	return true
-}
-
 // safePath reports whether p is made of letters, digits, '.', '_', '-' and
 // '/' only: a path that needs no shell quoting.
 func safePath(p string) bool {
@@ -114,13 +105,9 @@ func safePath(p string) bool {
 	}
 	for i := 0; i < len(p); i++ {
 		b := p[i]
-		if !isAlnum(b) && !strings.ContainsRune("._-/", rune(b)) {
+		if !badinput.Alnum(b) && !strings.ContainsRune("._-/", rune(b)) {
 			return false
 		}
 	}
 	return true
-}
-
-func isAlnum(b byte) bool {
-	return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9')
 }

@@ -73,7 +73,7 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 	}
 	areq := warmpool.AcquireRequest{Pool: pool.Name, Owner: owner, Labels: map[string]string{}}
 	if req.Image != "" {
-		if len(req.Image) > maxLabelLen || !printable(req.Image) {
+		if len(req.Image) > maxLabelLen || !badinput.Printable(req.Image) {
 			return nil, badinput.New("image", "must be at most %d printable ASCII characters", maxLabelLen)
 		}
 		areq.Labels[LabelImage] = req.Image
@@ -105,7 +105,7 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 		areq.LeaseSeconds = int(secs)
 	}
 	for header, label := range map[string]string{"X-User-Id": labelUser, "X-Experiment-Id": labelExp, "X-Namespace": labelNS} {
-		if v := string(c.Request().Header.Peek(header)); v != "" && len(v) <= maxLabelLen && printable(v) {
+		if v := string(c.Request().Header.Peek(header)); v != "" && len(v) <= maxLabelLen && badinput.Printable(v) {
 			areq.Labels[label] = v
 		}
 	}
@@ -167,7 +167,7 @@ func checkSandboxID(id string) error {
 		return badinput.New("sandbox_id", "must be 1 to %d characters", maxSandboxIDLen)
 	}
 	for i := 0; i < len(id); i++ {
-		if b := id[i]; !isAlnum(b) && b != '.' && b != '_' && b != '-' {
+		if b := id[i]; !badinput.Alnum(b) && b != '.' && b != '_' && b != '-' {
 			return badinput.New("sandbox_id", "must be letters, digits, '.', '_' or '-', got %q", id)
 		}
 	}

@@ -24,3 +24,19 @@ func (e *Error) Error() string { return e.Field + ": " + e.Message }
 func New(field, format string, args ...any) error {
 	return &Error{Field: field, Message: fmt.Sprintf(format, args...)}
 }
+
+// Printable reports whether s is printable ASCII (spaces allowed): the
+// rule for ids, header values and label values that are echoed back.
+func Printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// Alnum reports whether b is an ASCII letter or digit.
+func Alnum(b byte) bool {
+	return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9')
+}
