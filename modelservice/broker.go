@@ -196,6 +196,15 @@ func (q TranscriptQuery) Normalized() TranscriptQuery {
 	return q
 }
 
+// WithinBytes reports whether one more item of size bytes may join a batch
+// of n items holding used bytes, under a MaxBytes bound max (ClaimQuery,
+// TranscriptQuery): the first item always may, whatever its size; after
+// it the batch must stay within max. Zero max: no bound. Every broker's
+// Claim and Transcript batch by it.
+func WithinBytes(n int, used, size, max int64) bool {
+	return n == 0 || max <= 0 || used+size <= max
+}
+
 // Broker queues the relay's requests between the replica that holds an
 // agent's call and the replica that serves the trainer's claims and
 // answers, and keeps the transcripts. Implementations must be safe for

@@ -27,6 +27,13 @@ func TestClaimQuery_Normalized(t *testing.T) {
 	}
 }
 
+func TestWithinBytes(t *testing.T) {
+	assert.True(t, WithinBytes(0, 0, 5000, 100), "the first item always fits")
+	assert.True(t, WithinBytes(2, 60, 40, 100), "up to the bound")
+	assert.False(t, WithinBytes(1, 60, 41, 100), "past the bound")
+	assert.True(t, WithinBytes(3, 1<<40, 1<<40, 0), "zero: no bound")
+}
+
 func TestTranscriptQuery_Normalized(t *testing.T) {
 	tests := []struct {
 		name  string

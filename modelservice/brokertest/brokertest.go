@@ -65,6 +65,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) modelservice.Broker, opts Op
 		{"Claim_MaxOldestFirst", testClaimMax},
 		{"Claim_MaxBelowOneClaimsOne", testClaimMaxBelowOne},
 		{"Claim_MaxBytesBoundsTheBatch", testClaimMaxBytes},
+		{"Claim_MaxBytesBoundsTheBatchAcrossPages", testClaimMaxBytesPages},
 		{"Claim_WaitsForASubmit", testClaimWaits},
 		{"Claim_WaitEndsEmpty", testClaimWaitEnds},
 		{"Claim_UnansweredIsOfferedAgainAfterVisibility", testClaimVisibility},
@@ -295,6 +296,34 @@ func testClaimMaxBytes(t *testing.T, b modelservice.Broker, _ Options) {
 	got, err = b.Claim(ctx, q)
 	require.NoError(t, err)
 	assert.Equal(t, want[1:], ids(got))
+}
+
+// testClaimMaxBytesPages puts many requests of another pool between two
+// large ones, so that a broker that reads its queue in pages meets the
+// second on a later page: MaxBytes still counts the first.
+func testClaimMaxBytesPages(t *testing.T, b modelservice.Broker, _ Options) {
+	ctx := ctxT(t)
+	big := func() string {
+		r := newRequest("o1", "sbx-a")
+		r.Body = bytes.Repeat([]byte("x"), 1000)
+		require.NoError(t, b.Submit(ctx, r))
+		return r.ID
+	}
+	first := big()
+	for i := 0; i < 40; i++ {
+		r := newRequest("o1", "sbx-b")
+		r.Pool = "other"
+		require.NoError(t, b.Submit(ctx, r))
+	}
+	second := big()
+	q := claimQuery("o1")
+	q.Pool, q.Max, q.MaxBytes = "default", 5, 1500
+	got, err := b.Claim(ctx, q)
+	require.NoError(t, err)
+	assert.Equal(t, []string{first}, ids(got), "the second large request would pass MaxBytes")
+	got, err = b.Claim(ctx, q)
+	require.NoError(t, err)
+	assert.Equal(t, []string{second}, ids(got))
 }
 
 func testClaimWaits(t *testing.T, b modelservice.Broker, _ Options) {

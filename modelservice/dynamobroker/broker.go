@@ -302,7 +302,9 @@ func (br *Broker) claimOnce(ctx context.Context, q modelservice.ClaimQuery) ([]m
 				continue
 			}
 			size := getN(cand, aQSize)
-			if len(picked) > 0 && q.MaxBytes > 0 && bytes+size > q.MaxBytes {
+			// Earlier pages' claims count: only the batch's first request
+			// may exceed MaxBytes.
+			if !modelservice.WithinBytes(len(out)+len(picked), bytes, size, q.MaxBytes) {
 				continue
 			}
 			if len(out)+len(picked) >= q.Max {
@@ -731,7 +733,7 @@ collect:
 				continue
 			}
 			size := getN(it, aQSize) + getN(it, aASize)
-			if len(metas) >= q.Limit || (len(metas) > 0 && q.MaxBytes > 0 && bytes+size > q.MaxBytes) {
+			if len(metas) >= q.Limit || !modelservice.WithinBytes(len(metas), bytes, size, q.MaxBytes) {
 				more = true
 				break collect
 			}

@@ -237,7 +237,7 @@ func (b *Broker) claimLocked(q modelservice.ClaimQuery) ([]modelservice.Request,
 			}
 			continue
 		}
-		if len(out) >= q.Max || (len(out) > 0 && q.MaxBytes > 0 && bytes+int64(len(e.ex.Body)) > q.MaxBytes) {
+		if len(out) >= q.Max || !modelservice.WithinBytes(len(out), bytes, int64(len(e.ex.Body)), q.MaxBytes) {
 			continue
 		}
 		e.ex.State = modelservice.StateClaimed
@@ -388,7 +388,7 @@ func (b *Broker) Transcript(_ context.Context, q modelservice.TranscriptQuery) (
 		if !b.retained(e, now) || (q.Owner != "" && e.ex.Owner != q.Owner) {
 			continue
 		}
-		if len(out) >= q.Limit || (len(out) > 0 && q.MaxBytes > 0 && bytes+size(&e.ex) > q.MaxBytes) {
+		if len(out) >= q.Limit || !modelservice.WithinBytes(len(out), bytes, size(&e.ex), q.MaxBytes) {
 			return out, true, nil
 		}
 		bytes += size(&e.ex)
