@@ -12,13 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/testenv"
 )
-
-// envBusybox names a busybox binary for the tests of images without bash.
-// Gate: the busybox tests run only when it is set (make test sets it to
-// /bin/busybox after installing busybox-static); when set, a missing binary
-// fails the test.
-const envBusybox = "QUARRY_TEST_BUSYBOX"
 
 // testPOSIXShell runs the exec and session checks against a POSIX sh.
 func testPOSIXShell(t *testing.T, shell string) {
@@ -86,16 +81,11 @@ func TestSession_POSIXShell_BinSh(t *testing.T) {
 	testPOSIXShell(t, "/bin/sh")
 }
 
-// TestSession_POSIXShell_Busybox runs only with QUARRY_TEST_BUSYBOX set
-// (see envBusybox); make test sets it.
+// TestSession_POSIXShell_Busybox runs the checks in busybox's sh, the
+// shell of images without bash. It needs a busybox binary (testenv.Busybox:
+// make test installs busybox-static).
 func TestSession_POSIXShell_Busybox(t *testing.T) {
-	bb := os.Getenv(envBusybox)
-	if bb == "" {
-		return // gated: not requested
-	}
-	fi, err := os.Stat(bb)
-	require.NoError(t, err, "%s=%s: busybox is missing", envBusybox, bb)
-	require.False(t, fi.IsDir())
+	bb := testenv.Busybox(t)
 	// busybox picks the applet from argv[0]'s base name.
 	dir := t.TempDir()
 	sh := filepath.Join(dir, "sh")

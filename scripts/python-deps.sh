@@ -6,8 +6,9 @@
 #
 #   scripts/python-deps.sh          install (idempotent) and print the directory
 #
-# make test calls it before the integration suites; the tests read QUARRY_TEST_PYTHONPATH (or
-# default to .cache/python-deps) and fail, never skip, when the package is missing.
+# make test calls it before the integration suites and sets QUARRY_TEST_PYTHONPATH to what it prints;
+# the tests (internal/testenv.PythonPath) fail when the package does not import from there, and
+# without the variable print SKIP (a failure under make test).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 target="$root/.cache/python-deps"

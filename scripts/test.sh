@@ -3,7 +3,8 @@
 #   - busybox-static (POSIX-shell sessions), Docker engine + locally built images (Docker provider),
 #     the AWS API emulator on 127.0.0.1:4566 (DynamoDB lease store and relay broker), Python's
 #     openai package (run inside sandboxes by the relay tests), ROCK's SDK rl-rock (ROCK compatibility).
-# A missing dependency is a failure, never a skip. Set AWS_ENDPOINT_URL (and credentials, region)
+# A missing dependency is a failure, never a skip: QUARRY_TEST_STRICT=1 (internal/testenv) makes
+# every test that was not given its dependency fail. Set AWS_ENDPOINT_URL (and credentials, region)
 # to run the AWS suites against LocalStack or real AWS instead of the local emulator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,16 +40,22 @@ else
   echo "== AWS suites against AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL"
 fi
 export QUARRY_TEST_BUSYBOX=/bin/busybox QUARRY_TEST_DOCKER=1 QUARRY_TEST_AWS=1
+# Every go test below runs strict: a test whose dependency is not given fails instead of skipping.
+export QUARRY_TEST_STRICT=1
+# The AWS suites run on their own, one package at a time (the emulator answers one request at a time).
+aws_pkgs=(warmpool/dynamostore modelservice/dynamobroker providers/ecs cmd/gateway)
 
 echo "== go vet"
 go vet ./...
 go vet -tags integration ./tests/...
 
-echo "== unit and component tests (race detector; Docker, busybox; AWS suites run next)"
-QUARRY_TEST_AWS='' go test -race -count=1 ./...
+echo "== unit and component tests (race detector; Docker, busybox; the AWS suites' packages run next)"
+module="$(go list -m)"
+mapfile -t other_pkgs < <(go list ./... | grep -vxF -f <(printf "$module/%s\n" "${aws_pkgs[@]}"))
+go test -race -count=1 "${other_pkgs[@]}"
 
 echo "== AWS suites: DynamoDB lease store and relay broker (conformance, 10,000-claim race), ECS provider, Lambda mode"
-go test -race -count=1 -p 1 -timeout 30m ./warmpool/dynamostore/ ./modelservice/dynamobroker/ ./providers/ecs/ ./cmd/gateway/
+go test -race -count=1 -p 1 -timeout 30m "${aws_pkgs[@]/#/./}"
 
 echo "== LocalStack init hooks against the emulator (tables, ECS cluster, secret, task definition; idempotent)"
 localstack/check-hooks.sh

@@ -41,9 +41,6 @@ const dockerTwoPools = `pools:
 // pool's image, and lease settings reach the sandbox through the agent only.
 func TestDocker_TwoPoolsServeTheirOwnImages(t *testing.T) {
 	d := requireDocker(t)
-	if d == nil {
-		return
-	}
 	g, c, ctx := d.startTwoPools()
 	g.waitReady("bash", 1)
 
@@ -85,9 +82,6 @@ func TestDocker_TwoPoolsServeTheirOwnImages(t *testing.T) {
 // error, not a hang; the lease is lost and the pool refills.
 func TestDocker_KilledContainerLosesItsLeaseAndPoolRefills(t *testing.T) {
 	d := requireDocker(t)
-	if d == nil {
-		return
-	}
 	g, c, ctx := d.startTwoPools()
 
 	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "plain"})
@@ -142,9 +136,6 @@ func TestDocker_KilledContainerLosesItsLeaseAndPoolRefills(t *testing.T) {
 // leases are lost and the pools refill; with it on, they survive.
 func TestDocker_EngineRestartGatewayRecovers(t *testing.T) {
 	d := requireDocker(t)
-	if d == nil {
-		return
-	}
 	g, c, ctx := d.startTwoPools()
 	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "plain"})
 	require.NoError(t, err)
@@ -182,6 +173,7 @@ func TestDocker_EngineRestartGatewayRecovers(t *testing.T) {
 // Labelled containers that no task record accounts for are removed once
 // older than the grace period, and only logged in dry-run mode.
 func TestDocker_OrphanContainersRemovedAfterGrace(t *testing.T) {
+	needDocker(t)
 	tests := []struct {
 		name   string
 		dryRun bool
@@ -192,9 +184,6 @@ func TestDocker_OrphanContainersRemovedAfterGrace(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := requireDocker(t)
-			if d == nil {
-				return
-			}
 			const grace = 3 * time.Second
 			// An orphan: launched by a provider with this gateway's id and
 			// labels, never recorded in the gateway's store.

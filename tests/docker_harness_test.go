@@ -20,13 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/client"
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/providers"
 )
-
-// The Docker suites run only when QUARRY_TEST_DOCKER=1 (make test sets it
-// after scripts/docker-up.sh and scripts/images/build.sh), and then fail,
-// never skip, when the engine or a test image is missing.
-const envDockerTests = "QUARRY_TEST_DOCKER"
 
 // The test images scripts/images/build.sh builds.
 const (
@@ -44,26 +40,24 @@ type dockerTest struct {
 	gatewayID string
 }
 
-// requireDocker returns nil when the Docker suites were not asked for, and
-// otherwise a dockerTest whose containers (labelled with its own gateway id)
-// are removed when the test ends; it fails the test when the engine or an
-// image is missing.
+// needDocker makes t need the Docker engine with the test images and the
+// extra images (testenv.Docker: skipped under plain go test, a failure under
+// make test or when QUARRY_TEST_DOCKER=1 and the engine or an image is
+// missing).
+func needDocker(t *testing.T, extra ...string) {
+	t.Helper()
+	testenv.Docker(t, append([]string{dockerImageBusybox, dockerImageBash}, extra...)...)
+}
+
+// requireDocker makes t need Docker (needDocker) and returns a dockerTest
+// whose containers (labelled with its own gateway id) are removed when the
+// test ends.
 func requireDocker(t *testing.T) *dockerTest {
 	t.Helper()
-	if os.Getenv(envDockerTests) != "1" {
-		return nil // gated: not requested
-	}
+	needDocker(t)
 	cli, err := dockerclient.NewClientWithOpts(dockerclient.WithHost("unix:///var/run/docker.sock"), dockerclient.WithAPIVersionNegotiation())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cli.Close() })
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err = cli.Ping(c)
-	require.NoError(t, err, "%s=1 but no Docker engine answers (scripts/docker-up.sh starts one)", envDockerTests)
-	for _, img := range []string{dockerImageBusybox, dockerImageBash} {
-		_, err := cli.ImageInspect(c, img)
-		require.NoError(t, err, "%s=1 but image %s is missing (scripts/images/build.sh builds it)", envDockerTests, img)
-	}
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	d := &dockerTest{t: t, cli: cli, gatewayID: "e2e-" + hex.EncodeToString(b)}

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -36,25 +35,7 @@ func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
 
-// awsTests matches the tests that need the AWS emulator (or AWS): they run
-// only when QUARRY_TEST_AWS is set (make test sets it and starts the
-// emulator), and then fail, never skip, when the endpoint does not answer.
-const awsTests = "^TestReplicas_"
-
 func runMain(m *testing.M) int {
-	flag.Parse()
-	if os.Getenv("QUARRY_TEST_AWS") == "" {
-		skip := flag.Lookup("test.skip")
-		pattern := awsTests
-		if cur := skip.Value.String(); cur != "" {
-			pattern = cur + "|" + awsTests
-		}
-		if err := skip.Value.Set(pattern); err != nil {
-			fmt.Fprintln(os.Stderr, "set -test.skip:", err)
-			return 1
-		}
-		fmt.Fprintf(os.Stderr, "QUARRY_TEST_AWS is not set: not running %s (they need the AWS emulator)\n", awsTests)
-	}
 	dir, err := os.MkdirTemp("", "quarry-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "temp dir:", err)

@@ -115,6 +115,7 @@ func freeAddrOn(t *testing.T, host string) string {
 }
 
 func TestModelRelay_OpenAIClientInDockerSandbox_TrainerAnswers(t *testing.T) {
+	needDocker(t, dockerImagePython)
 	tests := []struct {
 		name string
 		host bool // the pool on the host's network; else on a bridge of the test's own
@@ -125,11 +126,6 @@ func TestModelRelay_OpenAIClientInDockerSandbox_TrainerAnswers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := requireDocker(t)
-			if d == nil {
-				return
-			}
-			_, err := d.cli.ImageInspect(ctx(t), dockerImagePython)
-			require.NoError(t, err, "%s=1 but image %s is missing (scripts/images/build.sh builds it)", envDockerTests, dockerImagePython)
 
 			netName, opts := "host", []gwOption(nil)
 			if !tt.host {

@@ -8,9 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,30 +18,13 @@ import (
 
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/modelservice/modeltest"
 )
 
 // The model relay end to end: a gateway binary, real sandboxes (process
 // provider), the official openai Python package inside them, and a trainer
 // loop answering over HTTP.
-
-// pythonDeps returns the directory with the openai package
-// (scripts/python-deps.sh installs it; make test runs it first). It fails
-// the test when the package is missing: never a skip.
-func pythonDeps(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("QUARRY_TEST_PYTHONPATH")
-	if dir == "" {
-		abs, err := filepath.Abs(filepath.Join("..", ".cache", "python-deps"))
-		require.NoError(t, err)
-		dir = abs
-	}
-	cmd := exec.Command("python3", "-c", "import openai; print(openai.__version__)")
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the openai package is not importable from %s (run scripts/python-deps.sh): %s", dir, out)
-	return dir
-}
 
 // agentScript is the program inside the sandbox: it calls the model the way
 // any agent does, through the openai package configured by OPENAI_BASE_URL
@@ -140,7 +120,7 @@ func runAgent(ctx context.Context, t *testing.T, c *client.Client, id, pythonPat
 }
 
 func TestModelRelay_OpenAIClientInSandbox_TrainerAnswers(t *testing.T) {
-	py := pythonDeps(t)
+	py := testenv.PythonPath(t, "openai")
 	g := startGateway(t, defaultPools)
 	c := g.client()
 	ctx := ctx(t)

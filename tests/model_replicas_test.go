@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/client"
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 	"github.com/quarryhq/quarry/modelservice/modeltest"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
@@ -30,7 +31,7 @@ import (
 // endpoint (the emulator of make test: AWS_ENDPOINT_URL, default
 // 127.0.0.1:4566) and returns the gateway settings that use them; the
 // tables are deleted when the test ends. It fails when the endpoint does
-// not answer.
+// not answer; its callers ask testenv.AWS first.
 func relayReplicaEnv(t *testing.T) []string {
 	t.Helper()
 	endpoint := cmp.Or(os.Getenv("AWS_ENDPOINT_URL"), "http://127.0.0.1:4566")
@@ -44,7 +45,7 @@ func relayReplicaEnv(t *testing.T) []string {
 	require.NoError(t, err)
 	api := dynamodb.NewFromConfig(awsCfg, func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(endpoint) })
 	_, err = api.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
-	require.NoError(t, err, "QUARRY_TEST_AWS is set, but the AWS endpoint %s does not answer (localstack/emulator.sh start)", endpoint)
+	require.NoError(t, err, "QUARRY_TEST_AWS=1, but the AWS endpoint %s does not answer (localstack/emulator.sh start)", endpoint)
 
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -72,10 +73,8 @@ func relayReplicaEnv(t *testing.T) []string {
 // (its OPENAI_BASE_URL), the trainer claims and answers on replica B, and
 // the answer reaches the agent through A.
 func TestModelRelayReplicas_CallOnOneAnswerOnTheOther(t *testing.T) {
-	if os.Getenv("QUARRY_TEST_AWS") == "" {
-		return // gated: needs the AWS emulator (make test sets QUARRY_TEST_AWS and starts it)
-	}
-	py := pythonDeps(t)
+	testenv.AWS(t)
+	py := testenv.PythonPath(t, "openai")
 	env := relayReplicaEnv(t)
 	dataDir := t.TempDir()
 	a := startGateway(t, defaultPools, withDataDir(dataDir), withEnv(append(env, "QUARRY_REPLICA_ID=relay-a")...))

@@ -37,6 +37,7 @@ import (
 
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/warmpool"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 )
@@ -44,8 +45,8 @@ import (
 // These tests run several gateway processes on one DynamoDB (the emulator
 // of make test, or whatever AWS_ENDPOINT_URL names) and one data directory
 // (the process provider's task state). Each test makes its own tables with
-// `quarry tables create` and deletes them at the end. They run only when
-// QUARRY_TEST_AWS is set (see awsTests in harness_test.go).
+// `quarry tables create` and deletes them at the end. Each needs the AWS
+// emulator and asks testenv.AWS first.
 
 // awsSettings say where the AWS API is: AWS_* when set, else the emulator
 // of localstack/emulator.sh with its fake credentials.
@@ -81,7 +82,7 @@ func newTables(t *testing.T) *awsTables {
 	t.Helper()
 	a := awsFromEnv()
 	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(a.endpoint)
-	require.NoError(t, err, "QUARRY_TEST_AWS is set, but the AWS endpoint %s does not answer (start the emulator: localstack/emulator.sh start)", a.endpoint)
+	require.NoError(t, err, "QUARRY_TEST_AWS=1, but the AWS endpoint %s does not answer (start the emulator: localstack/emulator.sh start)", a.endpoint)
 	resp.Body.Close()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -429,6 +430,7 @@ func trainerRound(ctx context.Context, rs *replicaSet, g *grants, trainer, round
 // traffic: a replica releasing a sandbox that another replica launched
 // stops its agent.
 func TestReplicas_KillOneReplicaMidTraffic(t *testing.T) {
+	testenv.AWS(t)
 	c := startCluster(t, 3)
 	ctx := longCtx(t)
 	waitReadyOn(t, c.gws[0], "default", 3)
@@ -550,6 +552,7 @@ func TestReplicas_KillOneReplicaMidTraffic(t *testing.T) {
 // lease, its sandbox's state, and the pools' counts come back from
 // DynamoDB, through every replica.
 func TestReplicas_RestartEveryReplica(t *testing.T) {
+	testenv.AWS(t)
 	c := startCluster(t, 3)
 	ctx := longCtx(t)
 	waitReadyOn(t, c.gws[0], "default", 3)
@@ -662,6 +665,7 @@ func startStoreProxy(t *testing.T, upstream string) *storeProxy {
 // never a silent success; nothing changes meanwhile, and the gateway
 // serves again once DynamoDB does.
 func TestReplicas_StoreFaultsAnswer503(t *testing.T) {
+	testenv.AWS(t)
 	tb := newTables(t)
 	proxy := startStoreProxy(t, tb.aws.endpoint)
 	env := append(tb.gatewayEnv(proxy.url), "QUARRY_DYNAMODB_MAX_ATTEMPTS=2", "QUARRY_LEASE_CACHE_TTL=-1s", "QUARRY_RETRY_AFTER=3s")
@@ -724,6 +728,7 @@ func TestReplicas_StoreFaultsAnswer503(t *testing.T) {
 // heartbeat, even while the store still says active (the reaper has not
 // ended it yet).
 func TestReplicas_ExpiredLeaseRefusedBeforeTheReaper(t *testing.T) {
+	testenv.AWS(t)
 	tb := newTables(t)
 	g := startGateway(t, `pools:
   - name: short
@@ -758,6 +763,7 @@ func TestReplicas_ExpiredLeaseRefusedBeforeTheReaper(t *testing.T) {
 // replica is driven through the other, a chosen sandbox_id started on both
 // at once is one sandbox, and a session's state is found from any replica.
 func TestReplicas_RockRoutesAcrossReplicas(t *testing.T) {
+	testenv.AWS(t)
 	c := startCluster(t, 2)
 	a, b := c.gws[0], c.gws[1]
 	waitReadyOn(t, a, "default", 1)

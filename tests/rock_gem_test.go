@@ -13,9 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/client"
+	"github.com/quarryhq/quarry/internal/testenv"
 )
 
 func TestRock_GEMClientDrivesEnv(t *testing.T) {
+	py := testenv.RockPython(t)
 	program, err := filepath.Abs("rock/gem_env.py")
 	require.NoError(t, err)
 	registry := fmt.Sprintf(`{"envs": [{"id": "guess-v0", "pool": "default", "command": ["python3", %q]}]}`, program)
@@ -25,7 +27,7 @@ func TestRock_GEMClientDrivesEnv(t *testing.T) {
 	u, err := url.Parse(g.url())
 	require.NoError(t, err)
 	u.User = url.UserPassword("rock", g.key)
-	steps := runRockDriver(t, "gem_driver.py", "ROCK_BASE_URL="+u.String(), "ROCK_ENV_ID=guess-v0")
+	steps := runRockDriver(t, py, "gem_driver.py", "ROCK_BASE_URL="+u.String(), "ROCK_ENV_ID=guess-v0")
 
 	id, _ := step(t, steps, "make")["sandbox_id"].(string)
 	assert.True(t, strings.HasPrefix(id, "sbx-"), "sandbox id %q", id)

@@ -18,34 +18,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/client"
+	"github.com/quarryhq/quarry/internal/testenv"
 )
 
-// rockPython returns the python of a venv with ROCK's SDK, installing it
-// with scripts/rock-sdk.sh (idempotent) when QUARRY_ROCK_PYTHON is not set.
-// A missing SDK is a failure, never a skip.
-func rockPython(t *testing.T) string {
+// runRockDriver runs a Python driver from tests/rock with py, a python with
+// ROCK's SDK (testenv.RockPython), and returns its steps by name
+// ("STEP {json}" lines).
+func runRockDriver(t *testing.T, py, script string, env ...string) map[string]map[string]any {
 	t.Helper()
-	if py := os.Getenv("QUARRY_ROCK_PYTHON"); py != "" {
-		return py
-	}
-	cmd := exec.Command("./scripts/rock-sdk.sh")
-	cmd.Dir = ".."
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	require.NoError(t, err, "install ROCK's SDK: %s", stderr.String())
-	py := strings.TrimSpace(string(out))
-	if !strings.HasPrefix(py, "/") {
-		py = "../" + py
-	}
-	return py
-}
-
-// runRockDriver runs a Python driver from tests/rock with ROCK's SDK and
-// returns its steps by name ("STEP {json}" lines).
-func runRockDriver(t *testing.T, script string, env ...string) map[string]map[string]any {
-	t.Helper()
-	py := rockPython(t)
 	c, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(c, py, "rock/"+script)
@@ -80,18 +60,17 @@ func step(t *testing.T, steps map[string]map[string]any, name string) map[string
 }
 
 func TestRock_SDKDrivesSandbox(t *testing.T) {
+	py := testenv.RockPython(t)
 	g := startGateway(t, defaultPools)
 	g.waitReady("default", 1)
-	driveRockSandbox(t, g)
+	driveRockSandbox(t, py, g)
 }
 
 // ROCK's SDK on sandboxes that are Docker containers of an image that is
 // not ROCK's (static bash and busybox, an unprivileged user).
 func TestRock_Docker_SDKDrivesSandbox(t *testing.T) {
+	py := testenv.RockPython(t)
 	d := requireDocker(t)
-	if d == nil {
-		return // gated: QUARRY_TEST_DOCKER is not 1
-	}
 	g := d.startGateway(fmt.Sprintf(`pools:
   - name: default
     image: %s
@@ -101,16 +80,16 @@ func TestRock_Docker_SDKDrivesSandbox(t *testing.T) {
     max_total: 3
 `, dockerImageBash))
 	g.waitReady("default", 1)
-	driveRockSandbox(t, g)
+	driveRockSandbox(t, py, g)
 }
 
-// driveRockSandbox runs tests/rock/sandbox_driver.py (ROCK's SDK, unmodified)
-// against g, whose default pool serves ROCK's default image, and checks
-// every step.
-func driveRockSandbox(t *testing.T, g *gatewayProc) {
+// driveRockSandbox runs tests/rock/sandbox_driver.py (ROCK's SDK, unmodified,
+// with py) against g, whose default pool serves ROCK's default image, and
+// checks every step.
+func driveRockSandbox(t *testing.T, py string, g *gatewayProc) {
 	t.Helper()
 	chosen := fmt.Sprintf("rock-e2e-%d", time.Now().UnixNano())
-	steps := runRockDriver(t, "sandbox_driver.py",
+	steps := runRockDriver(t, py, "sandbox_driver.py",
 		"ROCK_BASE_URL="+g.url(), "QUARRY_API_KEY="+g.key, "ROCK_SANDBOX_ID="+chosen)
 
 	bad := step(t, steps, "bad_image")

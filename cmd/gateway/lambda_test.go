@@ -25,19 +25,16 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 )
 
 const lambdaTestKey = "qk_lambda_test_key_0123456789abcdef"
 
-// awsGated reports whether the tests that need an AWS endpoint run
-// (QUARRY_TEST_AWS=1, set by make test); they then fail, never skip, when
-// it does not answer.
-func awsGated() bool { return os.Getenv("QUARRY_TEST_AWS") == "1" }
-
 // testAWSConfig loads the SDK's configuration from the environment
 // (AWS_ENDPOINT_URL, AWS_REGION, credentials), which must name a region.
+// Its callers need an AWS endpoint and ask testenv.AWS first.
 func testAWSConfig(ctx context.Context, t *testing.T) aws.Config {
 	t.Helper()
 	cfg, err := config.LoadDefaultConfig(ctx)
@@ -237,9 +234,7 @@ func TestLambda_Invoke_SandboxLifecycleEmbeddedStore(t *testing.T) {
 // emulator (QUARRY_TEST_AWS=1; AWS_ENDPOINT_URL, AWS_REGION and
 // credentials from the environment), as the function runs in AWS.
 func TestLambda_Invoke_SandboxLifecycleDynamoDB(t *testing.T) {
-	if !awsGated() {
-		return // gated: needs a DynamoDB endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(t)
 	ctx, cancel := context.WithTimeout(t.Context(), deadline)
 	defer cancel()
 	client := dynamodb.NewFromConfig(testAWSConfig(ctx, t))

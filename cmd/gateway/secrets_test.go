@@ -12,6 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/internal/testenv"
 )
 
 func TestParseSecretARNs_NamesTheProblem(t *testing.T) {
@@ -90,9 +92,7 @@ func TestResolveSecrets_SetsUnsetVariables(t *testing.T) {
 // loadSecrets reads real secrets from the emulator's Secrets Manager
 // (QUARRY_TEST_AWS=1) into the environment.
 func TestLoadSecrets_FromSecretsManager(t *testing.T) {
-	if !awsGated() {
-		return // gated: needs an AWS endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(t)
 	ctx, cancel := context.WithTimeout(t.Context(), deadline)
 	defer cancel()
 	client := secretsmanager.NewFromConfig(testAWSConfig(ctx, t))

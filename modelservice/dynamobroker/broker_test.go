@@ -13,24 +13,20 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/modelservice/brokertest"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 )
-
-// envAWS gates the tests that need a DynamoDB endpoint: they run only when
-// it is "1" (make test sets it after starting the emulator), and then fail
-// when the endpoint does not answer. The SDK's default chain points them
-// at it (AWS_ENDPOINT_URL, AWS_REGION, credentials).
-const envAWS = "QUARRY_TEST_AWS"
 
 var (
 	runID    = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff)
 	tableSeq atomic.Int64
 )
 
-// newClient returns an SDK client from the default chain after checking
-// that the endpoint answers.
+// newClient returns an SDK client from the default chain (AWS_ENDPOINT_URL,
+// AWS_REGION, credentials) after checking that the endpoint answers. Its
+// callers ask testenv.AWS first.
 func newClient(t *testing.T) *dynamodb.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -42,7 +38,7 @@ func newClient(t *testing.T) *dynamodb.Client {
 	}
 	c := dynamodb.NewFromConfig(cfg)
 	_, err = c.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
-	require.NoError(t, err, "%s=1 but the DynamoDB endpoint (AWS_ENDPOINT_URL=%q) does not answer", envAWS, os.Getenv("AWS_ENDPOINT_URL"))
+	require.NoError(t, err, "%s=1 but the DynamoDB endpoint (AWS_ENDPOINT_URL=%q) does not answer", testenv.EnvAWS, os.Getenv("AWS_ENDPOINT_URL"))
 	return c
 }
 
@@ -65,9 +61,7 @@ func freshTable(t *testing.T, c *dynamodb.Client) string {
 }
 
 func TestBroker_Conformance(t *testing.T) {
-	if os.Getenv(envAWS) != "1" {
-		return // gated: needs a DynamoDB endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(t)
 	c := newClient(t)
 	open := func(t *testing.T, table string) modelservice.Broker {
 		b := dynamobroker.New(dynamobroker.Config{Table: table}, c, nil)

@@ -17,15 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/providertest"
 )
-
-// envDocker gates the tests that need a Docker engine: they run only when it
-// is "1" (make test sets it after scripts/docker-up.sh and
-// scripts/images/build.sh), and then fail, never skip, when the engine or a
-// test image is missing.
-const envDocker = "QUARRY_TEST_DOCKER"
 
 // The test images scripts/images/build.sh builds.
 const (
@@ -43,33 +38,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// dockerEnabled reports whether the Docker tests were asked for. When they
-// were, it fails the test unless the engine answers and the test images
-// exist.
-func dockerEnabled(t testing.TB) bool {
+// needDocker makes t need the Docker engine with the test images
+// (testenv.Docker: skipped under plain go test, a failure under make test or
+// when QUARRY_TEST_DOCKER=1 and the engine or an image is missing).
+func needDocker(t testing.TB) {
 	t.Helper()
-	if os.Getenv(envDocker) != "1" {
-		return false // gated: not requested
-	}
-	cli := engine(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err := cli.Ping(ctx)
-	require.NoError(t, err, "%s=1 but no Docker engine answers (scripts/docker-up.sh starts one)", envDocker)
-	for _, img := range []string{imageBusybox, imageBash, imageNoShell} {
-		_, err := cli.ImageInspect(ctx, img)
-		require.NoError(t, err, "%s=1 but test image %s is missing (scripts/images/build.sh builds it)", envDocker, img)
-	}
-	return true
+	testenv.Docker(t, imageBusybox, imageBash, imageNoShell)
 }
 
-// dockerProvider returns a fresh namespace and a Provider on it, or nils
-// when the Docker tests were not asked for (see dockerEnabled).
+// dockerProvider makes t need Docker (needDocker) and returns a fresh
+// namespace and a Provider on it.
 func dockerProvider(t *testing.T) (*testEnv, *Provider) {
 	t.Helper()
-	if !dockerEnabled(t) {
-		return nil, nil
-	}
+	needDocker(t)
 	e := newTestEnv(t)
 	return e, e.open(t)
 }

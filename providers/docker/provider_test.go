@@ -16,9 +16,7 @@ import (
 )
 
 func TestProvider_Conformance(t *testing.T) {
-	if !dockerEnabled(t) {
-		return
-	}
+	needDocker(t)
 	cli := engine(t)
 	providertest.Run(t, providertest.Harness{
 		Open: func(t *testing.T) func(t *testing.T) providers.Provider {
@@ -35,9 +33,6 @@ func TestProvider_Conformance(t *testing.T) {
 
 func TestProvider_Launch_AppliesIsolation(t *testing.T) {
 	e, p := dockerProvider(t)
-	if p == nil {
-		return
-	}
 	s := spec("iso", imageBusybox)
 	s.Labels = map[string]string{"team": "rl"}
 	task := launchOne(t, p, s, "iso-"+randomHex(t, 4))
@@ -115,9 +110,6 @@ func TestProvider_Launch_AppliesIsolation(t *testing.T) {
 
 func TestProvider_Launch_PoolOptions(t *testing.T) {
 	e, p := dockerProvider(t)
-	if p == nil {
-		return
-	}
 	tests := []struct {
 		name    string
 		options map[string]string
@@ -171,9 +163,6 @@ func TestProvider_Launch_PoolOptions(t *testing.T) {
 
 func TestProvider_Launch_UnusableImageFailsFastNamingIt(t *testing.T) {
 	e, p := dockerProvider(t)
-	if p == nil {
-		return
-	}
 	tests := []struct {
 		name  string
 		image string
@@ -199,9 +188,6 @@ func TestProvider_Launch_UnusableImageFailsFastNamingIt(t *testing.T) {
 
 func TestProvider_Launch_RetriedNameReturnsItsContainer(t *testing.T) {
 	e, p := dockerProvider(t)
-	if p == nil {
-		return
-	}
 	name := "again-" + randomHex(t, 4)
 	first := launchOne(t, p, spec("again", imageBusybox), name)
 
@@ -216,9 +202,6 @@ func TestProvider_Launch_RetriedNameReturnsItsContainer(t *testing.T) {
 
 func TestProvider_Stop_RemovesContainerAndLeavesOthersAlone(t *testing.T) {
 	e, p := dockerProvider(t)
-	if p == nil {
-		return
-	}
 	other := newTestEnv(t)
 	mine := launchOne(t, p, spec("stop", imageBusybox), "stop-"+randomHex(t, 4))
 	theirs := launchOne(t, other.open(t), spec("stop", imageBusybox), "stop-"+randomHex(t, 4))
@@ -245,9 +228,6 @@ func TestProvider_Stop_RemovesContainerAndLeavesOthersAlone(t *testing.T) {
 
 func TestProvider_List_IncludesExitedContainers(t *testing.T) {
 	e, p := dockerProvider(t)
-	if p == nil {
-		return
-	}
 	task := launchOne(t, p, spec("exited", imageBusybox), "exited-"+randomHex(t, 4))
 	require.NoError(t, e.cli.ContainerKill(context.Background(), task.ID, "KILL"))
 
@@ -273,9 +253,6 @@ func TestProvider_List_IncludesExitedContainers(t *testing.T) {
 
 func TestProvider_Launch_ConcurrentDifferentImages(t *testing.T) {
 	_, p := dockerProvider(t)
-	if p == nil {
-		return
-	}
 	images := []string{imageBusybox, imageBash}
 	tasks := make([][]providers.Task, len(images))
 	errs := make([]error, len(images))

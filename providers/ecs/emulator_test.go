@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -21,22 +20,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/providers"
 )
-
-// envAWS gates the tests that need the ECS API of the AWS emulator (moto):
-// they run only when it is "1" (make test sets it after starting the
-// emulator), and then fail when the endpoint does not answer. The SDK's
-// default chain points them at AWS_ENDPOINT_URL.
-const envAWS = "QUARRY_TEST_AWS"
 
 // runID and clusterSeq make this run's cluster names unique.
 var (
 	runID      = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff)
 	clusterSeq atomic.Int64
 )
-
-func gated() bool { return os.Getenv(envAWS) == "1" }
 
 // emulator is one test's cluster on the emulator.
 type emulator struct {
@@ -45,24 +37,21 @@ type emulator struct {
 	subnet  string
 }
 
-// newEmulator checks that the endpoint answers, creates a cluster that it
-// deletes when t ends, keeps moto's tasks in the status they are put in
-// (moto otherwise moves a task one status on per describe), and finds a
-// subnet of moto's default VPC (awsvpc tasks need an existing subnet).
-func newEmulator(t *testing.T) *emulator {
+// newEmulator checks that the ECS API at endpoint (AWS_ENDPOINT_URL, which
+// testenv.AWS returns; the SDK's default chain reads it too) answers,
+// creates a cluster that it deletes when t ends, keeps moto's tasks in the
+// status they are put in (moto otherwise moves a task one status on per
+// describe), and finds a subnet of moto's default VPC (awsvpc tasks need an
+// existing subnet). The tests that call it need the emulator: they ask
+// testenv.AWS first.
+func newEmulator(t *testing.T, endpoint string) *emulator {
 	t.Helper()
+	require.NotEmpty(t, endpoint, "the emulator tests need AWS_ENDPOINT_URL (moto): its state manager and EC2 API are not AWS's")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg, err := config.LoadDefaultConfig(ctx)
-	require.NoError(t, err, "load the AWS SDK config")
-	if cfg.Region == "" {
-		cfg.Region = "us-east-1"
-	}
-	c := ecs.NewFromConfig(cfg)
-	_, err = c.ListClusters(ctx, &ecs.ListClustersInput{MaxResults: aws.Int32(1)})
-	require.NoError(t, err, "%s=1 but the ECS endpoint (AWS_ENDPOINT_URL=%q) does not answer", envAWS, os.Getenv("AWS_ENDPOINT_URL"))
-	endpoint := os.Getenv("AWS_ENDPOINT_URL")
-	require.NotEmpty(t, endpoint, "the emulator tests need AWS_ENDPOINT_URL (moto)")
+	c := emulatorClient(t)
+	_, err := c.ListClusters(ctx, &ecs.ListClustersInput{MaxResults: aws.Int32(1)})
+	require.NoError(t, err, "%s=1 but the ECS endpoint (AWS_ENDPOINT_URL=%q) does not answer", testenv.EnvAWS, endpoint)
 
 	postEmulator(t, endpoint+"/moto-api/state-manager/set-transition", "application/json", "",
 		`{"model_name": "ecs::task", "transition": {"progression": "manual", "times": 1000000}}`)
@@ -92,6 +81,18 @@ func newEmulator(t *testing.T) *emulator {
 		}
 	})
 	return e
+}
+
+// emulatorClient returns an ECS client from the SDK's default chain
+// (AWS_ENDPOINT_URL, credentials; region us-east-1 when none is set).
+func emulatorClient(t *testing.T) *ecs.Client {
+	t.Helper()
+	cfg, err := config.LoadDefaultConfig(t.Context())
+	require.NoError(t, err, "load the AWS SDK config")
+	if cfg.Region == "" {
+		cfg.Region = "us-east-1"
+	}
+	return ecs.NewFromConfig(cfg)
 }
 
 // postEmulator posts body to one of the emulator's endpoints (service, when
@@ -124,10 +125,7 @@ func (e *emulator) config() Config {
 }
 
 func TestProvider_Emulator_RoundTrip(t *testing.T) {
-	if !gated() {
-		return // gated: needs the ECS emulator (QUARRY_TEST_AWS=1)
-	}
-	e := newEmulator(t)
+	e := newEmulator(t, testenv.AWS(t))
 	ctx := testCtx(t)
 	spec := testSpec()
 	spec.Pool = "emu-" + runID
@@ -222,10 +220,7 @@ func TestProvider_Emulator_RoundTrip(t *testing.T) {
 }
 
 func TestProvider_Emulator_BadSpecFailsWithLaunchError(t *testing.T) {
-	if !gated() {
-		return // gated: needs the ECS emulator (QUARRY_TEST_AWS=1)
-	}
-	e := newEmulator(t)
+	e := newEmulator(t, testenv.AWS(t))
 	tests := []struct {
 		name   string
 		mutate func(*providers.Spec)

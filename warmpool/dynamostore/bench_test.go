@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/warmpool"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 	"github.com/quarryhq/quarry/warmpool/storetest"
@@ -18,11 +19,9 @@ import (
 // BenchmarkStore_Claim measures one warm claim (the store's share of a warm
 // acquire: p50_ms, p99_ms) beside one raw conditional PutItem on the same
 // endpoint in the same run (put_p50_ms, put_p99_ms), and the DynamoDB
-// calls per claim (calls/claim). Gated like the tests (QUARRY_TEST_AWS=1).
+// calls per claim (calls/claim). Needs a DynamoDB endpoint, like the tests (testenv.AWS).
 func BenchmarkStore_Claim(b *testing.B) {
-	if !gated() {
-		return // gated: needs a DynamoDB endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(b)
 	client := newClient(b)
 	// The emulator can stall for seconds (its transactions copy the tables).
 	cfg := freshTables(b, client, dynamostore.Config{CallTimeout: time.Minute})

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/warmpool"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 )
@@ -35,9 +36,7 @@ func readyTasks(t *testing.T, s *dynamostore.Store, pool string, n int) {
 }
 
 func TestCreateTables_IdempotentAndKeepsShards(t *testing.T) {
-	if !gated() {
-		return // gated: needs a DynamoDB endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(t)
 	client := newClient(t)
 	cfg := freshTables(t, client, dynamostore.Config{Shards: 4})
 	require.NoError(t, dynamostore.CreateTables(t.Context(), client, cfg), "creating existing tables again is a no-op")
@@ -53,9 +52,7 @@ func TestCreateTables_IdempotentAndKeepsShards(t *testing.T) {
 // TestStore_TTLPassedLeaseIsGone: DynamoDB deletes TTL-expired items days
 // late, so reads treat a lease past its TTL as purged already.
 func TestStore_TTLPassedLeaseIsGone(t *testing.T) {
-	if !gated() {
-		return // gated: needs a DynamoDB endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(t)
 	client := newClient(t)
 	cfg := freshTables(t, client, dynamostore.Config{EndedTTL: time.Hour})
 	later := base.Add(2 * time.Hour)
@@ -91,9 +88,7 @@ func TestStore_TTLPassedLeaseIsGone(t *testing.T) {
 // one transaction, at most three calls. With 256 ready tasks over 8 shards
 // no shard runs empty within 16 claims, so every claim is on the happy path.
 func TestStore_Claim_HappyPathCalls(t *testing.T) {
-	if !gated() {
-		return // gated: needs a DynamoDB endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(t)
 	client := newClient(t)
 	s := newStore(t, client, dynamostore.Config{})
 	readyTasks(t, s, "p", 256)
@@ -113,9 +108,7 @@ func TestStore_Claim_HappyPathCalls(t *testing.T) {
 }
 
 func TestStore_GetTask(t *testing.T) {
-	if !gated() {
-		return // gated: needs a DynamoDB endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(t)
 	s := newStore(t, newClient(t), dynamostore.Config{})
 	readyTasks(t, s, "p", 1)
 	recs, err := s.ListTasks(t.Context(), "p")

@@ -13,15 +13,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 )
-
-// envAWS gates the tests that need a DynamoDB endpoint: they run only when
-// it is "1" (make test sets it after starting the emulator), and then fail
-// when the endpoint does not answer. The SDK's default chain points them
-// at it: AWS_ENDPOINT_URL (the emulator, LocalStack) or real AWS, with
-// AWS_REGION and credentials from the environment.
-const envAWS = "QUARRY_TEST_AWS"
 
 // runID makes this run's table names unique, so that runs sharing an
 // endpoint never see each other's data.
@@ -30,11 +24,11 @@ var runID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff)
 // tableSeq numbers the tables of this run.
 var tableSeq atomic.Int64
 
-// gated reports whether the endpoint tests run (QUARRY_TEST_AWS=1).
-func gated() bool { return os.Getenv(envAWS) == "1" }
-
 // newClient returns an SDK client from the default chain, after checking
-// that the endpoint answers.
+// that the endpoint answers. The tests that call it need a DynamoDB
+// endpoint and ask testenv.AWS first: AWS_ENDPOINT_URL (the emulator,
+// LocalStack) or real AWS, with AWS_REGION and credentials from the
+// environment.
 func newClient(t testing.TB) *dynamodb.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -46,7 +40,7 @@ func newClient(t testing.TB) *dynamodb.Client {
 	}
 	c := dynamodb.NewFromConfig(cfg)
 	_, err = c.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
-	require.NoError(t, err, "%s=1 but the DynamoDB endpoint (AWS_ENDPOINT_URL=%q) does not answer", envAWS, os.Getenv("AWS_ENDPOINT_URL"))
+	require.NoError(t, err, "%s=1 but the DynamoDB endpoint (AWS_ENDPOINT_URL=%q) does not answer", testenv.EnvAWS, os.Getenv("AWS_ENDPOINT_URL"))
 	return c
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/warmpool"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 	"github.com/quarryhq/quarry/warmpool/storetest"
@@ -15,9 +16,7 @@ import (
 // subtest, with the race: 10,000 claims by 256 claimers over three
 // replicas, each with its own SDK client.
 func TestStore_Conformance(t *testing.T) {
-	if !gated() {
-		return // gated: needs a DynamoDB endpoint (QUARRY_TEST_AWS=1)
-	}
+	testenv.AWS(t)
 	client := newClient(t)
 	cfgs := map[warmpool.Store]dynamostore.Config{}
 	start := time.Now()
