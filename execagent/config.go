@@ -78,6 +78,12 @@ type Config struct {
 	// of code that embeds the agent). The reaper still reaps untracked
 	// zombie children.
 	NoSubreaper bool `ignored:"true"`
+	// RelaySocket is the path of the gateway's model relay socket, a Unix
+	// socket the provider mounted into the sandbox. When set, the agent
+	// forwards the relay's sandbox routes (/v1/sandboxes/{id}/model/v1/...)
+	// to it without its own authentication: the gateway checks their relay
+	// token (relay.go).
+	RelaySocket string `split_words:"true"`
 }
 
 // DefaultConfig returns the defaults; Token, Workdir and Env are left empty.

@@ -211,9 +211,20 @@ func (s *Server) routes() http.Handler {
 	fenced("PUT "+agentapi.RouteFileArchive, s.handleArchiveUpload)
 	// Unknown routes and wrong methods: authenticate first, then answer in
 	// the ErrorBody shape (the mux's own 404/405 are plain text).
-	mux.Handle("/", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+	notFound := s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return statusError(errNotFound, http.StatusNotFound, agentapi.CodeNotFound, "no route %s %s", r.Method, r.URL.Path)
-	}, false))
+	}, false)
+	mux.Handle("/", notFound)
+	if s.cfg.RelaySocket != "" {
+		relay := newRelayForwarder(s.cfg.RelaySocket)
+		mux.Handle(agentapi.RelayPathPrefix, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !agentapi.IsRelayPath(r.URL.Path) {
+				notFound.ServeHTTP(w, r)
+				return
+			}
+			relay.ServeHTTP(w, r)
+		}))
+	}
 	return mux
 }
 

@@ -41,6 +41,7 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 		{name: "unauthorized", err: errclass.Unauthorized("invalid API key"), status: 401, code: "unauthorized", rockCode: 4000, message: "invalid API key"},
 		{name: "not held", err: fmt.Errorf("acquire: %w", warmpool.ErrLeaseNotHeld), status: 404, code: "not_found", rockCode: 4000, message: "the sandbox not found"},
 		{name: "lease ended", err: &warmpool.LeaseEndedError{State: warmpool.LeaseLost, Reason: "task exited"}, status: 410, code: "gone", rockCode: 4000, message: "the sandbox was lost (task exited)"},
+		{name: "idempotency key reused", err: fmt.Errorf("acquire: %w", warmpool.ErrIdempotencyMismatch), status: 409, code: "conflict", rockCode: 4000, message: "a key makes one sandbox: use a new key"},
 		{name: "store conflict", err: warmpool.ErrConflict, status: 409, code: "conflict", retryable: true, rockCode: 5000, message: "changed concurrently; retry"},
 		{name: "pool full", err: fmt.Errorf("reserve: %w", warmpool.ErrNoCapacity), status: 503, code: "no_capacity", retryable: true, rockCode: 5000,
 			message: "no sandbox available: the pool is at its max_total; retry later"},

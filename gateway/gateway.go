@@ -182,6 +182,19 @@ func (g *Gateway) Serve(ln net.Listener) error {
 	return nil
 }
 
+// ServeRelay serves the model relay's sandbox routes
+// (/v1/sandboxes/{id}/model/v1/..., authenticated by relay tokens) on ln,
+// a Unix socket that providers mount into sandboxes whose network does not
+// reach the gateway (docker.Config.RelayDir); the sandboxes' agents forward
+// their relay calls to it. Every other path answers 404 there. It returns
+// when Shutdown stops the app.
+func (g *Gateway) ServeRelay(ln net.Listener) error {
+	if err := g.app.Listener(g.listener(relayListener{ln})); err != nil {
+		return fmt.Errorf("serve relay socket: %w", err)
+	}
+	return nil
+}
+
 // ServeTLS serves HTTPS on ln with the certificate and key in the given PEM
 // files until Shutdown.
 func (g *Gateway) ServeTLS(ln net.Listener, certFile, keyFile string) error {
@@ -324,7 +337,9 @@ func (g *Gateway) register() {
 func (g *Gateway) observe(c *fiber.Ctx) error {
 	start := time.Now()
 	markServed(c.Context().Conn())
-	if err := c.Next(); err != nil {
+	if err := g.onlyRelay(c); err != nil {
+		g.writeError(c, err)
+	} else if err := c.Next(); err != nil {
 		g.writeError(c, err)
 	}
 	finishBody(c)

@@ -285,13 +285,18 @@ type testAgent struct {
 }
 
 // startAgent runs a real exec agent; it is closed when the test ends.
-func startAgent(t testing.TB) *testAgent {
+// mutate, when given, adjusts its config.
+func startAgent(t testing.TB, mutate ...func(*execagent.Config)) *testAgent {
 	t.Helper()
 	dir := t.TempDir()
-	srv, err := execagent.New(execagent.Config{
+	cfg := execagent.Config{
 		Token: agentToken, Workdir: dir, Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir},
 		NoSubreaper: true,
-	}, testLogger())
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	srv, err := execagent.New(cfg, testLogger())
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -343,7 +343,8 @@ func (g *Gateway) answerModelRequest(c *fiber.Ctx) error {
 		ct = ct[:i]
 	}
 	ct = string(bytes.TrimSpace([]byte(ct)))
-	if ct == "" {
+	if ct == "" || ct == fiber.MIMEApplicationForm {
+		// As every JSON route: no type, or curl -d's default, is JSON.
 		ct = modelservice.ContentTypeJSON
 	}
 	bb, err := readBody(c, g.cfg.MaxJSONBody)

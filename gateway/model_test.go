@@ -84,7 +84,7 @@ func (e *relayEnv) sandbox(id, key, pool string, labels map[string]string) (stri
 	l := e.mgr.addLease(id, key, "", 1)
 	l.Pool, l.Labels = pool, labels
 	e.mgr.put(l)
-	return id, e.svc.LeaseEnv(id)["OPENAI_API_KEY"]
+	return id, e.svc.LeaseEnv(id, "")["OPENAI_API_KEY"]
 }
 
 func (e *relayEnv) relayURL(id, route string) string {
@@ -472,7 +472,7 @@ func TestModel_Models_ListsThePoolModel(t *testing.T) {
 
 func TestModel_LeaseEnv_PointsAtTheRelay(t *testing.T) {
 	svc := newRelayService(t, newFakeManager(""), nil, modelservice.Config{SandboxURL: "http://10.1.2.3:8080/"})
-	env := svc.LeaseEnv("sbx-x")
+	env := svc.LeaseEnv("sbx-x", "")
 	assert.Equal(t, "http://10.1.2.3:8080/v1/sandboxes/sbx-x/model/v1", env["OPENAI_BASE_URL"])
 	assert.True(t, strings.HasPrefix(env["OPENAI_API_KEY"], modelservice.TokenPrefix))
 }
@@ -713,4 +713,19 @@ func TestModel_BadInput_MessagesSayWhatIsWrong(t *testing.T) {
 	got := <-res
 	require.NoError(t, got.err)
 	assert.Equal(t, stream, string(got.body), "delivered verbatim")
+}
+
+// The README's trainer answer, curl -d @completion.json, sends curl's
+// default Content-Type (a form): it is JSON, as on every JSON route.
+func TestModel_Answer_CurlDefaultContentTypeIsJSON(t *testing.T) {
+	e := startRelay(t, nil, nil, modelservice.Config{})
+	id, token := e.sandbox("sbx-a", testKey, "default", nil)
+	res := agentCall(context.Background(), e.relayURL(id, "chat/completions"), token, []byte(`{}`))
+	r := e.claim(t, testKey, 1, "")[0]
+	resp, b := e.respond(t, testKey, r.ID, "", "application/x-www-form-urlencoded", modeltest.ChatCompletion("c", "m", "from curl"))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	got := <-res
+	require.NoError(t, got.err)
+	assert.Equal(t, http.StatusOK, got.status)
+	assert.Contains(t, string(got.body), "from curl")
 }

@@ -329,7 +329,7 @@ func sweep(t *testing.T, gw *fullGateway, doc apiDoc, name, id string, over map[
 		case "apiKey":
 			tc.key = testKey
 		case "relayToken":
-			tc.key = gw.relay.LeaseEnv(id)["OPENAI_API_KEY"]
+			tc.key = gw.relay.LeaseEnv(id, "")["OPENAI_API_KEY"]
 		}
 		if strings.HasSuffix(o.Path, "/env/step") {
 			tc.body = `{"action": 1}` // a step without an action is refused before the lease is read

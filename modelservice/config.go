@@ -62,8 +62,13 @@ const (
 type Config struct {
 	// SandboxURL is the gateway's base URL as sandboxes reach it
 	// (QUARRY_SANDBOX_GATEWAY_URL, required): OPENAI_BASE_URL is
-	// SandboxURL + "/v1/sandboxes/{id}/model/v1".
+	// SandboxURL + "/v1/sandboxes/{id}/model/v1", unless the sandbox's
+	// provider names a relay URL of its own (LeaseEnv).
 	SandboxURL string `envconfig:"QUARRY_SANDBOX_GATEWAY_URL"`
+	// SandboxURLFixed makes every lease use SandboxURL, even where the
+	// provider names a relay URL of its own: cmd/gateway sets it when
+	// QUARRY_SANDBOX_GATEWAY_URL is set explicitly.
+	SandboxURLFixed bool `ignored:"true"`
 	// Timeout is how long an agent's call waits for its answer unless its
 	// pool sets model.timeout_seconds (default 600 s).
 	Timeout time.Duration `envconfig:"QUARRY_RELAY_TIMEOUT"`

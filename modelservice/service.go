@@ -133,10 +133,17 @@ func (s *Service) Config() Config { return s.cfg }
 
 // LeaseEnv returns the variables that point a lease's commands at its
 // relay: OPENAI_BASE_URL and OPENAI_API_KEY (the lease's relay token). It
-// is warmpool.Deps.LeaseEnv.
-func (s *Service) LeaseEnv(leaseID string) map[string]string {
+// is warmpool.Deps.LeaseEnv. relayURL is where the lease's sandbox reaches
+// the relay from inside (its agent's forwarder, providers.SandboxRelay);
+// "" means Config.SandboxURL, the gateway's address. With
+// Config.SandboxURLFixed, Config.SandboxURL is used whatever relayURL says.
+func (s *Service) LeaseEnv(leaseID, relayURL string) map[string]string {
+	base := s.cfg.SandboxURL
+	if relayURL != "" && !s.cfg.SandboxURLFixed {
+		base = relayURL
+	}
 	return map[string]string{
-		"OPENAI_BASE_URL": s.cfg.SandboxURL + fmt.Sprintf(sandboxRelayPathPattern, leaseID),
+		"OPENAI_BASE_URL": base + fmt.Sprintf(sandboxRelayPathPattern, leaseID),
 		"OPENAI_API_KEY":  s.tokens.Token(leaseID),
 	}
 }

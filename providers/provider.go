@@ -169,6 +169,20 @@ type Provider interface {
 	List(ctx context.Context, pool string) ([]Task, error)
 }
 
+// SandboxRelay is implemented by providers whose sandboxes may not share
+// the gateway's network (a Docker bridge: a container's 127.0.0.1 is its
+// own). SandboxRelayURL returns the base URL at which the sandboxes of spec
+// reach the gateway's model relay from inside, usually their agent's relay
+// forwarder on 127.0.0.1, or "" when they reach the gateway's own address.
+// The gateway names it in each lease's OPENAI_BASE_URL.
+type SandboxRelay interface {
+	SandboxRelayURL(spec Spec) string
+}
+
+// RelaySocketName is the name of the gateway's model relay socket in the
+// directory a provider mounts into its sandboxes (docker.Config.RelayDir).
+const RelaySocketName = "relay.sock"
+
 // Closer is implemented by providers that hold resources (clients,
 // background goroutines) to release when the gateway shuts down. Closing a
 // provider never stops its tasks: leases outlive a gateway process.

@@ -69,6 +69,9 @@ cat <<MSG
     curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"env_id":"guess"}' \$QUARRY_URL/v1/envs
     curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"seed":42}' \$QUARRY_URL/v1/sandboxes/<id>/env/reset
     curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"action":50}' \$QUARRY_URL/v1/sandboxes/<id>/env/step
+  the model relay (docs/MODELSERVICE.md): an OpenAI client in any sandbox works as it is
+  (OPENAI_BASE_URL and OPENAI_API_KEY are set); the trainer claims and answers its calls:
+    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" "\$QUARRY_URL/v1/model/requests?wait_ms=20000"
 
   Ctrl-C stops the gateway (sandboxes keep running; 'make clean' stops them).
 

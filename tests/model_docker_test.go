@@ -5,7 +5,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 
 	"github.com/docker/docker/api/types/network"
@@ -22,47 +21,43 @@ import (
 // baked into quarry-test/python (scripts/images/python.sh), calls the relay
 // of a gateway on the Docker provider and a trainer loop answers.
 //
-// How a container reaches the gateway, which the process-provider test gets
-// for free (its sandboxes share the host's loopback):
-//   - "own bridge": the test creates a Docker network of its own and starts
-//     the gateway listening on that network's gateway address (the host's
-//     end of the bridge, e.g. 172.18.0.1) instead of 127.0.0.1. Its default
-//     QUARRY_SANDBOX_GATEWAY_URL, http://QUARRY_ADDR, is then what the
-//     containers reach; the test client and the trainer use the same
-//     address, the gateway reaches the agents on their ports published on
-//     127.0.0.1. Nothing listens on an outside interface.
+// The gateway runs as `make run` starts it: on 127.0.0.1, with nothing of
+// the relay configured. How a container reaches the relay:
+//   - "default bridge" (no network option: Docker's bridge) and "own
+//     bridge" (a network the test creates): the container's 127.0.0.1 is
+//     its own, so OPENAI_BASE_URL names the container's agent,
+//     http://127.0.0.1:8000/..., which forwards the calls to the gateway's
+//     relay socket, mounted into the container. No path from the container
+//     to the gateway's network exists or is needed.
 //   - "host network": the pool's containers share the host's network
-//     (pool option network: host), so the gateway stays on 127.0.0.1.
+//     (pool option network: host), so OPENAI_BASE_URL is the gateway's own
+//     address, as for process sandboxes.
 
 // dockerImagePython is Debian bookworm with python3 and the openai package
 // in its site directory (scripts/images/build.sh builds it).
 const dockerImagePython = "quarry-test/python:latest"
 
 // dockerPythonPool is one pool of dockerImagePython on Docker network
-// netName ("host", or a network's name).
+// netName ("host", or a network's name; "": the provider's default).
 func dockerPythonPool(netName string) string {
-	return fmt.Sprintf(`pools:
+	pool := fmt.Sprintf(`pools:
   - name: py
     image: %s
     cpu: 1
     memory: 512Mi
     min_warm: 1
     max_total: 2
-    options:
-      network: %q
-`, dockerImagePython, netName)
-}
-
-// withAddr makes the gateway listen on addr instead of a free loopback
-// port.
-func withAddr(addr string) gwOption {
-	return func(g *gatewayProc) { g.addr = addr }
+`, dockerImagePython)
+	if netName != "" {
+		pool += fmt.Sprintf("    options:\n      network: %q\n", netName)
+	}
+	return pool
 }
 
 // ownNetwork creates a bridge network for the test's containers, labelled
-// with its gateway id, and returns its name and the host's address on it.
+// with its gateway id, and returns its name.
 // Cleanup removes the test's containers, then the network.
-func (d *dockerTest) ownNetwork() (name, hostIP string) {
+func (d *dockerTest) ownNetwork() (name string) {
 	d.t.Helper()
 	c, cancel := context.WithTimeout(context.Background(), dockerWait)
 	defer cancel()
@@ -80,15 +75,7 @@ func (d *dockerTest) ownNetwork() (name, hostIP string) {
 			d.t.Errorf("remove network %s: %v", name, err)
 		}
 	})
-	info, err := d.cli.NetworkInspect(c, created.ID, network.InspectOptions{})
-	require.NoError(d.t, err)
-	for _, cfg := range info.IPAM.Config {
-		if ip := net.ParseIP(cfg.Gateway); ip != nil && ip.To4() != nil {
-			return name, cfg.Gateway
-		}
-	}
-	d.t.Fatalf("network %s has no IPv4 gateway address: %+v", name, info.IPAM.Config)
-	return "", ""
+	return name
 }
 
 // containerWithFile returns the id of the test's running container of pool
@@ -105,45 +92,40 @@ func (d *dockerTest) containerWithFile(ctx context.Context, pool, path string) s
 	return found[0]
 }
 
-// freeAddrOn returns host:port with a port that was free on host.
-func freeAddrOn(t *testing.T, host string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func TestModelRelay_OpenAIClientInDockerSandbox_TrainerAnswers(t *testing.T) {
 	needDocker(t, dockerImagePython)
 	tests := []struct {
-		name string
-		host bool // the pool on the host's network; else on a bridge of the test's own
+		name    string
+		network string // "own": a network the test creates
 	}{
-		{name: "own bridge", host: false},
-		{name: "host network", host: true},
+		{name: "default bridge", network: ""},
+		{name: "own bridge", network: "own"},
+		{name: "host network", network: "host"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := requireDocker(t)
 
-			netName, opts := "host", []gwOption(nil)
-			if !tt.host {
-				var hostIP string
-				netName, hostIP = d.ownNetwork()
-				opts = append(opts, withAddr(freeAddrOn(t, hostIP)))
+			netName := tt.network
+			if netName == "own" {
+				netName = d.ownNetwork()
 			}
-			g := d.startGateway(dockerPythonPool(netName), opts...)
+			g := d.startGateway(dockerPythonPool(netName))
 			g.waitReady("py", 1)
 			c := g.client()
 			ctx := ctx(t)
 			sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "py", Labels: map[string]string{"run": "relay-docker"}})
 			require.NoError(t, err)
 
-			// It is a container of the Python image on the pool's network,
-			// and its relay URL is the gateway's address.
+			// It is a container of the Python image on the pool's network;
+			// its relay URL is its agent's forwarder (on a bridge) or the
+			// gateway's own address (on the host's network).
 			base, _ := relayTokenOf(ctx, t, c, sbx.ID)
-			assert.Equal(t, g.url()+"/v1/sandboxes/"+sbx.ID+"/model/v1", base)
+			relayHost := "http://127.0.0.1:8000"
+			if netName == "host" {
+				relayHost = g.url()
+			}
+			assert.Equal(t, relayHost+"/v1/sandboxes/"+sbx.ID+"/model/v1", base)
 			// (Its hostname is the host's on the host network: a file marks it.)
 			marker := "/tmp/quarry-" + sbx.ID
 			res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Argv: []string{"touch", marker}, TimeoutMS: 30000})
@@ -152,6 +134,9 @@ func TestModelRelay_OpenAIClientInDockerSandbox_TrainerAnswers(t *testing.T) {
 			info, err := d.cli.ContainerInspect(ctx, d.containerWithFile(ctx, "py", marker))
 			require.NoError(t, err)
 			assert.Equal(t, dockerImagePython, info.Config.Image)
+			if netName == "" {
+				netName = "bridge"
+			}
 			assert.Equal(t, netName, string(info.HostConfig.NetworkMode))
 
 			tctx, stop := context.WithCancel(ctx)

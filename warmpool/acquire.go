@@ -35,7 +35,9 @@ const (
 //
 // With an IdempotencyKey that the owner has used before, Acquire returns
 // that lease and replayed = true, never a second sandbox, also when two
-// such requests race (a task launched by the loser goes back to the pool).
+// such requests race (a task launched by the loser goes back to the pool);
+// ErrIdempotencyMismatch when the key's lease was made by a different
+// request (AcquireRequest.Digest).
 // Safe for concurrent use.
 func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (lease Lease, replayed bool, err error) {
 	start := time.Now()
@@ -44,6 +46,9 @@ func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (lease Lease,
 		return Lease{}, false, err
 	}
 	l, outcome, err := m.acquire(ContextWithCaller(ctx, CallerAcquire), p, req, dur)
+	if err == nil && outcome == outcomeReplayed && l.RequestDigest != "" && l.RequestDigest != req.Digest() {
+		err = fmt.Errorf("key %q made sandbox %s: %w", req.IdempotencyKey, l.ID, ErrIdempotencyMismatch)
+	}
 	p.poke()
 	if err != nil {
 		outcome = outcomeError
@@ -139,18 +144,22 @@ func (m *Manager) claimRequest(p *pool, req AcquireRequest, dur time.Duration, t
 	id := NewLeaseID()
 	env := maps.Clone(req.Env)
 	if m.leaseEnv != nil {
-		if extra := m.leaseEnv(id); len(extra) > 0 {
+		if extra := m.leaseEnv(id, p.relayURL); len(extra) > 0 {
 			if env == nil {
 				env = map[string]string{}
 			}
 			maps.Copy(env, extra)
 		}
 	}
+	var digest string
+	if req.IdempotencyKey != "" {
+		digest = req.Digest()
+	}
 	return ClaimRequest{
 		Pool: p.cfg.Name, TaskID: taskID, Now: now,
 		Lease: Lease{
 			ID: id, Owner: req.Owner, Labels: maps.Clone(req.Labels), Env: env,
-			IdempotencyKey: req.IdempotencyKey, Duration: dur, CreatedAt: now, ExpiresAt: now.Add(dur),
+			IdempotencyKey: req.IdempotencyKey, RequestDigest: digest, Duration: dur, CreatedAt: now, ExpiresAt: now.Add(dur),
 		},
 	}
 }

@@ -196,7 +196,7 @@ func (m *Manager) taskGone(ctx context.Context, l Lease) (string, error) {
 func (m *Manager) present(l Lease) Lease {
 	if l.State == LeaseActive && !l.ExpiresAt.After(m.clock.Now()) {
 		l.State = LeaseExpired
-		l.Reason = "not renewed before it expired"
+		l.Reason = ReasonNotRenewed
 		l.EndedAt = l.ExpiresAt
 	}
 	return l

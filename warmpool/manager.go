@@ -32,8 +32,11 @@ type Deps struct {
 	// LeaseEnv, when set, returns variables added to a new lease's env
 	// (under the request's own, which it overrides): per-lease settings that
 	// depend on the lease id, such as the model relay's URL and token. It is
-	// called once per lease id, before the claim.
-	LeaseEnv func(leaseID string) map[string]string
+	// called once per lease id, before the claim. relayURL is where the
+	// pool's sandboxes reach the model relay from inside
+	// (providers.SandboxRelay), or "" when they reach the gateway's own
+	// address.
+	LeaseEnv func(leaseID, relayURL string) map[string]string
 }
 
 // Manager runs the warm pools: it hands out leases (Acquire), renews and
@@ -52,7 +55,7 @@ type Manager struct {
 	agents    Agents
 	log       *slog.Logger
 	clock     clock.Clock
-	leaseEnv  func(string) map[string]string
+	leaseEnv  func(leaseID, relayURL string) map[string]string
 	metrics   *metrics
 	pools     map[string]*pool // fixed after New
 	names     []string         // pool names in configuration order

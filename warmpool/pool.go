@@ -17,6 +17,7 @@ type pool struct {
 	cfg      PoolConfig
 	provider providers.Provider
 	spec     providers.Spec
+	relayURL string // providers.SandboxRelay's answer for spec ("": the gateway's own address)
 	log      *slog.Logger
 	wake     chan struct{} // buffered 1: wakes the reconciler
 	changed  notifier      // a task became ready or a slot was freed
@@ -37,13 +38,19 @@ func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger) *pool {
 	// The provider attaches the quarry.* labels itself (the gateway id from
 	// its own config); the spec carries only the pool's own labels.
 	labels := maps.Clone(cfg.Labels)
+	spec := providers.Spec{
+		Pool: cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMB: int(cfg.Memory),
+		Env: maps.Clone(cfg.Env), Labels: labels, Options: cfg.ProviderOptions(),
+	}
+	var relayURL string
+	if r, ok := prov.(providers.SandboxRelay); ok {
+		relayURL = r.SandboxRelayURL(spec)
+	}
 	return &pool{
-		cfg:      cfg,
-		provider: prov,
-		spec: providers.Spec{
-			Pool: cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMB: int(cfg.Memory),
-			Env: maps.Clone(cfg.Env), Labels: labels, Options: cfg.ProviderOptions(),
-		},
+		cfg:        cfg,
+		provider:   prov,
+		spec:       spec,
+		relayURL:   relayURL,
 		log:        log.With("pool", cfg.Name),
 		wake:       make(chan struct{}, 1),
 		coldStarts: map[string]bool{},

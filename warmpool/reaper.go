@@ -37,7 +37,7 @@ func (m *Manager) reap(ctx context.Context) {
 		g.Go(func() error {
 			sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 			done := m.cache.writeLease(l.ID)
-			ended, err := m.store.EndLease(sctx, l.ID, LeaseEnd{State: LeaseExpired, Reason: "not renewed before it expired", Now: now, OnlyIfExpired: true})
+			ended, err := m.store.EndLease(sctx, l.ID, LeaseEnd{State: LeaseExpired, Reason: ReasonNotRenewed, Now: now, OnlyIfExpired: true})
 			done()
 			cancel()
 			switch {

@@ -26,6 +26,10 @@ var (
 	ErrUnavailable = errors.New("lease store unavailable")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("store closed")
+	// ErrIdempotencyMismatch: an idempotency key was reused with a request
+	// other than the one that made its lease (another pool, lease_seconds,
+	// env or labels). Nothing was leased; the caller needs a new key.
+	ErrIdempotencyMismatch = errors.New("the idempotency key was first used with a different request")
 )
 
 // TaskState is the warm pool's view of one task.
@@ -100,6 +104,10 @@ type Lease struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	Env            map[string]string `json:"env,omitempty"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	// RequestDigest, with an IdempotencyKey, is the digest of the request
+	// that made the lease (AcquireRequest.Digest): a replay of the key with
+	// another request is refused (ErrIdempotencyMismatch).
+	RequestDigest string `json:"request_digest,omitempty"`
 	// Duration is how far each heartbeat moves ExpiresAt.
 	Duration  time.Duration `json:"duration"`
 	CreatedAt time.Time     `json:"created_at"`
@@ -127,6 +135,9 @@ func (l Lease) Ended(now time.Time) *LeaseEndedError {
 	return &LeaseEndedError{State: state, Reason: l.Reason}
 }
 
+// ReasonNotRenewed is the reason recorded with a lease that expired.
+const ReasonNotRenewed = "its lease was not renewed before expires_at"
+
 // LeaseEndedError says how a lease ended: its final state and the reason
 // recorded with it. It matches ErrLeaseEnded (errors.Is).
 type LeaseEndedError struct {
@@ -152,7 +163,7 @@ type ClaimRequest struct {
 	// it launched); it must be ready or launching, and in Pool.
 	TaskID string
 	// Lease is the lease to create. ID, Owner, Duration, ExpiresAt, Labels,
-	// Env and IdempotencyKey are taken from it; the store fills TaskID,
+	// Env, IdempotencyKey and RequestDigest are taken from it; the store fills TaskID,
 	// Generation, AgentURL, AgentToken, State and Version.
 	Lease Lease
 	Now   time.Time

@@ -1,6 +1,9 @@
 package warmpool
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"strings"
 )
 
@@ -78,4 +81,18 @@ type AcquireRequest struct {
 	Env            map[string]string
 	Labels         map[string]string
 	IdempotencyKey string
+}
+
+// Digest is a digest of what the request asks for (pool, lease seconds as
+// asked, env and labels), kept with a lease made under an idempotency key
+// (Lease.RequestDigest) so that a replay can be checked against it.
+func (r AcquireRequest) Digest() string {
+	b, _ := json.Marshal(struct {
+		Pool         string            `json:"pool"`
+		LeaseSeconds int               `json:"lease_seconds"`
+		Env          map[string]string `json:"env"`
+		Labels       map[string]string `json:"labels"`
+	}{r.Pool, r.LeaseSeconds, r.Env, r.Labels}) // map keys sorted: canonical
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
 }

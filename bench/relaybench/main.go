@@ -308,7 +308,7 @@ func measureRelay(ctx context.Context, name string, open, other func() (modelser
 		}
 		defer b.close()
 	}
-	env := a.svc.LeaseEnv("sbx-bench")
+	env := a.svc.LeaseEnv("sbx-bench", "")
 	url, token := env["OPENAI_BASE_URL"]+"/chat/completions", env["OPENAI_API_KEY"]
 	tr := &modeltest.Trainer{URL: b.url, Key: benchKey, HTTP: httpClient}
 	answer := modeltest.ChatCompletion("chatcmpl-bench", "policy", "ok")
@@ -377,7 +377,7 @@ func measurePassthrough(ctx context.Context, n int) (result, error) {
 		return result{}, err
 	}
 	defer rep.close()
-	env := rep.svc.LeaseEnv("sbx-pass")
+	env := rep.svc.LeaseEnv("sbx-pass", "")
 	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"one two three"}]}`)
 	ttfb := func(url, token string) (time.Duration, error) {
 		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
@@ -452,7 +452,7 @@ func measureFanIn(ctx context.Context, name string, open func() (modelservice.Br
 	for i := range agents {
 		id := fmt.Sprintf("sbx-%05d", i)
 		ls.add(id, "default")
-		env := rep.svc.LeaseEnv(id)
+		env := rep.svc.LeaseEnv(id, "")
 		agents[i] = agent{env["OPENAI_BASE_URL"] + "/chat/completions", env["OPENAI_API_KEY"]}
 	}
 	body := []byte(`{"model":"policy","messages":[{"role":"user","content":"fan in"}]}`)

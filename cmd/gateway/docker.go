@@ -30,8 +30,9 @@ func makeDockerProvider(cfg Config, log *slog.Logger) (providers.Provider, error
 // docker.Config from QUARRY_DOCKER_* (its tags name the variables; unset
 // ones take docker.Config's defaults), and the gateway's own configuration
 // gives the agent binary (QUARRY_AGENT_BINARY, made absolute), the gateway
-// id (QUARRY_GATEWAY_ID) and the token key file's default place,
-// $QUARRY_DATA_DIR/docker/token.key.
+// id (QUARRY_GATEWAY_ID), the token key file's default place,
+// $QUARRY_DATA_DIR/docker/token.key, and the model relay socket's
+// directory (relayDir), which containers get mounted.
 func dockerConfig(cfg Config) (docker.Config, error) {
 	var dc docker.Config
 	if err := envconfig.Process("", &dc); err != nil {
@@ -48,5 +49,8 @@ func dockerConfig(cfg Config) (docker.Config, error) {
 		dc.TokenKeyFile = filepath.Join(cfg.DataDir, "docker", "token.key")
 	}
 	dc.GatewayID = cfg.ManagerConfig.WithDefaults().GatewayID
+	if dc.RelayDir, err = relayDir(cfg.DataDir); err != nil {
+		return dc, err
+	}
 	return dc, nil
 }

@@ -171,7 +171,7 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer st.close(ctx)
-	return serve(ctx, st.cfg, st.gw, st.keySource, out, log)
+	return serve(ctx, st, out, log)
 }
 
 // loadConfig reads and validates the QUARRY_* configuration and builds the
@@ -196,6 +196,7 @@ type stack struct {
 	gw        *gateway.Gateway
 	mgr       *warmpool.Manager
 	keySource string // where the API key comes from, for the start-up line
+	relayDir  string // the relay socket's directory, when a provider mounts it ("": no socket)
 	log       *slog.Logger
 	closers   []func(ctx context.Context) // run in reverse order by close
 }
@@ -272,6 +273,15 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 		return nil, err
 	}
 	st.closers = append(st.closers, func(context.Context) { closeProviders(provs, log) })
+	for _, prov := range provs {
+		if _, ok := prov.(providers.SandboxRelay); ok && background {
+			// A provider whose sandboxes reach the relay through their
+			// agent gets the relay socket (serve listens on it).
+			if st.relayDir, err = relayDir(cfg.DataDir); err != nil {
+				return nil, err
+			}
+		}
+	}
 
 	agentHTTP := &http.Client{
 		Timeout:   30 * time.Second,
@@ -316,20 +326,39 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 }
 
 // serve listens on QUARRY_ADDR until ctx is done, then shuts the gateway down.
-func serve(ctx context.Context, cfg Config, gw *gateway.Gateway, keySource string, out io.Writer, log *slog.Logger) error {
+func serve(ctx context.Context, st *stack, out io.Writer, log *slog.Logger) error {
+	cfg, gw := st.cfg, st.gw
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("QUARRY_ADDR: listen on %s: %w", cfg.Addr, err)
 	}
+	var rln net.Listener
+	if st.relayDir != "" {
+		// After QUARRY_ADDR: a second gateway on a busy address must not
+		// take the first one's socket.
+		if rln, err = listenRelay(st.relayDir); err != nil {
+			_ = ln.Close()
+			return err
+		}
+		// A later gateway makes it again; containers see it through their
+		// mount of the directory.
+		defer removeRelaySocket(st.relayDir, log)
+	}
 	scheme := "http"
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
+	servers := 1
 	if cfg.TLSCertFile != "" {
 		scheme = "https"
 		go func() { errc <- gw.ServeTLS(ln, cfg.TLSCertFile, cfg.TLSKeyFile) }()
 	} else {
 		go func() { errc <- gw.Serve(ln) }()
 	}
-	fmt.Fprintf(out, "quarry gateway serving on %s://%s (API key: %s)\n", scheme, ln.Addr(), keySource)
+	if rln != nil {
+		servers++
+		go func() { errc <- gw.ServeRelay(rln) }()
+		log.Info("model relay socket for sandboxes", "path", rln.Addr().String())
+	}
+	fmt.Fprintf(out, "quarry gateway serving on %s://%s (API key: %s)\n", scheme, ln.Addr(), st.keySource)
 
 	select {
 	case err := <-errc:
@@ -339,11 +368,11 @@ func serve(ctx context.Context, cfg Config, gw *gateway.Gateway, keySource strin
 	log.Info("shutting down: finishing requests in flight", "timeout", cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
-	shutdownErr := gw.Shutdown(sctx)
-	if err := <-errc; err != nil {
-		return err
+	err = gw.Shutdown(sctx)
+	for range servers {
+		err = errors.Join(err, <-errc)
 	}
-	return shutdownErr
+	return err
 }
 
 // loadOrCreateKey returns the API key saved in dir/api-key, generating and

@@ -92,6 +92,10 @@ func newModelRelay(ctx context.Context, dataDir, addr string, pools []warmpool.P
 		return nil, nil, err
 	}
 	log = log.With("component", "model-relay")
+	// Set explicitly, it is every sandbox's relay address; else sandboxes
+	// whose provider names an address of its own (Docker: the agent's
+	// forwarder to the relay socket) use that.
+	rc.SandboxURLFixed = rc.SandboxURL != ""
 	if rc.SandboxURL == "" {
 		u, err := sandboxURL(addr)
 		if err != nil {

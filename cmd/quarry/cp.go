@@ -47,7 +47,7 @@ func runCopy(ctx context.Context, c *cli, args []string) error {
 		return errors.New("sandbox cp: exactly one of SRC and DST must be ID:PATH")
 	}
 	if dstRemote {
-		if err := upload(ctx, cl, pos[0], dstID, dstPath); err != nil {
+		if err := c.upload(ctx, cl, pos[0], dstID, dstPath); err != nil {
 			return fmt.Errorf("copy %s to %s: %w", pos[0], pos[1], err)
 		}
 		return nil
@@ -58,8 +58,16 @@ func runCopy(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
-// upload copies the local file or directory src to remote in sandbox id.
-func upload(ctx context.Context, cl *client.Client, src, id, remote string) error {
+// upload copies the local file or directory src to remote in sandbox id;
+// src "-" is standard input, written as one file (mode 0644).
+func (c *cli) upload(ctx context.Context, cl *client.Client, src, id, remote string) error {
+	if src == stdio {
+		if remote == "" || strings.HasSuffix(remote, "/") {
+			return errors.New("sandbox cp: from standard input the destination must name a file, not a directory")
+		}
+		_, err := cl.WriteFile(ctx, id, remote, 0o644, c.stdin)
+		return err
+	}
 	st, err := os.Stat(src)
 	if err != nil {
 		return err
@@ -110,11 +118,32 @@ func upload(ctx context.Context, cl *client.Client, src, id, remote string) erro
 	return err
 }
 
-// download copies remote in sandbox id to the local path dst.
+// stdio is the local path "-": standard output as a destination,
+// standard input as a source.
+const stdio = "-"
+
+// download copies remote in sandbox id to the local path dst; dst "-" is
+// standard output: a file's bytes, or a directory as a tar.
 func (c *cli) download(ctx context.Context, cl *client.Client, id, remote, dst string) error {
 	fi, err := cl.Stat(ctx, id, remote)
 	if err != nil {
 		return fmt.Errorf("stat %s: %w", remote, err)
+	}
+	if dst == stdio {
+		var rc io.ReadCloser
+		if fi.IsDir {
+			rc, err = cl.DownloadArchive(ctx, id, remote, false)
+		} else {
+			rc, err = cl.ReadFile(ctx, id, remote, 0, 0)
+		}
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		if _, err := io.Copy(c.stdout, rc); err != nil {
+			return fmt.Errorf("write to standard output: %w", err)
+		}
+		return nil
 	}
 	if st, err := os.Stat(dst); err == nil && st.IsDir() {
 		if base := path.Base(remote); base != "/" && base != "." {

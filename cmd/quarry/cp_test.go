@@ -4,7 +4,9 @@ import (
 	"archive/tar"
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -319,4 +321,40 @@ func TestExtractTar_SkipsOtherEntryTypes(t *testing.T) {
 		"abs":   {kind: "dir", mode: 0o755},
 		"abs/f": {kind: "file", mode: 0o600, data: digestOf([]byte("xxx"))},
 	}, readLocal(t, dst), "a leading slash is made relative to the destination")
+}
+
+// "-" is standard output as a destination (a file's bytes, a directory as
+// a tar) and standard input as a source; it never becomes a file named "-".
+func TestRun_SandboxCp_DashIsStandardInputAndOutput(t *testing.T) {
+	f := newFakeGateway(t)
+	id := f.mustCreate(t)
+	data := "\x00\x01\xffbinary\n"
+	cwd := t.TempDir()
+	t.Chdir(cwd)
+
+	res := f.cli(t, data, "sandbox", "cp", "-", id+":/data/in.bin")
+	require.Equal(t, result{"", "", 0}, res)
+	res = f.cli(t, "", "sandbox", "cp", id+":/data/in.bin", "-")
+	assert.Equal(t, result{data, "", 0}, res, "the file's bytes on standard output")
+
+	res = f.cli(t, "", "sandbox", "cp", id+":/data", "-")
+	require.Equal(t, 0, res.code, res.stderr)
+	tr := tar.NewReader(strings.NewReader(res.stdout))
+	var names []string
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		names = append(names, h.Name)
+	}
+	assert.Contains(t, names, "in.bin", "a directory arrives as a tar: %v", names)
+
+	res = f.cli(t, data, "sandbox", "cp", "-", id+":/data/")
+	assert.Equal(t, 1, res.code)
+	assert.Contains(t, res.stderr, "the destination must name a file")
+	entries, err := os.ReadDir(cwd)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "no file named - was made")
 }

@@ -395,3 +395,30 @@ func TestExitCode(t *testing.T) {
 		})
 	}
 }
+
+// ls shows active sandboxes unless asked for more.
+func TestRun_SandboxLs_ActiveUnlessAll(t *testing.T) {
+	f := newFakeGateway(t)
+	a := f.mustCreate(t)
+	b := f.mustCreate(t)
+	res := f.cli(t, "", "sandbox", "rm", a)
+	require.Equal(t, 0, res.code, res.stderr)
+
+	res = f.cli(t, "", "sandbox", "ls", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	assert.Contains(t, res.stdout, `"id": "`+b+`"`)
+	assert.NotContains(t, res.stdout, `"id": "`+a+`"`, "a released sandbox is not listed by default")
+
+	res = f.cli(t, "", "sandbox", "ls", "--all", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	assert.Contains(t, res.stdout, `"id": "`+a+`"`)
+	assert.Contains(t, res.stdout, `"id": "`+b+`"`)
+
+	res = f.cli(t, "", "sandbox", "ls", "--state", "released", "--json")
+	require.Equal(t, 0, res.code, res.stderr)
+	assert.Contains(t, res.stdout, `"id": "`+a+`"`)
+	assert.NotContains(t, res.stdout, `"id": "`+b+`"`)
+
+	res = f.cli(t, "", "sandbox", "ls", "--all", "--state", "active")
+	assert.Equal(t, result{"", "quarry: sandbox ls: --all and --state exclude each other\n", 1}, res)
+}

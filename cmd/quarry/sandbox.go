@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/client"
 )
 
@@ -20,13 +21,13 @@ func sandboxCommands() []command {
 	return []command{
 		{"create", "quarry sandbox create [--pool default] [--lease-seconds N] [--env K=V]… [--label K=V]… [--idempotency-key K] [--json]",
 			"lease a sandbox and print its id", runCreate},
-		{"ls", "quarry sandbox ls [--pool P] [--state S] [--label K=V]… [--json]", "list your sandboxes", runList},
+		{"ls", "quarry sandbox ls [--all | --state S] [--pool P] [--label K=V]… [--json]", "list your active sandboxes (--all: ended ones too)", runList},
 		{"get", "quarry sandbox get [--json] ID", "show one sandbox", runGet},
 		{"heartbeat", "quarry sandbox heartbeat [--json] ID", "renew a sandbox's lease", runHeartbeat},
 		{"exec", "quarry sandbox exec [-i] [--timeout D] [--env K=V]… [--cwd DIR] ID -- CMD ARGS…\n       quarry sandbox exec [flags] ID 'SHELL STRING'",
 			"run a command, streaming its output; exits with its status", runExec},
 		{"shell", "quarry sandbox shell [--timeout D] [--env K=V]… [--cwd DIR] ID", "an interactive session (Ctrl-D ends it)", runShell},
-		{"cp", "quarry sandbox cp LOCAL ID:REMOTE\n       quarry sandbox cp ID:REMOTE LOCAL", "copy a file or a directory in or out", runCopy},
+		{"cp", "quarry sandbox cp LOCAL ID:REMOTE\n       quarry sandbox cp ID:REMOTE LOCAL\n       (LOCAL - is standard input or output: a file's bytes, a directory as a tar)", "copy a file or a directory in or out", runCopy},
 		{"rm", "quarry sandbox rm ID…", "release sandboxes", runRemove},
 	}
 }
@@ -129,13 +130,20 @@ func runCreate(ctx context.Context, c *cli, args []string) error {
 func runList(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("sandbox ls")
 	pool := fs.String("pool", "", "only sandboxes of this pool")
-	state := fs.String("state", "", "only sandboxes in this state (active, released, expired, lost)")
+	state := fs.String("state", "", "only sandboxes in this state (active, released, expired, lost; default active)")
+	all := fs.Bool("all", false, "sandboxes in every state, ended ones included (kept for QUARRY_LEASE_RETENTION)")
 	labels := kvFlag{}
 	fs.Var(labels, "label", "only sandboxes with this K=V label (repeatable)")
 	asJSON := fs.Bool("json", false, "print the sandboxes as JSON")
 	_, cl, err := c.start(fs, "ls", args, 0, 0)
 	if err != nil {
 		return err
+	}
+	switch {
+	case *all && *state != "":
+		return errors.New("sandbox ls: --all and --state exclude each other")
+	case !*all && *state == "":
+		*state = api.StateActive
 	}
 	sbs, err := cl.ListSandboxes(ctx, client.ListSandboxesRequest{Pool: *pool, State: *state, Labels: labels})
 	if err != nil {

@@ -316,6 +316,9 @@ func ofLease(subject string, err error) Class {
 		return Class{Code: agentapi.CodeGone, Status: http.StatusGone, Message: subject + ": its lease has ended"}
 	case errors.Is(err, warmpool.ErrNotFound), errors.Is(err, warmpool.ErrLeaseNotHeld):
 		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: subject + " not found"}
+	case errors.Is(err, warmpool.ErrIdempotencyMismatch):
+		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict,
+			Message: "Idempotency-Key: it was first used with a different request (pool, lease_seconds, env or labels); a key makes one sandbox: use a new key"}
 	case errors.Is(err, warmpool.ErrConflict):
 		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Retryable: true,
 			Message: subject + " changed concurrently; retry"}
@@ -341,7 +344,10 @@ func endedMessage(subject string, e *warmpool.LeaseEndedError) string {
 	case warmpool.LeaseReleased:
 		msg = subject + " was released"
 	case warmpool.LeaseExpired:
-		msg = subject + " expired: its lease was not renewed before expires_at"
+		msg = subject + " expired"
+		if e.Reason == "" {
+			msg += ": " + warmpool.ReasonNotRenewed
+		}
 	case warmpool.LeaseLost:
 		msg = subject + " was lost"
 	default:

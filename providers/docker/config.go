@@ -68,6 +68,14 @@ type Config struct {
 	// are derived from. New creates it (mode 0600, its directory 0700) when
 	// missing. Gateways that share containers must share the key. Required.
 	TokenKeyFile string `envconfig:"QUARRY_DOCKER_TOKEN_KEY_FILE"`
+	// RelayDir is the directory on the engine's host that holds the
+	// gateway's model relay socket (providers.RelaySocketName). When set,
+	// containers that do not share the host's network get it mounted
+	// read-only, and their agent forwards the relay's sandbox routes to it,
+	// so that a sandbox reaches the relay at its own 127.0.0.1
+	// (SandboxRelayURL) with no network path to the gateway. Empty: no
+	// relay socket.
+	RelayDir string `ignored:"true"`
 	// GatewayID is attached to every container as providers.LabelGateway;
 	// List, Describe and Stop only see containers that carry it.
 	GatewayID string `ignored:"true"`
@@ -135,6 +143,8 @@ func (c Config) Validate() error {
 		bad("AgentBinary", "must be set")
 	case !path.IsAbs(c.AgentBinary):
 		bad("AgentBinary", "must be an absolute path (the engine bind-mounts it), got %q", c.AgentBinary)
+	case c.RelayDir != "" && !path.IsAbs(c.RelayDir):
+		bad("RelayDir", "must be an absolute path (the engine bind-mounts it), got %q", c.RelayDir)
 	}
 	if c.TokenKeyFile == "" {
 		bad("TokenKeyFile", "must be set")

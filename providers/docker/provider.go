@@ -29,8 +29,9 @@ import (
 )
 
 var (
-	_ providers.Provider = (*Provider)(nil)
-	_ providers.Closer   = (*Provider)(nil)
+	_ providers.Provider     = (*Provider)(nil)
+	_ providers.Closer       = (*Provider)(nil)
+	_ providers.SandboxRelay = (*Provider)(nil)
 )
 
 const (
@@ -75,6 +76,19 @@ type Provider struct {
 	logger *slog.Logger
 	once   sync.Once
 	closed atomic.Bool
+}
+
+// SandboxRelayURL is where the sandboxes of spec reach the gateway's model
+// relay: their agent's forwarder at 127.0.0.1 inside the container when
+// they get the relay socket (Config.RelayDir, not on the host's network),
+// else "" (the gateway's own address). An invalid spec gets "": its
+// launches fail anyway.
+func (p *Provider) SandboxRelayURL(spec providers.Spec) string {
+	set, err := resolve(p.cfg, spec)
+	if err != nil || !relaySocket(p.cfg, set) {
+		return ""
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d", agentPort)
 }
 
 // New returns a Provider for cfg after applying defaults and validating it.

@@ -88,6 +88,15 @@ type settings struct {
 // hostNetwork reports whether containers share the host's network.
 func (s settings) hostNetwork() bool { return s.network == NetworkHost }
 
+// relayDir is where a container finds the gateway's relay socket
+// (Config.RelayDir, mounted read-only).
+const relayDir = "/run/quarry-relay"
+
+// relaySocket reports whether containers of set get the relay socket: the
+// gateway has one, and they do not share the host's network (where the
+// gateway's own address works).
+func relaySocket(cfg Config, set settings) bool { return cfg.RelayDir != "" && !set.hostNetwork() }
+
 // resolve returns the settings of spec, or a *providers.LaunchError wrapping
 // providers.ErrInvalidSpec whose reason names the offending field.
 func resolve(cfg Config, spec providers.Spec) (settings, error) {
@@ -205,7 +214,7 @@ func containerLabels(cfg Config, spec providers.Spec, plan launchPlan) map[strin
 // containerEnv is the container's environment: HOME (the work directory),
 // the spec's variables, then the agent's own settings. Nothing of a lease is
 // here: per-lease variables arrive later through the agent's /v1/init.
-func containerEnv(spec providers.Spec, set settings, plan launchPlan) []string {
+func containerEnv(cfg Config, spec providers.Spec, set settings, plan launchPlan) []string {
 	env := map[string]string{"HOME": set.workdir}
 	maps.Copy(env, spec.Env)
 	env["QUARRY_AGENT_ADDR"] = fmt.Sprintf("0.0.0.0:%d", agentPort)
@@ -213,6 +222,9 @@ func containerEnv(spec providers.Spec, set settings, plan launchPlan) []string {
 		env["QUARRY_AGENT_ADDR"] = fmt.Sprintf("127.0.0.1:%d", plan.hostPort)
 	}
 	env["QUARRY_AGENT_TOKEN_FILE"] = tokenPath
+	if relaySocket(cfg, set) {
+		env["QUARRY_AGENT_RELAY_SOCKET"] = relayDir + "/" + providers.RelaySocketName
+	}
 	env["QUARRY_AGENT_WORKDIR"] = set.workdir
 	out := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {
@@ -228,7 +240,7 @@ func buildContainer(cfg Config, spec providers.Spec, set settings, plan launchPl
 	cc := &container.Config{
 		Image:      spec.Image,
 		User:       fmt.Sprintf("%d:%d", set.uid, set.gid),
-		Env:        containerEnv(spec, set, plan),
+		Env:        containerEnv(cfg, spec, set, plan),
 		Entrypoint: []string{agentPath},
 		Cmd:        []string{},
 		WorkingDir: set.workdir,
@@ -258,6 +270,9 @@ func buildContainer(cfg Config, spec providers.Spec, set settings, plan launchPl
 			NanoCPUs:  int64(spec.CPU * 1e9),
 			PidsLimit: &pids,
 		},
+	}
+	if relaySocket(cfg, set) {
+		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeBind, Source: cfg.RelayDir, Target: relayDir, ReadOnly: true})
 	}
 	if spec.MemoryMB > 0 {
 		hc.Memory = int64(spec.MemoryMB) << 20

@@ -205,3 +205,45 @@ func TestInvalidSpec_WrapsErrInvalidSpec(t *testing.T) {
 	assert.True(t, errors.Is(err, providers.ErrInvalidSpec))
 	assert.Equal(t, `launch pool "p" image "img": why`, err.Error())
 }
+
+// With the gateway's relay socket (Config.RelayDir), a container on a
+// bridge gets its directory mounted read-only and its agent forwards the
+// relay there; on the host's network the gateway's own address works, so
+// nothing is mounted. SandboxRelayURL says which.
+func TestBuildContainer_RelaySocket(t *testing.T) {
+	cfg := testConfig()
+	cfg.RelayDir = "/var/lib/quarry/relay"
+	p := &Provider{cfg: cfg}
+	tests := []struct {
+		name     string
+		spec     providers.Spec
+		mounted  bool
+		relayURL string
+	}{
+		{name: "bridge", spec: providers.Spec{Pool: "p", Image: "img"}, mounted: true, relayURL: "http://127.0.0.1:8000"},
+		{name: "own network", spec: providers.Spec{Pool: "p", Image: "img", Options: map[string]string{OptionNetwork: "mine"}}, mounted: true, relayURL: "http://127.0.0.1:8000"},
+		{name: "host network", spec: providers.Spec{Pool: "p", Image: "img", Options: map[string]string{OptionNetwork: NetworkHost}}},
+		{name: "invalid spec", spec: providers.Spec{Pool: "p", Image: "img", Options: map[string]string{"nope": "1"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.relayURL, p.SandboxRelayURL(tt.spec))
+			set, err := resolve(cfg, tt.spec)
+			if err != nil {
+				require.False(t, tt.mounted)
+				return
+			}
+			cc, hc := buildContainer(cfg, tt.spec, set, launchPlan{name: "t", nonce: "n", hostPort: 41000})
+			relayMount := mount.Mount{Type: mount.TypeBind, Source: cfg.RelayDir, Target: relayDir, ReadOnly: true}
+			if tt.mounted {
+				assert.Contains(t, hc.Mounts, relayMount)
+				assert.Contains(t, cc.Env, "QUARRY_AGENT_RELAY_SOCKET=/run/quarry-relay/relay.sock")
+			} else {
+				assert.NotContains(t, hc.Mounts, relayMount)
+				assert.NotContains(t, cc.Env, "QUARRY_AGENT_RELAY_SOCKET=/run/quarry-relay/relay.sock")
+			}
+		})
+	}
+	without := &Provider{cfg: testConfig()}
+	assert.Empty(t, without.SandboxRelayURL(providers.Spec{Pool: "p", Image: "img"}), "no socket: the gateway's own address")
+}

@@ -37,6 +37,7 @@ const (
 	fEnv            = "env"
 	fIdemKey        = "idempotency_key"
 	fIdemForgotten  = "idempotency_forgotten"
+	fReqDigest      = "request_digest"
 	fDuration       = "duration_ns"
 	fExpiresAt      = "expires_at"
 	fEndedAt        = "ended_at"
@@ -212,6 +213,7 @@ func leaseItem(l warmpool.Lease, shards int, endedTTL time.Duration, forgotten b
 	putS(it, fAgentURL, l.AgentURL)
 	putS(it, fAgentToken, l.AgentToken)
 	putS(it, fIdemKey, l.IdempotencyKey)
+	putS(it, fReqDigest, l.RequestDigest)
 	putMap(it, fLabels, l.Labels)
 	putMap(it, fEnv, l.Env)
 	putTime(it, fCreatedAt, l.CreatedAt)
@@ -257,7 +259,7 @@ func decodeLease(it item) (warmpool.Lease, error) {
 		ID: d.s(fID), Pool: d.s(fPool), TaskID: d.s(fTaskID), Owner: d.s(fOwner),
 		State: warmpool.LeaseState(d.s(fState)), Reason: d.s(fReason), Generation: d.n(fGeneration),
 		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), Labels: d.m(fLabels), Env: d.m(fEnv),
-		IdempotencyKey: d.s(fIdemKey), Duration: time.Duration(d.n(fDuration)),
+		IdempotencyKey: d.s(fIdemKey), RequestDigest: d.s(fReqDigest), Duration: time.Duration(d.n(fDuration)),
 		CreatedAt: d.time(fCreatedAt), ExpiresAt: d.time(fExpiresAt), EndedAt: d.time(fEndedAt),
 		Version: d.n(fVersion),
 	}

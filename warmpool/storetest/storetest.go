@@ -334,6 +334,7 @@ func testClaimFills(t *testing.T, s warmpool.Store) {
 	rec = setState(t, s, rec, warmpool.TaskReady)
 	l := newLease("owner-1")
 	l.IdempotencyKey = "k1"
+	l.RequestDigest = "d1"
 	now := base.Add(time.Second)
 	res, err := s.Claim(t.Context(), warmpool.ClaimRequest{Pool: "p", Lease: l, Now: now})
 	require.NoError(t, err)
@@ -351,6 +352,7 @@ func testClaimFills(t *testing.T, s warmpool.Store) {
 	assert.Equal(t, l.Labels, got.Labels)
 	assert.Equal(t, l.Env, got.Env)
 	assert.Equal(t, "k1", got.IdempotencyKey)
+	assert.Equal(t, "d1", got.RequestDigest)
 	assert.Equal(t, time.Minute, got.Duration)
 	assertTime(t, l.ExpiresAt, got.ExpiresAt, "expires_at")
 	assertTime(t, now, got.CreatedAt, "created_at defaults to now")
@@ -363,6 +365,7 @@ func testClaimFills(t *testing.T, s warmpool.Store) {
 	stored, err := s.GetLease(t.Context(), l.ID)
 	require.NoError(t, err)
 	assert.Equal(t, got.TaskID, stored.TaskID)
+	assert.Equal(t, "d1", stored.RequestDigest, "the request digest is kept")
 	assert.Equal(t, got.Generation, stored.Generation)
 	assert.Equal(t, got.Version, stored.Version)
 	task, ok := findTask(t, s, rec.ID)
