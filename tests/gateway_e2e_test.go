@@ -362,6 +362,13 @@ func TestE2E_IdempotentCreate(t *testing.T) {
 	o, err := g.otherClient().CreateSandbox(ctx, req)
 	require.NoError(t, err)
 	assert.NotEqual(t, a.ID, o.ID)
+	// The same key with another body is refused, as Stripe-style APIs do.
+	req.Labels = map[string]string{"run": "another"}
+	_, err = c.CreateSandbox(ctx, req)
+	var ae *client.Error
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, 409, ae.Status)
+	assert.Contains(t, ae.Message, "use a new key")
 }
 
 // Bad input gets a clear 4xx and changes nothing.

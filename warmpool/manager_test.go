@@ -514,6 +514,19 @@ func TestManager_Acquire_IdempotencyKeyReplays(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, replayed, "keys are per owner")
 	assert.NotEqual(t, first.ID, bobs.ID)
+
+	// A key reused with another request leases nothing and says so.
+	for _, change := range []func(*warmpool.AcquireRequest){
+		func(r *warmpool.AcquireRequest) { r.Labels = map[string]string{"run": "other"} },
+		func(r *warmpool.AcquireRequest) { r.Env = map[string]string{"A": "1"} },
+		func(r *warmpool.AcquireRequest) { r.LeaseSeconds = 60 },
+	} {
+		other := warmpool.AcquireRequest{Pool: "default", Owner: "alice", IdempotencyKey: "create-1"}
+		change(&other)
+		_, _, err := e.m.Acquire(t.Context(), other)
+		require.ErrorIs(t, err, warmpool.ErrIdempotencyMismatch)
+		assert.Contains(t, err.Error(), first.ID, "the error names the key's sandbox")
+	}
 }
 
 func TestManager_Acquire_RacingIdempotentColdStartsMakeOneLease(t *testing.T) {
