@@ -22,7 +22,7 @@ if [ -f "$stamp" ] && PYTHONPATH="$target" python3 -c 'import openai' >/dev/null
 fi
 echo "python-deps: installing openai==$openai_version into $target" >&2
 rm -rf "$target.tmp"
-python3 -m pip install -q --disable-pip-version-check --no-input --target "$target.tmp" "openai==$openai_version" >&2
+python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --no-input --target "$target.tmp" "openai==$openai_version" >&2
 rm -rf "$target"
 mv "$target.tmp" "$target"
 PYTHONPATH="$target" python3 -c 'import openai' >&2
