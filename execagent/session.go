@@ -1,6 +1,7 @@
 package execagent
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -565,12 +566,24 @@ func (ss *session) exec(ctx context.Context, command string, timeout time.Durati
 	ss.lastExit = r.exitCode
 	return agentapi.SessionRunResult{
 		ExitCode:   r.exitCode,
-		Output:     string(r.out.buf),
+		Output:     ss.hidePaths(r.out.buf),
 		DurationMS: time.Since(start).Milliseconds(),
 		TimedOut:   r.timedOut,
 		Truncated:  r.out.truncated,
 		Closed:     r.closed,
 	}, nil
+}
+
+// hidePaths returns out without the session's command file, which the
+// shell names in its error messages ("bash: /dev/shm/quarry-agent-…/ses-….cmd:
+// line 1: …"): they read as for a command line ("bash: line 1: …"). The
+// file is the agent's; the command is the user's.
+func (ss *session) hidePaths(out []byte) string {
+	file := []byte(ss.cmdFile + ": ")
+	if !bytes.Contains(out, file) {
+		return string(out)
+	}
+	return string(bytes.ReplaceAll(out, file, nil))
 }
 
 // controlLine is the line that runs the command file. The shell's $? is 0

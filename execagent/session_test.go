@@ -77,6 +77,19 @@ func TestSession_Run_StatePersists(t *testing.T) {
 	}
 }
 
+// A shell's error names the shell, not the agent's command file.
+func TestSession_Run_ErrorsNameTheShellNotTheAgentsFile(t *testing.T) {
+	a := newTestAgent(t, nil)
+	id := newSession(t, a, agentapi.SessionCreateRequest{})
+	for _, command := range []string{"if then", "no-such-command-xyz"} {
+		res := run(t, a, id, command, 0)
+		assert.NotEqual(t, 0, res.ExitCode)
+		assert.NotContains(t, res.Output, ".cmd", command)
+		assert.NotContains(t, res.Output, a.srv.cfg.StateDir, command)
+		assert.Regexp(t, `^(bash|sh|dash): `, res.Output, command)
+	}
+}
+
 func TestSession_Run_LargeCommandAndOutput(t *testing.T) {
 	a := newTestAgent(t, nil)
 	id := newSession(t, a, agentapi.SessionCreateRequest{})
