@@ -41,6 +41,7 @@ resource "aws_vpc_security_group_ingress_rule" "sandbox_agent" {
 }
 
 resource "aws_vpc_security_group_egress_rule" "sandbox_all" {
+  count             = var.sandbox_internet_egress ? 1 : 0
   security_group_id = aws_security_group.sandbox.id
   description       = "Image pulls, the model relay, package installs."
   ip_protocol       = "-1"

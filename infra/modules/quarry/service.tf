@@ -115,7 +115,7 @@ resource "aws_ecs_task_definition" "gateway" {
     environment = [for k, v in merge(local.gateway_environment, {
       QUARRY_ADDR                = "0.0.0.0:8080"
       QUARRY_DATA_DIR            = "/tmp/quarry"
-      QUARRY_SANDBOX_GATEWAY_URL = "https://${aws_lb.gateway[0].dns_name}"
+      QUARRY_SANDBOX_GATEWAY_URL = "http://${aws_lb.relay[0].dns_name}:${local.relay_port}"
     }) : { name = k, value = v }]
     secrets = [for k, arn in local.gateway_secrets : { name = k, valueFrom = arn }]
     logConfiguration = {
@@ -153,6 +153,12 @@ resource "aws_ecs_service" "gateway" {
     container_port   = 8080
   }
 
+  load_balancer {
+    target_group_arn = aws_lb_target_group.relay[0].arn
+    container_name   = "gateway"
+    container_port   = 8080
+  }
+
   lifecycle {
     precondition {
       condition     = var.gateway_image != null && var.certificate_arn != null && length(var.public_subnet_ids) > 0
@@ -160,5 +166,5 @@ resource "aws_ecs_service" "gateway" {
     }
   }
 
-  depends_on = [aws_lb_listener.https]
+  depends_on = [aws_lb_listener.https, aws_lb_listener.relay]
 }

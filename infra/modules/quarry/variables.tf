@@ -124,6 +124,12 @@ variable "alb_ingress_cidrs" {
   default     = ["0.0.0.0/0"]
 }
 
+variable "sandbox_internet_egress" {
+  description = "Whether sandbox tasks may open connections anywhere (image pulls, package installs). False leaves them the gateway's internal relay endpoint only (gateway_mode = \"ecs\"); images must then come through VPC endpoints (ECR, S3)."
+  type        = bool
+  default     = true
+}
+
 variable "agent_image" {
   description = "Image holding the static exec agent at /execagent and a cp command (scripts/images); each sandbox task's init container copies the agent from it."
   type        = string
