@@ -14,7 +14,10 @@ import (
 type ExecEvent struct {
 	// Type is agentapi.EventStdout, agentapi.EventStderr or agentapi.EventExit.
 	Type string
-	// Data is the output of a stdout or stderr event.
+	// Data is the output of a stdout or stderr event. When the request's
+	// Encoding is agentapi.EncodingBase64 it holds the exact bytes (the
+	// client decodes the events; they need not be UTF-8); otherwise it is
+	// text, in which the agent turned bytes that are not UTF-8 into U+FFFD.
 	Data string
 	// Result is the result of the exit event, without Stdout and Stderr.
 	Result agentapi.ExecResult
@@ -42,15 +45,28 @@ func openStream[E any](ctx context.Context, c *Client, cl call, decode func(agen
 
 // Exec runs a command to completion and returns its result
 // (POST /v1/sandboxes/{id}/exec). A command that fails still returns a
-// result (ExitCode, TimedOut); only a failed call returns an error.
+// result (ExitCode, TimedOut); only a failed call returns an error. When
+// req.Encoding is agentapi.EncodingBase64 the client decodes Stdout and
+// Stderr: they hold the command's exact bytes.
 func (c *Client) Exec(ctx context.Context, id string, req agentapi.ExecRequest) (agentapi.ExecResult, error) {
 	var res agentapi.ExecResult
-	err := c.do(ctx, call{method: http.MethodPost, route: sandboxRoute(id, "exec"), in: req}, &res)
-	return res, err
+	if err := c.do(ctx, call{method: http.MethodPost, route: sandboxRoute(id, "exec"), in: req}, &res); err != nil {
+		return res, err
+	}
+	for _, out := range []*string{&res.Stdout, &res.Stderr} {
+		b, err := agentapi.DecodeOutput(req.Encoding, *out)
+		if err != nil {
+			return res, err
+		}
+		*out = string(b)
+	}
+	return res, nil
 }
 
 // ExecStream runs a command and streams its output as it is written: stdout
-// and stderr events, then one exit event. The caller must Close the stream.
+// and stderr events (with req.Encoding agentapi.EncodingBase64, each
+// decoded to the exact bytes), then one exit event. The caller must Close
+// the stream.
 func (c *Client) ExecStream(ctx context.Context, id string, req agentapi.ExecRequest) (*Stream[ExecEvent], error) {
 	return openStream(ctx, c, call{method: http.MethodPost, route: sandboxRoute(id, "exec"), in: req},
 		func(ev agentapi.Event) (ExecEvent, bool, bool, error) {
@@ -58,8 +74,11 @@ func (c *Client) ExecStream(ctx context.Context, id string, req agentapi.ExecReq
 			switch ev.Name {
 			case agentapi.EventStdout, agentapi.EventStderr:
 				var ch agentapi.StreamChunk
-				err := ev.Decode(&ch)
-				e.Data = ch.Data
+				if err := ev.Decode(&ch); err != nil {
+					return e, false, true, err
+				}
+				b, err := agentapi.DecodeOutput(req.Encoding, ch.Data)
+				e.Data = string(b)
 				return e, false, true, err
 			case agentapi.EventExit:
 				return e, true, true, ev.Decode(&e.Result)

@@ -550,15 +550,23 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if req.Stdin != "" {
-		spec.stdin = []byte(req.Stdin)
+	if spec.stdin, err = execStdin(req); err != nil {
+		return err
 	}
 	timeout, limit, err := s.runLimits(req.TimeoutMS, req.MaxOutputBytes)
 	if err != nil {
 		return err
 	}
-	if wantsEventStream(r) {
-		return s.execStream(w, r, spec, timeout, limit)
+	enc, err := outputEncoding(req.Encoding)
+	if err != nil {
+		return err
+	}
+	stream := wantsEventStream(r)
+	if limit, err = streamLimit(req, stream, limit); err != nil {
+		return err
+	}
+	if stream {
+		return s.execStream(w, r, spec, timeout, limit, enc)
 	}
 	var mu sync.Mutex
 	bufs := [3]capBuffer{{}, {max: limit}, {max: limit}}
@@ -579,8 +587,8 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, agentapi.ExecResult{
 		ExitCode:   out.exitCode,
 		Signal:     out.signal,
-		Stdout:     string(bufs[streamStdout].buf),
-		Stderr:     string(bufs[streamStderr].buf),
+		Stdout:     agentapi.EncodeOutput(enc, bufs[streamStdout].buf),
+		Stderr:     agentapi.EncodeOutput(enc, bufs[streamStderr].buf),
 		DurationMS: out.duration.Milliseconds(),
 		TimedOut:   out.timedOut,
 		Truncated:  bufs[streamStdout].truncated || bufs[streamStderr].truncated,
@@ -600,9 +608,11 @@ type streamChunk struct {
 }
 
 // execStream runs spec and streams its output as server-sent events: stdout
-// and stderr chunks as produced, keep-alive comments while quiet, then one
-// exit event. A client that goes away kills the command.
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, spec cmdSpec, timeout time.Duration, limit int64) error {
+// and stderr chunks as produced (in encoding enc, at most limit bytes of
+// each stream), keep-alive comments while quiet, then one exit event. At
+// most a few chunks are held at a time: a slow client slows the command. A
+// client that goes away kills the command.
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, spec cmdSpec, timeout time.Duration, limit int64, enc string) error {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	chunks := make(chan streamChunk, 16)
@@ -641,7 +651,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, spec cmdSpec
 		if c.stream == streamStderr {
 			name = agentapi.EventStderr
 		}
-		if ev.event(name, agentapi.StreamChunk{Data: string(c.data)}) != nil {
+		if ev.event(name, agentapi.StreamChunk{Data: agentapi.EncodeOutput(enc, c.data)}) != nil {
 			cancel() // the client is gone: kill the command
 		}
 	}

@@ -15,7 +15,11 @@
 // and the AWS SDK reads its standard settings (AWS_REGION,
 // AWS_ENDPOINT_URL, credentials).
 // Exit status: the remote command's for exec (and shell's exit), otherwise 0,
-// or 1 with a one-line error on stderr.
+// or 1 with a one-line error on stderr. exec writes the command's stdout
+// and stderr byte for byte (they travel as base64) and streams all of it;
+// with --max-output SIZE, output over SIZE per stream is discarded, said on
+// stderr, and exec exits with the command's status if that is not 0, else
+// 3 (exitOutputCut).
 //
 // It must not import the server packages (gateway, warmpool, providers,
 // execagent); it talks to the gateway through package client only. The one

@@ -3,12 +3,16 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
@@ -22,6 +26,11 @@ const maxExecStdin = 1 << 20
 
 // closeTimeout bounds closing a session after the shell ends.
 const closeTimeout = 10 * time.Second
+
+// exitOutputCut is the exit status of `quarry sandbox exec` when the
+// command succeeded but its output went over --max-output (a failed
+// command's own status wins).
+const exitOutputCut = 3
 
 // commandFlags are the flags of exec and shell.
 type commandFlags struct {
@@ -52,12 +61,18 @@ func runExec(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("sandbox exec")
 	var f commandFlags
 	f.register(fs)
-	interactive := fs.Bool("i", false, "pass this command's standard input to the command (text, at most 1 MiB; for files use cp)")
+	interactive := fs.Bool("i", false, "pass this command's standard input to the command (its exact bytes, at most 1 MiB; for files use cp)")
+	var maxOutput sizeFlag
+	fs.Var(&maxOutput, "max-output", "cap each of stdout and stderr at `SIZE` bytes, e.g. 64Mi (at most the agent's maximum, 64Mi by default): "+
+		"output over it is discarded and exec fails, with status "+strconv.Itoa(exitOutputCut)+" when the command succeeded (default: no cap, all the output is streamed)")
 	pos, argv, err := c.parse(fs, args, usageOf("exec"))
 	if err != nil {
 		return err
 	}
-	req := agentapi.ExecRequest{Env: f.env, Cwd: f.cwd}
+	// Output travels as base64 so that it is written byte for byte; without
+	// a cap, all of it is streamed.
+	req := agentapi.ExecRequest{Env: f.env, Cwd: f.cwd, Encoding: agentapi.EncodingBase64,
+		MaxOutputBytes: int64(maxOutput), UnlimitedOutput: maxOutput == 0}
 	if *interactive {
 		b, err := io.ReadAll(io.LimitReader(c.stdin, maxExecStdin+1))
 		if err != nil {
@@ -66,7 +81,11 @@ func runExec(ctx context.Context, c *cli, args []string) error {
 		if len(b) > maxExecStdin {
 			return fmt.Errorf("sandbox exec -i: stdin is over %d bytes; copy it in with quarry sandbox cp", maxExecStdin)
 		}
-		req.Stdin = string(b)
+		if utf8.Valid(b) {
+			req.Stdin = string(b)
+		} else {
+			req.StdinBase64 = base64.StdEncoding.EncodeToString(b)
+		}
 	}
 	switch {
 	case len(pos) == 0:
@@ -106,12 +125,69 @@ func runExec(ctx context.Context, c *cli, args []string) error {
 		case agentapi.EventStderr:
 			_, err = io.WriteString(c.stderr, ev.Data)
 		case agentapi.EventExit:
-			return c.commandStatus(ev.Result.ExitCode, ev.Result.Signal, ev.Result.TimedOut)
+			return c.execStatus(ev.Result, int64(maxOutput))
 		}
 		if err != nil {
 			return fmt.Errorf("write output: %w", err)
 		}
 	}
+}
+
+// execStatus is commandStatus for an exec's result, except that output cut
+// at the cap (maxOutput, 0: the agent's) is said on stderr and fails: with
+// the command's status when that is not 0, else exitOutputCut.
+func (c *cli) execStatus(res agentapi.ExecResult, maxOutput int64) error {
+	err := c.commandStatus(res.ExitCode, res.Signal, res.TimedOut)
+	if !res.Truncated {
+		return err
+	}
+	if maxOutput > 0 {
+		fmt.Fprintf(c.stderr, "quarry: output over --max-output %d bytes: the rest was discarded (raise --max-output, or leave it out to stream all of it)\n", maxOutput)
+	} else {
+		fmt.Fprintln(c.stderr, "quarry: output over the sandbox agent's cap: the rest was discarded")
+	}
+	if err != nil {
+		return err
+	}
+	return &exitError{code: exitOutputCut}
+}
+
+// sizeFlag is a flag of a number of bytes: a whole number with an optional
+// unit, k, M or G (powers of 1024; also written Ki, KiB, KB, and so on).
+type sizeFlag int64
+
+func (s *sizeFlag) String() string {
+	if s == nil || *s == 0 {
+		return ""
+	}
+	return strconv.FormatInt(int64(*s), 10)
+}
+
+func (s *sizeFlag) Set(v string) error {
+	num, unit := v, ""
+	if i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		num, unit = v[:i], v[i:]
+	}
+	mult := int64(0)
+	switch strings.ToLower(unit) {
+	case "", "b":
+		mult = 1
+	case "k", "ki", "kib", "kb":
+		mult = 1 << 10
+	case "m", "mi", "mib", "mb":
+		mult = 1 << 20
+	case "g", "gi", "gib", "gb":
+		mult = 1 << 30
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	switch {
+	case mult == 0 || err != nil:
+		return fmt.Errorf("want a number of bytes such as 1048576, 512k, 64Mi or 1G, got %q", v)
+	case n > math.MaxInt64/mult:
+		return fmt.Errorf("%q is too large", v)
+	}
+	*s = sizeFlag(n * mult)
+	return nil
 }
 
 // signalNumber is the number of a signal a command commonly dies of, for

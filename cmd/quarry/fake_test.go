@@ -29,10 +29,18 @@ type fakeFile struct {
 	link string // symlink target
 }
 
-// sseWriter writes server-sent events, flushing each.
-type sseWriter struct{ w http.ResponseWriter }
+// sseWriter writes server-sent events, flushing each. Like the agent, it
+// writes the Data of stdout/stderr chunks in the request's encoding.
+type sseWriter struct {
+	w   http.ResponseWriter
+	enc string
+}
 
 func (s sseWriter) event(name string, v any) {
+	if c, ok := v.(agentapi.StreamChunk); ok && (name == agentapi.EventStdout || name == agentapi.EventStderr) {
+		c.Data = agentapi.EncodeOutput(s.enc, []byte(c.Data))
+		v = c
+	}
 	b, _ := json.Marshal(v)
 	fmt.Fprintf(s.w, "event: %s\ndata: %s\n\n", name, b)
 	_ = http.NewResponseController(s.w).Flush()
@@ -235,7 +243,7 @@ func (f *fakeGateway) execRoute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
-	sw := sseWriter{w}
+	sw := sseWriter{w: w, enc: req.Encoding}
 	if f.exec == nil {
 		sw.event(agentapi.EventExit, agentapi.ExecResult{})
 		return

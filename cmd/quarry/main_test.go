@@ -197,7 +197,7 @@ func TestRun_SandboxExec_StreamsOutputAndExitsWithCommandStatus(t *testing.T) {
 				w.event("exit", agentapi.ExecResult{ExitCode: 0})
 			},
 			want:    result{"out1 out2\n", "err1\n", 0},
-			wantReq: agentapi.ExecRequest{Argv: []string{"ls", "-la", "--color"}, TimeoutMS: 5000, Env: map[string]string{"A": "1"}, Cwd: "/tmp"},
+			wantReq: agentapi.ExecRequest{Argv: []string{"ls", "-la", "--color"}, TimeoutMS: 5000, Env: map[string]string{"A": "1"}, Cwd: "/tmp", Encoding: agentapi.EncodingBase64, UnlimitedOutput: true},
 		},
 		{
 			name: "shell string and its exit code",
@@ -207,13 +207,13 @@ func TestRun_SandboxExec_StreamsOutputAndExitsWithCommandStatus(t *testing.T) {
 				w.event("exit", agentapi.ExecResult{ExitCode: 7})
 			},
 			want:    result{"", "oops\n", 7},
-			wantReq: agentapi.ExecRequest{Command: "echo oops >&2; exit 7"},
+			wantReq: agentapi.ExecRequest{Command: "echo oops >&2; exit 7", Encoding: agentapi.EncodingBase64, UnlimitedOutput: true},
 		},
 		{
 			name:    "several words are one shell string",
 			args:    []string{"sbx-1", "echo", "a b"},
 			want:    result{"", "", 0},
-			wantReq: agentapi.ExecRequest{Command: "echo a b"},
+			wantReq: agentapi.ExecRequest{Command: "echo a b", Encoding: agentapi.EncodingBase64, UnlimitedOutput: true},
 		},
 		{
 			name: "timed out and killed",
@@ -222,7 +222,7 @@ func TestRun_SandboxExec_StreamsOutputAndExitsWithCommandStatus(t *testing.T) {
 				w.event("exit", agentapi.ExecResult{ExitCode: -1, Signal: "SIGKILL", TimedOut: true})
 			},
 			want:    result{"", "quarry: command timed out\n", 137},
-			wantReq: agentapi.ExecRequest{Command: "sleep 100", TimeoutMS: 1},
+			wantReq: agentapi.ExecRequest{Command: "sleep 100", TimeoutMS: 1, Encoding: agentapi.EncodingBase64, UnlimitedOutput: true},
 		},
 		{
 			name: "killed by a signal",
@@ -231,7 +231,7 @@ func TestRun_SandboxExec_StreamsOutputAndExitsWithCommandStatus(t *testing.T) {
 				w.event("exit", agentapi.ExecResult{ExitCode: -1, Signal: "SIGTERM"})
 			},
 			want:    result{"", "quarry: command killed by SIGTERM\n", 143},
-			wantReq: agentapi.ExecRequest{Command: "kill -TERM $$"},
+			wantReq: agentapi.ExecRequest{Command: "kill -TERM $$", Encoding: agentapi.EncodingBase64, UnlimitedOutput: true},
 		},
 		{
 			name: "error event mid-stream",
@@ -241,7 +241,7 @@ func TestRun_SandboxExec_StreamsOutputAndExitsWithCommandStatus(t *testing.T) {
 				w.event("error", agentapi.ErrorDetail{Code: "agent_unreachable", Message: "agent connection lost"})
 			},
 			want:    result{"y\n", "quarry: exec in sbx-1: agent connection lost (agent_unreachable)\n", 1},
-			wantReq: agentapi.ExecRequest{Command: "yes"},
+			wantReq: agentapi.ExecRequest{Command: "yes", Encoding: agentapi.EncodingBase64, UnlimitedOutput: true},
 		},
 		{
 			name:       "unknown sandbox",

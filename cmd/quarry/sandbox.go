@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -24,8 +25,8 @@ func sandboxCommands() []command {
 		{"ls", "quarry sandbox ls [--all | --state S] [--pool P] [--label K=V]… [--json]", "list your active sandboxes (--all: ended ones too)", runList},
 		{"get", "quarry sandbox get [--json] ID", "show one sandbox", runGet},
 		{"heartbeat", "quarry sandbox heartbeat [--json] ID", "renew a sandbox's lease", runHeartbeat},
-		{"exec", "quarry sandbox exec [-i] [--timeout D] [--env K=V]… [--cwd DIR] ID -- CMD ARGS…\n       quarry sandbox exec [flags] ID 'SHELL STRING'",
-			"run a command, streaming its output; exits with its status", runExec},
+		{"exec", "quarry sandbox exec [-i] [--timeout D] [--max-output SIZE] [--env K=V]… [--cwd DIR] ID -- CMD ARGS…\n       quarry sandbox exec [flags] ID 'SHELL STRING'",
+			"run a command, streaming its output byte for byte; exits with its status (" + strconv.Itoa(exitOutputCut) + " when it succeeded but its output went over --max-output)", runExec},
 		{"shell", "quarry sandbox shell [--timeout D] [--env K=V]… [--cwd DIR] ID", "an interactive session (Ctrl-D ends it)", runShell},
 		{"cp", "quarry sandbox cp LOCAL ID:REMOTE\n       quarry sandbox cp ID:REMOTE LOCAL\n       (LOCAL - is standard input or output: a file's bytes, a directory as a tar)", "copy a file or a directory in or out", runCopy},
 		{"rm", "quarry sandbox rm ID…", "release sandboxes", runRemove},

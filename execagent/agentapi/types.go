@@ -7,7 +7,7 @@ import (
 
 // Version is the wire-protocol version of the exec agent. It is reported by
 // /healthz; the gateway refuses agents with a different major version.
-const Version = "1.0.0"
+const Version = "1.1.0"
 
 // HTTP headers of the agent protocol.
 const (
@@ -124,13 +124,40 @@ type ExecRequest struct {
 	Argv    []string          `json:"argv,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	Cwd     string            `json:"cwd,omitempty"`
-	Stdin   string            `json:"stdin,omitempty"`
+	// Stdin is the command's standard input as text; StdinBase64 is the
+	// same as standard base64 (RFC 4648, padded), for bytes that are not
+	// UTF-8 text (JSON cannot carry them in a string). Set at most one; a
+	// StdinBase64 that is not base64 is refused with 400 naming it. Neither:
+	// stdin is /dev/null.
+	Stdin       string `json:"stdin,omitempty"`
+	StdinBase64 string `json:"stdin_base64,omitempty"`
 	// TimeoutMS bounds the run; on expiry the whole process group is killed.
 	// 0 means the agent's default; values above the agent's maximum are refused.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
-	// MaxOutputBytes caps each of stdout and stderr; 0 means the default.
+	// MaxOutputBytes caps each of stdout and stderr, in bytes of output
+	// (whatever the Encoding); 0 means the default, above the agent's
+	// maximum is refused with 400.
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+	// Encoding is how output is carried: in Stdout and Stderr of the
+	// result and in the Data of stdout/stderr events. EncodingUTF8 (also
+	// "") is text, bytes that are not valid UTF-8 becoming U+FFFD;
+	// EncodingBase64 is the exact bytes (each event's Data decodes on its
+	// own). Any other value is refused with 400.
+	Encoding string `json:"encoding,omitempty"`
+	// UnlimitedOutput, for a streaming exec only, streams all the output
+	// however much there is: the agent holds a few chunks at a time, and a
+	// reader slower than the command slows the command down (its pipe
+	// fills). Truncated is then always false. Set with MaxOutputBytes, or
+	// on an exec answered with JSON (held whole in memory), it is refused
+	// with 400.
+	UnlimitedOutput bool `json:"unlimited_output,omitempty"`
 }
+
+// Output encodings of ExecRequest.Encoding.
+const (
+	EncodingUTF8   = "utf-8"
+	EncodingBase64 = "base64"
+)
 
 // ExecResult is the answer of a non-streaming exec.
 type ExecResult struct {
@@ -142,6 +169,7 @@ type ExecResult struct {
 	Stderr     string `json:"stderr"`
 	DurationMS int64  `json:"duration_ms"`
 	TimedOut   bool   `json:"timed_out"`
+	// Stdout and Stderr are carried in the request's Encoding.
 	// Truncated is true when stdout or stderr exceeded MaxOutputBytes; the
 	// excess was discarded (the command was not stopped).
 	Truncated bool `json:"truncated"`
@@ -160,7 +188,8 @@ const (
 	EventError  = "error"
 )
 
-// StreamChunk is the data of an output event.
+// StreamChunk is the data of an output event. Of an exec's stdout/stderr
+// events, Data is in the request's Encoding.
 type StreamChunk struct {
 	Data   string `json:"data"`
 	Offset int64  `json:"offset,omitempty"` // processes: byte offset of Data in the output
