@@ -102,7 +102,7 @@ func TestDockerConfig_EachVariableSetsItsField(t *testing.T) {
 	bin, err := filepath.Abs("bin/execagent")
 	require.NoError(t, err)
 	assert.Equal(t, docker.Config{
-		Host: "tcp://127.0.0.1:2375", AgentBinary: bin, TokenKeyFile: "/keys/docker.key", GatewayID: "gw-1",
+		Host: "tcp://127.0.0.1:2375", AgentBinary: bin, TokenKeyFile: "/keys/docker.key", GatewayID: "gw-1", RelayDir: "/data/relay",
 		User: "1000:1001", Workdir: "/work", WorkdirSizeMB: 256, Network: "host", PidsLimit: 512,
 		StartTimeout: 90 * time.Second, LaunchConcurrency: 8,
 	}, got)
