@@ -120,7 +120,7 @@ func TestDockerConfig_Defaults(t *testing.T) {
 	got, err := dockerConfig(Config{AgentBinary: "/opt/execagent", DataDir: "/data"})
 	require.NoError(t, err)
 	assert.Equal(t, docker.Config{
-		Host: "unix:///var/run/docker.sock", AgentBinary: "/opt/execagent", TokenKeyFile: "/data/docker/token.key",
+		Host: "unix:///var/run/docker.sock", AgentBinary: "/opt/execagent", TokenKeyFile: "/data/docker/token.key", RelayDir: "/data/relay",
 		GatewayID: "quarry", User: "65534:65534", Workdir: "/home/sandbox", Network: "bridge", PidsLimit: 1024,
 		StartTimeout: 60 * time.Second, LaunchConcurrency: 4,
 	}, got.WithDefaults())
