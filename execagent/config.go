@@ -74,6 +74,20 @@ type Config struct {
 	// ReapInterval is the period of the full zombie sweep that backs up
 	// SIGCHLD (1 s).
 	ReapInterval time.Duration `split_words:"true"`
+	// OwnerDir, when set, is a directory whose existence means that
+	// something owns the agent (the process provider's task directory):
+	// when it is gone, the agent is orphaned (Server.Orphaned) and its
+	// binary exits, killing what it started. It must exist at start.
+	OwnerDir string `split_words:"true"`
+	// OwnerCheckInterval is how often the agent checks whether it is
+	// orphaned (5 s): OwnerDir, and IdleExit.
+	OwnerCheckInterval time.Duration `split_words:"true"`
+	// IdleExit: an agent that holds no lease (never initialized, or its
+	// lease was fenced) and got no authenticated call for this long is
+	// orphaned (1 h). A leased agent never is: leases outlive gateway
+	// restarts. A warm pool's gateway checks the health of its ready
+	// agents far more often (QUARRY_HEALTH_CHECK_INTERVAL, 30 s).
+	IdleExit time.Duration `split_words:"true"`
 	// NoSubreaper leaves the process's child-subreaper attribute alone (tests
 	// of code that embeds the agent). The reaper still reaps untracked
 	// zombie children.
@@ -105,6 +119,8 @@ func DefaultConfig() Config {
 		DrainTimeout:       2 * time.Second,
 		StdinTimeout:       60 * time.Second,
 		ReapInterval:       time.Second,
+		OwnerCheckInterval: 5 * time.Second,
+		IdleExit:           time.Hour,
 	}
 }
 
@@ -127,6 +143,8 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.DrainTimeout, d.DrainTimeout)
 	setDefault(&c.StdinTimeout, d.StdinTimeout)
 	setDefault(&c.ReapInterval, d.ReapInterval)
+	setDefault(&c.OwnerCheckInterval, d.OwnerCheckInterval)
+	setDefault(&c.IdleExit, d.IdleExit)
 	return c
 }
 
@@ -154,6 +172,14 @@ func (c Config) Validate() error {
 	if fi, err := os.Stat(c.Workdir); err != nil || !fi.IsDir() {
 		return fmt.Errorf("QUARRY_AGENT_WORKDIR: %q is not a directory", c.Workdir)
 	}
+	if c.OwnerDir != "" {
+		if !filepath.IsAbs(c.OwnerDir) {
+			return fmt.Errorf("QUARRY_AGENT_OWNER_DIR: %q is not an absolute path", c.OwnerDir)
+		}
+		if fi, err := os.Stat(c.OwnerDir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("QUARRY_AGENT_OWNER_DIR: %q is not a directory", c.OwnerDir)
+		}
+	}
 	if c.Shell != "" {
 		if fi, err := os.Stat(c.Shell); err != nil || fi.IsDir() {
 			return fmt.Errorf("QUARRY_AGENT_SHELL: %q is not an executable file", c.Shell)
@@ -179,6 +205,8 @@ func (c Config) Validate() error {
 		{"QUARRY_AGENT_DRAIN_TIMEOUT", int64(c.DrainTimeout)},
 		{"QUARRY_AGENT_STDIN_TIMEOUT", int64(c.StdinTimeout)},
 		{"QUARRY_AGENT_REAP_INTERVAL", int64(c.ReapInterval)},
+		{"QUARRY_AGENT_OWNER_CHECK_INTERVAL", int64(c.OwnerCheckInterval)},
+		{"QUARRY_AGENT_IDLE_EXIT", int64(c.IdleExit)},
 	}
 	for _, p := range positive {
 		if p.v <= 0 {

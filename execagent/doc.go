@@ -11,6 +11,11 @@
 // 410 gone, not that command's exit status: Close cancels the server's
 // context before it kills, and handlers check it after their wait.
 //
+// Orphans (orphan.go): the server reports through Orphaned when nothing owns
+// it any more (its Config.OwnerDir is gone, or it holds no lease and got no
+// authenticated call for Config.IdleExit); cmd/execagent then closes it and
+// exits. It never decides that for a leased agent whose gateway is silent.
+//
 // Requests: JSON bodies are decoded strictly (an unknown field is 400
 // naming it); a command string too long for one argument of a new process
 // runs from a private script file in StateDir, removed when it ends.

@@ -38,11 +38,13 @@ type Server struct {
 	sessions  *sessionTable
 	processes *processTable
 	calls     callTable // requests in flight that carry a call id
+	orphan    *orphanWatch
 
 	leaseMu    sync.Mutex
 	generation int64
 	leaseID    string
 	initDone   bool
+	leaseEnded bool     // the last init ended the lease (initEndsLease)
 	leaseEnv   []string // "K=V" from the latest init
 
 	ctx    context.Context // canceled by Close; parent of every long-lived goroutine
@@ -97,6 +99,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		ownsDir:  ownsDir,
 		ctx:      ctx,
 		cancel:   cancel,
+		orphan:   newOrphanWatch(time.Now()),
 	}
 	s.sessions = newSessionTable(s)
 	s.processes = newProcessTable(s)
@@ -105,6 +108,11 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	go func() {
 		defer s.wg.Done()
 		s.children.runReaper(ctx, cfg.ReapInterval, cfg.NoSubreaper)
+	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.watchOwner(ctx)
 	}()
 	return s, nil
 }
@@ -236,6 +244,7 @@ func (s *Server) wrap(h handlerFunc, fenced bool) http.Handler {
 			writeError(w, err)
 			return
 		}
+		defer s.orphan.call()()
 		if fenced {
 			if err := s.checkGeneration(r); err != nil {
 				writeError(w, err)
@@ -342,6 +351,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) error {
 		s.leaseMu.Unlock()
 		return fmt.Errorf("generation %d is already initialized for lease %q, not %q: %w", req.Generation, cur, req.LeaseID, errConflict)
 	}
+	s.leaseEnded = s.initEndsLease(req.LeaseID, req.Generation)
 	s.generation, s.leaseID, s.leaseEnv, s.initDone = req.Generation, req.LeaseID, env, true
 	s.leaseMu.Unlock()
 	s.log.Info("init", "lease", req.LeaseID, "generation", req.Generation)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -193,6 +194,8 @@ func TestServer_BadInput_NamesTheField(t *testing.T) {
 
 func TestConfig_Validate_NamesTheVariable(t *testing.T) {
 	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
 	tests := []struct {
 		name   string
 		mutate func(*Config)
@@ -204,6 +207,11 @@ func TestConfig_Validate_NamesTheVariable(t *testing.T) {
 		{"missing shell", func(c *Config) { c.Shell = "/no/shell" }, "QUARRY_AGENT_SHELL"},
 		{"negative timeout", func(c *Config) { c.MaxTimeout = -1 }, "QUARRY_AGENT_MAX_TIMEOUT"},
 		{"default above max", func(c *Config) { c.DefaultOutputBytes = c.MaxOutputBytes + 1 }, "QUARRY_AGENT_DEFAULT_OUTPUT_BYTES"},
+		{"relative owner dir", func(c *Config) { c.OwnerDir = "task" }, "QUARRY_AGENT_OWNER_DIR"},
+		{"missing owner dir", func(c *Config) { c.OwnerDir = dir + "/missing" }, "QUARRY_AGENT_OWNER_DIR"},
+		{"owner dir a file", func(c *Config) { c.OwnerDir = file }, "QUARRY_AGENT_OWNER_DIR"},
+		{"negative owner check interval", func(c *Config) { c.OwnerCheckInterval = -1 }, "QUARRY_AGENT_OWNER_CHECK_INTERVAL"},
+		{"negative idle exit", func(c *Config) { c.IdleExit = -time.Second }, "QUARRY_AGENT_IDLE_EXIT"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -217,6 +225,8 @@ func TestConfig_Validate_NamesTheVariable(t *testing.T) {
 	}
 	c := DefaultConfig()
 	c.Token, c.Workdir = "t", dir
+	assert.NoError(t, c.Validate())
+	c.OwnerDir = dir
 	assert.NoError(t, c.Validate())
 }
 

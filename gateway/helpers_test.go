@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -288,6 +289,13 @@ type testAgent struct {
 // mutate, when given, adjusts its config.
 func startAgent(t testing.TB, mutate ...func(*execagent.Config)) *testAgent {
 	t.Helper()
+	return startAgentWrapped(t, nil)
+}
+
+// startAgentWrapped runs a real exec agent whose handler is wrapped by wrap
+// (nil: served by the agent's own Serve); it is closed when the test ends.
+func startAgentWrapped(t testing.TB, wrap func(http.Handler) http.Handler) *testAgent {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := execagent.Config{
 		Token: agentToken, Workdir: dir, Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir},
@@ -300,12 +308,25 @@ func startAgent(t testing.TB, mutate ...func(*execagent.Config)) *testAgent {
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	serve := func() error { return srv.Serve(context.Background(), ln) }
+	stop := func(context.Context) error { return nil }
+	if wrap != nil {
+		hs := &http.Server{Handler: wrap(srv.Handler())}
+		serve = func() error {
+			if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		}
+		stop = hs.Shutdown
+	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(context.Background(), ln) }()
+	go func() { done <- serve() }()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
 		defer cancel()
-		assert.NoError(t, srv.Close(ctx))
+		assert.NoError(t, srv.Close(ctx)) // kills what the test left running
+		assert.NoError(t, stop(ctx))
 		assert.NoError(t, <-done)
 	})
 	return &testAgent{URL: "http://" + ln.Addr().String(), Workdir: dir, Srv: srv}

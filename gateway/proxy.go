@@ -104,7 +104,7 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	}
 
 	stream := false
-	callID := "" // set on command calls answered whole: cancelled when the client leaves
+	command := false // a command call or a followed output: cancelled when the client leaves
 	timeout := g.cfg.RequestTimeout
 	switch rt.kind {
 	case kindUpload:
@@ -132,11 +132,10 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 		sse := bytes.Contains(c.Request().Header.Peek(fiber.HeaderAccept), []byte("text/event-stream"))
 		switch {
 		case rt.kind == kindCommand && sse:
-			stream = true
+			stream, command = true, true
 		case rt.kind == kindCommand:
 			timeout = g.commandTimeout(req.Body())
-			callID = newCallID()
-			req.Header.Set(agentapi.HeaderCallID, callID)
+			command = true
 		case rt.kind == kindOutput:
 			// As the agent decides: follow (any strconv.ParseBool form)
 			// overrides Accept; a malformed one is the agent's 400.
@@ -146,7 +145,14 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 					stream = b
 				}
 			}
+			command = stream
 		}
+	}
+	var leave *leaveWatch // nil: the client's leaving is noticed by a failed write or read
+	if command {
+		callID := newCallID()
+		req.Header.Set(agentapi.HeaderCallID, callID)
+		leave = g.cancelIfClientLeaves(c, ac, lease, callID)
 	}
 
 	resp := c.Response()
@@ -157,14 +163,15 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 		up := fasthttp.AcquireResponse()
 		up.StreamBody = true
 		if err := ac.stream.Do(req, up); err != nil {
+			leave.stop()
 			fasthttp.ReleaseResponse(up)
 			return g.agentFailed(c, id, lease, err)
 		}
-		g.passStream(context.WithoutCancel(c.UserContext()), id, lease, up, resp)
+		// The watch goes on while the answer streams: the body stops it.
+		g.passStream(context.WithoutCancel(c.UserContext()), id, lease, up, resp, leave)
 	} else {
-		stop := g.cancelIfClientLeaves(c, ac, lease, callID)
 		err := ac.unary.DoTimeout(req, resp, timeout)
-		stop()
+		leave.stop()
 		if err != nil {
 			return g.agentFailed(c, id, lease, err)
 		}
@@ -332,43 +339,6 @@ func newCallID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// cancelIfClientLeaves watches c's client while the agent runs call callID
-// ("": nothing to watch): when the client closes its connection, the agent
-// is asked to cancel the call (DELETE /v1/calls/{id}), so the command stops
-// and its session is free for the client's retry, instead of running to
-// its timeout for nobody. The watch starts after disconnectPoll, so the
-// many calls that end sooner cost a timer and nothing else. It returns the
-// function that ends the watch and waits for it.
-func (g *Gateway) cancelIfClientLeaves(c *fiber.Ctx, ac *agentClient, lease warmpool.Lease, callID string) func() {
-	if callID == "" {
-		return func() {}
-	}
-	conn := c.Context().Conn()
-	done, finished := make(chan struct{}), make(chan struct{})
-	t := time.AfterFunc(disconnectPoll, func() {
-		defer close(finished)
-		tick := time.NewTicker(disconnectPoll)
-		defer tick.Stop()
-		for !peerClosed(conn) {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-		}
-		if err := g.cancelAgentCall(ac, lease, callID); err != nil {
-			g.log.Debug("cancel agent call", "sandbox", lease.ID, "call", callID, "err", err)
-		}
-	})
-	return func() {
-		if t.Stop() {
-			return // the watch never started
-		}
-		close(done)
-		<-finished
-	}
 }
 
 // cancelAgentCall sends DELETE /v1/calls/{callID} to the agent of lease.

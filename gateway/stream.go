@@ -28,14 +28,16 @@ const maxEventLine = 64
 // client reads it, and up is released when the client's response is done
 // with it. An event stream (200, text/event-stream) is watched: when it
 // ends or breaks without its final exit or error event, an error event is
-// sent in its place (see streamEnd).
-func (g *Gateway) passStream(ctx context.Context, id string, lease warmpool.Lease, up *fasthttp.Response, resp *fasthttp.Response) {
+// sent in its place (see streamEnd), unless the client has left. leave (may
+// be nil) is the watch of the client's connection; it is stopped with the
+// body.
+func (g *Gateway) passStream(ctx context.Context, id string, lease warmpool.Lease, up *fasthttp.Response, resp *fasthttp.Response, leave *leaveWatch) {
 	up.Header.CopyTo(&resp.Header)
 	size := up.Header.ContentLength()
 	if size < 0 {
 		size = -1
 	}
-	body := &upstreamBody{up: up}
+	body := &upstreamBody{up: up, leave: leave}
 	if s := up.BodyStream(); s != nil {
 		body.src = s
 	} else {
@@ -76,13 +78,16 @@ func (g *Gateway) streamEnd(ctx context.Context, id string, lease warmpool.Lease
 // upstreamBody is the body of a client's response read from an agent's
 // streamed answer. With watch set it tracks the SSE events that pass and,
 // when the agent's stream ends without a final exit or error event, ends
-// the client's stream with the event end returns. It is read by one
-// goroutine (the server writing the response).
+// the client's stream with the event end returns, unless leave found the
+// client gone (then the agent ended the stream because its call was
+// cancelled). It is read by one goroutine (the server writing the
+// response).
 type upstreamBody struct {
 	up    *fasthttp.Response
 	src   io.Reader
 	watch *eventWatch
 	end   func(err error) []byte
+	leave *leaveWatch
 
 	tail []byte // the closing bytes still to send, once src ended
 	done bool   // src ended; tail is what remains
@@ -104,7 +109,7 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 	if err == nil {
 		return n, nil
 	}
-	if b.watch == nil || b.watch.final {
+	if b.watch == nil || b.watch.final || b.leave.left() {
 		return n, err
 	}
 	if errors.Is(err, io.EOF) {
@@ -115,8 +120,10 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Close releases the agent's answer (and its connection).
+// Close ends the watch of the client and releases the agent's answer (and
+// its connection).
 func (b *upstreamBody) Close() error {
+	b.leave.stop()
 	if b.up == nil {
 		return nil
 	}

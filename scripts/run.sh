@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 export QUARRY_ADDR="${QUARRY_ADDR:-127.0.0.1:8080}"
 export QUARRY_DATA_DIR="${QUARRY_DATA_DIR:-$PWD/.quarry}"
 export QUARRY_PROVIDER="${QUARRY_PROVIDER:-process}"
+QUARRY_GATEWAY_ID="$(scripts/gateway-id.sh)" # this checkout's: make clean removes its sandboxes only
+export QUARRY_GATEWAY_ID
 if [ "$QUARRY_PROVIDER" = docker ]; then
   # Docker sandboxes: an engine and the locally built images (no registry is needed).
   scripts/docker-up.sh
@@ -56,7 +58,7 @@ fi
 if [ -n "${QUARRY_API_KEYS:-}" ]; then key="${QUARRY_API_KEYS%%,*}"; else key="$(cat "$QUARRY_DATA_DIR/api-key")"; fi
 cat <<MSG
 
-  Quarry gateway: $url   (provider: $QUARRY_PROVIDER, lease store: embedded in $QUARRY_DATA_DIR)
+  Quarry gateway: $url   (provider: $QUARRY_PROVIDER, lease store: embedded in $QUARRY_DATA_DIR, gateway id: $QUARRY_GATEWAY_ID)
   API key:        $key
 
   Try it:

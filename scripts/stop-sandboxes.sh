@@ -17,12 +17,14 @@ for f in "$dir"/process/*/task.json; do
   echo "stopped $(basename "$(dirname "$f")")"
 done
 
-# Docker sandboxes of this gateway id (`QUARRY_PROVIDER=docker make run`).
+# Docker sandboxes of this checkout's gateway id (`QUARRY_PROVIDER=docker make run`; the id is
+# derived from the checkout's path, so other checkouts' and users' sandboxes are left alone).
 if command -v docker >/dev/null && timeout 10 docker info >/dev/null 2>&1; then
-  ids="$(docker ps -aq --filter label=quarry.managed=true --filter "label=quarry.gateway=${QUARRY_GATEWAY_ID:-quarry}")"
+  gateway_id="$(scripts/gateway-id.sh)"
+  ids="$(docker ps -aq --filter label=quarry.managed=true --filter "label=quarry.gateway=$gateway_id")"
   if [ -n "$ids" ]; then
     # shellcheck disable=SC2086 # one id per word
     docker rm -f $ids >/dev/null
-    echo "removed $(echo "$ids" | wc -w) docker sandboxes"
+    echo "removed $(echo "$ids" | wc -w) docker sandboxes of gateway $gateway_id"
   fi
 fi

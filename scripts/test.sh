@@ -6,12 +6,25 @@
 # A missing dependency is a failure, never a skip: QUARRY_TEST_STRICT=1 (internal/testenv) makes
 # every test that was not given its dependency fail. Set AWS_ENDPOINT_URL (and credentials, region)
 # to run the AWS suites against LocalStack or real AWS instead of the local emulator.
+# At the end nothing the suites started may still run (scripts/leftovers.sh names what does): the
+# suites run with a temp dir of their own (TMPDIR), removed when the script ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 
 started_emulator=""
-cleanup() { if [ -n "$started_emulator" ]; then localstack/emulator.sh stop || true; fi; }
+run_started="$(date +%s)"
+run_tmp=""
+checked=""
+cleanup() {
+  if [ -n "$started_emulator" ]; then localstack/emulator.sh stop || true; fi
+  if [ -n "$run_tmp" ]; then
+    # A suite that failed or was interrupted may have left something: name it.
+    [ -n "$checked" ] || scripts/leftovers.sh --since "$run_started" --tmp "$run_tmp" || true
+    chmod -R u+w "$run_tmp" 2>/dev/null || true # tests make read-only trees
+    rm -rf "$run_tmp" # agents whose directory went exit by themselves
+  fi
+}
 trap cleanup EXIT
 
 echo "== dependencies"
@@ -42,6 +55,10 @@ fi
 export QUARRY_TEST_BUSYBOX=/bin/busybox QUARRY_TEST_DOCKER=1 QUARRY_TEST_AWS=1
 # Every go test below runs strict: a test whose dependency is not given fails instead of skipping.
 export QUARRY_TEST_STRICT=1
+# Everything the suites create in temp dirs (t.TempDir, built binaries, gateways' data dirs) is in
+# run_tmp, so what still runs from it at the end is this run's leftover.
+run_tmp="$(mktemp -d "${TMPDIR:-/tmp}/quarry-make-test.XXXXXX")"
+export TMPDIR="$run_tmp"
 # The AWS suites run on their own, one package at a time (the emulator answers one request at a time).
 aws_pkgs=(warmpool/dynamostore modelservice/dynamobroker providers/ecs cmd/gateway)
 
@@ -68,5 +85,15 @@ go test -tags integration -count=1 -timeout 30m ./tests/...
 
 echo "== peer benchmark harness (unit tests)"
 python3 -m unittest discover -s bench/peers
+
+echo "== leftovers: agents, gateways, test containers and the emulator this run started must be gone"
+moto_pid=""
+if [ -n "$started_emulator" ]; then
+  moto_pid="$(cat .cache/moto.pid 2>/dev/null || true)"
+  localstack/emulator.sh stop
+  started_emulator=""
+fi
+checked=1
+scripts/leftovers.sh --since "$run_started" --tmp "$run_tmp" --wait 15 ${moto_pid:+--moto-pid "$moto_pid"}
 
 echo "== all suites passed"

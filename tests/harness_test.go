@@ -159,6 +159,10 @@ func (g *gatewayProc) start() {
 		"QUARRY_REAP_INTERVAL=200ms",
 	)
 	cmd.Env = append(cmd.Env, g.env...)
+	// The gateway dies with the test binary: a test that hits go test's
+	// -timeout panics, and no cleanup stops what it started (Linux only,
+	// as the rest of the harness: /proc).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	w := lockedWriter{mu: g.logMu, w: g.log}
 	cmd.Stdout, cmd.Stderr = w, w
 	require.NoError(t, cmd.Start())

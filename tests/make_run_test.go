@@ -83,6 +83,8 @@ func TestMakeRun_BannerWorksAndABusyAddressIsRefused(t *testing.T) {
 	res, err := c.Exec(ctx(t), sbx.ID, agentapi.ExecRequest{Command: "echo from-make-run"})
 	require.NoError(t, err)
 	assert.Equal(t, "from-make-run\n", res.Stdout)
+	assert.Equal(t, []string{checkoutGatewayID(t)}, gatewayLabels(t, dataDir),
+		"make run labels its sandboxes with this checkout's gateway id (make clean's)")
 
 	second := runScript(addr, t.TempDir())
 	var out2, err2 bytes.Buffer

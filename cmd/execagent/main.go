@@ -134,6 +134,8 @@ func run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		log.Info("exec agent stopping", "reason", context.Cause(ctx))
+	case <-srv.Orphaned():
+		log.Warn("exec agent stopping", "reason", srv.OrphanReason())
 	case serveErr = <-served:
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)

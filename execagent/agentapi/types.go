@@ -104,7 +104,10 @@ type Health struct {
 // InitRequest applies per-lease settings after a claim. Generation must be
 // greater than or equal to the agent's current one (equal with the same lease
 // id is an idempotent retry); Env is added to the environment of every later
-// command, session and process.
+// command, session and process. An init that keeps the current lease id and
+// raises the generation fences the lease (the manager does so when the lease
+// ended): the agent then holds no lease, and may exit when idle
+// (QUARRY_AGENT_IDLE_EXIT).
 type InitRequest struct {
 	LeaseID    string            `json:"lease_id"`
 	Generation int64             `json:"generation"`

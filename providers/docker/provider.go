@@ -265,7 +265,14 @@ func (p *Provider) launchOne(ctx context.Context, spec providers.Spec, set setti
 		}
 	}
 	cc, hc := buildContainer(p.cfg, spec, set, plan)
-	created, err := p.api.ContainerCreate(ctx, cc, hc, nil, nil, name)
+	// The engine completes a create whose client gave up on it, and a
+	// container nobody knows the id of outlives its gateway (a test's, say).
+	// So the create is never abandoned halfway: it gets its answer (within
+	// StartTimeout) even when ctx ends, and the container of a launch ctx
+	// ended is removed below like any failed launch's.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.StartTimeout)
+	created, err := p.api.ContainerCreate(cctx, cc, hc, nil, nil, name)
+	ccancel()
 	if err != nil {
 		if isConflict(err) {
 			return p.adopt(ctx, spec, name)
@@ -286,6 +293,9 @@ func (p *Provider) launchOne(ctx context.Context, spec providers.Spec, set setti
 			err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
 		}
 	}()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 
 	if err := p.checkShell(ctx, spec, id); err != nil {
 		return nil, err

@@ -12,7 +12,10 @@
 // URL, token and labels, so a new Provider on the same Dir — a restarted
 // gateway — finds, describes and stops the tasks of an earlier one. Agents
 // are started with no pipe to the gateway (stdout and stderr go to
-// Dir/<task>/agent.log), so they survive a gateway restart.
+// Dir/<task>/agent.log), so they survive a gateway restart. They do not
+// survive their directory: Dir/<task> is their QUARRY_AGENT_OWNER_DIR, and an
+// agent that finds it gone exits and kills its sandbox's processes, so
+// removing a gateway's Dir (a test's temp dir) leaves no agent behind.
 //
 // This package must not import gateway or warmpool.
 package process

@@ -293,7 +293,9 @@ func (p *Provider) startAgent(taskDir, work, token string, specEnv map[string]st
 }
 
 // agentEnv is the agent's whole environment: PATH, HOME (the workdir), LANG,
-// the spec's variables, then the agent's own settings.
+// the spec's variables, then the agent's own settings. The task directory
+// is the agent's owner directory: an agent whose directory is gone (its
+// gateway's data dir was removed) exits, killing its sandbox's processes.
 func agentEnv(cfg Config, taskDir, work, token string, specEnv map[string]string) []string {
 	env := map[string]string{"PATH": cfg.Path, "HOME": work, "LANG": cfg.Lang}
 	for k, v := range specEnv {
@@ -303,6 +305,7 @@ func agentEnv(cfg Config, taskDir, work, token string, specEnv map[string]string
 	env["QUARRY_AGENT_TOKEN"] = token
 	env["QUARRY_AGENT_WORKDIR"] = work
 	env["QUARRY_AGENT_ADDR_FILE"] = filepath.Join(taskDir, addrFile)
+	env["QUARRY_AGENT_OWNER_DIR"] = taskDir
 	out := make([]string, 0, len(env))
 	for _, k := range sortedKeys(env) {
 		out = append(out, k+"="+env[k])

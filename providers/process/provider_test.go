@@ -485,3 +485,29 @@ func recordJSON(t testing.TB, p *Provider, name string) map[string]any {
 	require.NoError(t, json.Unmarshal(b, &m))
 	return m
 }
+
+// An agent whose task directory is gone (its gateway's data dir was
+// removed: a test's temp dir, say) exits and takes its sandbox's processes
+// with it: no Provider will ever find it again to stop it.
+func TestProvider_AgentExitsWhenItsTaskDirIsGone(t *testing.T) {
+	p, _, client := launchRealAgent(t)
+	agent := procOf(t, mustRecord(t, p, "t1").PID)
+	// Without its record, Stop cannot find an agent that failed to exit.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		_ = killSession(ctx, agent.pid)
+	})
+	var info agentapi.ProcessInfo
+	err := client.Do(context.Background(), http.MethodPost, agentapi.RouteProcesses, agentapi.ProcessStartRequest{Command: "sleep 600"}, &info)
+	require.NoError(t, err)
+	child := procOf(t, info.PID)
+
+	require.NoError(t, os.RemoveAll(p.taskDir("t1")))
+	// The agent checks every 5 s (execagent's default OwnerCheckInterval).
+	removed := time.Now()
+	for agent.alive() || child.alive() {
+		require.Less(t, time.Since(removed), 15*time.Second, "agent alive %v, its child alive %v after the task directory went", agent.alive(), child.alive())
+		time.Sleep(pollInterval)
+	}
+}

@@ -87,6 +87,7 @@ func TestAgentEnv_MinimalEnvPlusSpecAndAgentSettings(t *testing.T) {
 		"PATH=" + DefaultPath,
 		"QUARRY_AGENT_ADDR=127.0.0.1:0",
 		"QUARRY_AGENT_ADDR_FILE=/d/t1/agent.addr",
+		"QUARRY_AGENT_OWNER_DIR=/d/t1",
 		"QUARRY_AGENT_TOKEN=tok",
 		"QUARRY_AGENT_WORKDIR=/d/t1/work",
 	}, got)
