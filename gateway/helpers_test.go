@@ -289,12 +289,13 @@ type testAgent struct {
 // mutate, when given, adjusts its config.
 func startAgent(t testing.TB, mutate ...func(*execagent.Config)) *testAgent {
 	t.Helper()
-	return startAgentWrapped(t, nil)
+	return startAgentWrapped(t, nil, mutate...)
 }
 
 // startAgentWrapped runs a real exec agent whose handler is wrapped by wrap
 // (nil: served by the agent's own Serve); it is closed when the test ends.
-func startAgentWrapped(t testing.TB, wrap func(http.Handler) http.Handler) *testAgent {
+// mutate, when given, adjusts its config.
+func startAgentWrapped(t testing.TB, wrap func(http.Handler) http.Handler, mutate ...func(*execagent.Config)) *testAgent {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := execagent.Config{
