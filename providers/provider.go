@@ -56,6 +56,10 @@ type Spec struct {
 	// the backend can (cgroups for docker, task size for ECS).
 	CPU      float64
 	MemoryMB int
+	// DiskMB bounds the sandbox's work directory, in MiB; 0 leaves its size
+	// to the provider. A provider that cannot enforce a size refuses a spec
+	// that sets one (InvalidSpec naming disk), never ignores it.
+	DiskMB int
 	// Env is set in the environment of the agent (and so of every command)
 	// for every task of the pool. Per-lease variables are applied later
 	// through the agent's /v1/init, never here.

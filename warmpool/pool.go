@@ -41,7 +41,7 @@ func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger) *pool {
 		cfg:      cfg,
 		provider: prov,
 		spec: providers.Spec{
-			Pool: cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMB: int(cfg.Memory),
+			Pool: cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMB: int(cfg.Memory), DiskMB: int(cfg.Disk),
 			Env: maps.Clone(cfg.Env), Labels: labels, Options: cfg.ProviderOptions(),
 		},
 		log:        log.With("pool", cfg.Name),
