@@ -46,7 +46,7 @@ func TestProvider_Launch_AppliesIsolation(t *testing.T) {
 	assert.Contains(t, hc.SecurityOpt, "no-new-privileges")
 	require.NotNil(t, hc.PidsLimit)
 	assert.Equal(t, int64(DefaultPidsLimit), *hc.PidsLimit)
-	assert.Equal(t, int64(256<<20), hc.Memory)
+	assert.Equal(t, int64(256+256)<<20, hc.Memory, "memory + the work directory's tmpfs (as large as memory without a disk)")
 	assert.Equal(t, hc.Memory, hc.MemorySwap, "no swap")
 	assert.Equal(t, int64(5e8), hc.NanoCPUs)
 	assert.Equal(t, "no", string(hc.RestartPolicy.Name))
@@ -272,4 +272,28 @@ func TestProvider_Launch_ConcurrentDifferentImages(t *testing.T) {
 	assert.Equal(t, "5\n", bash.Stdout)
 	noBash := execIn(t, agentOf(t, tasks[0][0]), "bash --version")
 	assert.Equal(t, 127, noBash.ExitCode, "the busybox image has no bash")
+}
+
+// A work directory filled to its disk is ENOSPC for the writer, not an OOM
+// kill of the sandbox: the container's memory limit leaves room for the
+// tmpfs (memory + disk), and the agent keeps answering.
+func TestProvider_Launch_FullWorkdirIsENOSPCNotAnOOMKill(t *testing.T) {
+	e, p := dockerProvider(t)
+	s := spec("disk", imageBusybox)
+	s.MemoryMB, s.DiskMB = 32, 16
+	task := launchOne(t, p, s, "disk-"+randomHex(t, 4))
+	a := agentOf(t, task)
+
+	res := execIn(t, a, "dd if=/dev/zero of=fill bs=1M count=40 2>/tmp/err; echo rc=$?; wc -c < fill; cat /tmp/err >&2")
+	assert.Equal(t, "rc=1\n16777216\n", res.Stdout, "the write stops at the disk: stderr %q", res.Stderr)
+	assert.Contains(t, res.Stderr, "No space left on device")
+	assert.Equal(t, 0, res.ExitCode)
+
+	res = execIn(t, a, "echo ok")
+	assert.Equal(t, "ok\n", res.Stdout, "the agent still answers")
+	info, err := e.cli.ContainerInspect(context.Background(), task.ID)
+	require.NoError(t, err)
+	assert.True(t, info.State.Running, "the container runs")
+	assert.False(t, info.State.OOMKilled, "nothing was OOM-killed")
+	assert.Equal(t, int64(32+16)<<20, info.HostConfig.Memory)
 }
