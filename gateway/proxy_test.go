@@ -488,6 +488,8 @@ func TestProxy_AgentAnswersMapped(t *testing.T) {
 			wantBody: `{"error":{"code":"payload_too_large","message":"file over 1 GiB"}}`},
 		{name: "stale generation is gone", status: 409, body: `{"error":{"code":"stale_generation","message":"generation 7 < 8"}}`, want: 410, code: "gone"},
 		{name: "refused token is a gateway problem", status: 401, body: `{"error":{"code":"unauthorized","message":"bad token"}}`, want: 502, code: "agent_unreachable"},
+		{name: "a full disk passes through", status: 507, body: `{"error":{"code":"insufficient_storage","message":"write \"/home/sandbox/f\": no space left on device"}}`, want: 507,
+			wantBody: `{"error":{"code":"insufficient_storage","message":"write \"/home/sandbox/f\": no space left on device"}}`},
 		{name: "forbidden passes through", status: 403, body: `{"error":{"code":"forbidden","message":"path /root/x: permission denied"}}`, want: 403,
 			wantBody: `{"error":{"code":"forbidden","message":"path /root/x: permission denied"}}`},
 	}

@@ -78,6 +78,11 @@ const (
 	// CodeProtocolError: an rpc process wrote a reply line that is not one
 	// JSON value or is over the size limit (409); the agent killed it.
 	CodeProtocolError = "protocol_error"
+	// CodeInsufficientStorage: a write (a file, an archive upload) found
+	// the sandbox's disk full (ENOSPC) or over its quota (EDQUOT); 507. The
+	// message names the path and the size of the file system holding it.
+	// What was written before stays; the sandbox is fine otherwise.
+	CodeInsufficientStorage = "insufficient_storage"
 )
 
 // ErrorBody is the one JSON shape of every error response, from the agent and
