@@ -114,6 +114,15 @@ func waitExited(pid int) {
 	}
 }
 
+// hasExited reports whether child pid, which nobody has reaped yet, has
+// exited (without reaping it). A pid that is no longer a child (reaped
+// meanwhile) has exited too.
+func hasExited(pid int) bool {
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	return err != nil || info.Signo != 0
+}
+
 // pidExists reports whether a process (or zombie) with this pid exists.
 func pidExists(pid int) bool {
 	err := unix.Kill(pid, 0)

@@ -460,8 +460,13 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	select {
 	case w = <-done:
 	case <-timer.C:
-		out.timedOut = true
-		s.children.killGroup(pgid, syscall.SIGKILL)
+		// A command that exited before its deadline finished on its own,
+		// even when its wait was late (the reaper held the table, e.g.
+		// sweeping a fork bomb's zombies): its result is its own.
+		if !hasExited(pgid) {
+			out.timedOut = true
+			s.children.killGroup(pgid, syscall.SIGKILL)
+		}
 		w = <-done
 	case <-ctx.Done():
 		s.children.killGroup(pgid, syscall.SIGKILL)
@@ -474,6 +479,9 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	rc.cleanup()
 	rc.drain(ctx)
 	out.exitCode, out.signal = exitStatus(w.ps)
+	if out.timedOut {
+		out.exitCode = -1 // killed at its deadline: never the status of an exit seen too late
+	}
 	out.killedByShutdown = out.signal != "" && s.closing() // after the wait: see closing
 	return out
 }

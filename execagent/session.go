@@ -467,6 +467,9 @@ func (ss *session) onStatus(line string) {
 }
 
 func (ss *session) finishLocked(r *sessionRun, code int, timedOut, closed bool) {
+	if timedOut && code == 0 {
+		code = exitInterrupted // a shell that exited 0 while interrupted did not run the command to success
+	}
 	r.exitCode, r.timedOut, r.closed = code, timedOut, closed
 	r.state = runDone
 	close(r.done)

@@ -140,7 +140,10 @@ type ExecRequest struct {
 // ExecResult is the answer of a non-streaming exec.
 type ExecResult struct {
 	// ExitCode is the process's exit status, or -1 when it was killed by a
-	// signal (then Signal names it, e.g. "SIGKILL").
+	// signal (then Signal names it, e.g. "SIGKILL"). A command that timed
+	// out (TimedOut) always has -1: the agent killed its process group at
+	// the deadline (Signal "SIGKILL"); a command that had exited before its
+	// deadline keeps its own status, however late its answer.
 	ExitCode   int    `json:"exit_code"`
 	Signal     string `json:"signal,omitempty"`
 	Stdout     string `json:"stdout"`
@@ -204,6 +207,10 @@ type SessionRunRequest struct {
 // SessionRunResult is the answer of a session run. Output holds stdout and
 // stderr interleaved as the shell wrote them.
 type SessionRunResult struct {
+	// ExitCode is the command's exit status; a run that timed out
+	// (TimedOut) reports 130 (128+SIGINT: the agent interrupted it) or,
+	// when the shell ended meanwhile (Closed), the shell's status (128+n
+	// for signal n); never 0.
 	ExitCode   int    `json:"exit_code"`
 	Output     string `json:"output"`
 	DurationMS int64  `json:"duration_ms"`
