@@ -43,6 +43,7 @@ import (
 // process would exist).
 type childTable struct {
 	log *slog.Logger
+	oom oomCounter // the OOM kills of the agent's memory cgroup (cgroup.go)
 
 	mu      sync.Mutex
 	tracked map[int]struct{} // pids whose Wait is pending
@@ -56,7 +57,8 @@ type group struct {
 }
 
 func newChildTable(log *slog.Logger) *childTable {
-	return &childTable{log: log, tracked: map[int]struct{}{}, groups: map[int]*group{}}
+	selfCgroup, _ := os.ReadFile("/proc/self/cgroup") // unreadable: no counter, no OOM flags
+	return &childTable{log: log, oom: findOOMCounter(selfCgroup, cgroupRoot), tracked: map[int]struct{}{}, groups: map[int]*group{}}
 }
 
 // start starts cmd in its own process group and registers it. cmd must set

@@ -34,6 +34,7 @@ type process struct {
 	command string
 	argv    []string
 	started time.Time
+	oom     oomMark // the OOM kill count at start
 
 	rpc     *rpcPipe // nil unless started with rpc
 	cleanup func()   // removes the command's script file, if any; called by wait
@@ -52,6 +53,8 @@ type process struct {
 	done     chan struct{} // closed once exited (output complete)
 	outR     *os.File
 	readDone chan struct{}
+	// oomKilled: the OOM killer killed it (set with exited, under mu).
+	oomKilled bool
 }
 
 // processTable holds the background processes of the /v1/processes routes,
@@ -121,7 +124,7 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 		}
 		cmd.Stdin = inR
 	}
-	p.started = time.Now()
+	p.started, p.oom = time.Now(), s.children.oom.mark()
 	err = s.children.start(cmd)
 	_ = outW.Close()
 	closeFile(rpcW)
@@ -182,6 +185,7 @@ func (p *process) wait(s *Server) {
 	ps, _ := s.children.wait(p.cmd)
 	p.cleanup()
 	code, sig := exitStatus(ps)
+	oomKilled := s.children.oom.killedSince(p.oom, code, sig)
 	t := time.NewTimer(s.cfg.DrainTimeout)
 	select {
 	case <-p.readDone:
@@ -192,7 +196,7 @@ func (p *process) wait(s *Server) {
 	_ = p.outR.Close()
 	<-p.readDone
 	p.mu.Lock()
-	p.exited, p.exitCode, p.signal, p.ended = true, code, sig, time.Now()
+	p.exited, p.exitCode, p.signal, p.oomKilled, p.ended = true, code, sig, oomKilled, time.Now()
 	p.notifyLocked()
 	close(p.done)
 	p.mu.Unlock()
@@ -217,7 +221,7 @@ func (p *process) infoLocked() agentapi.ProcessInfo {
 	}
 	if p.exited {
 		code, ended := p.exitCode, p.ended
-		pi.State, pi.ExitCode, pi.Signal, pi.EndedAt = agentapi.ProcessExited, &code, p.signal, &ended
+		pi.State, pi.ExitCode, pi.Signal, pi.EndedAt, pi.OOMKilled = agentapi.ProcessExited, &code, p.signal, &ended, p.oomKilled
 	}
 	return pi
 }

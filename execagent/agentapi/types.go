@@ -153,6 +153,13 @@ type ExecResult struct {
 	// Truncated is true when stdout or stderr exceeded MaxOutputBytes; the
 	// excess was discarded (the command was not stopped).
 	Truncated bool `json:"truncated"`
+	// OOMKilled is true when the kernel's OOM killer killed the command:
+	// it died of SIGKILL (or its shell reported 137 for a command it ran)
+	// and the sandbox's memory cgroup counted an OOM kill while it ran
+	// (cgroup v2 memory.events, v1 memory.oom_control: oom_kill). Never
+	// set for a command the agent killed (a timeout, a cancelled call), nor
+	// where the agent finds no such counter.
+	OOMKilled bool `json:"oom_killed,omitempty"`
 }
 
 // Server-sent events of a streaming exec (Accept: text/event-stream) and of a
@@ -286,6 +293,9 @@ type ProcessInfo struct {
 	StartedAt   time.Time  `json:"started_at"`
 	EndedAt     *time.Time `json:"ended_at,omitempty"`
 	OutputBytes int64      `json:"output_bytes"` // total bytes written so far (stdout+stderr)
+	// OOMKilled: the process was killed by the kernel's OOM killer, as
+	// ExecResult.OOMKilled says.
+	OOMKilled bool `json:"oom_killed,omitempty"`
 }
 
 // ProcessList is the answer of GET /v1/processes.
