@@ -32,12 +32,24 @@ type oomCounter struct {
 }
 
 // findOOMCounter finds the counter of the cgroup that selfCgroup
-// (/proc/self/cgroup's content) names, below root (/sys/fs/cgroup). It
-// prefers the v1 memory controller (hybrid hosts mount it beside a v2
-// hierarchy without memory), and tries each candidate's own directory,
-// then root's: a container without a cgroup namespace sees its own cgroup
-// mounted at root while /proc/self/cgroup names the host's path.
+// (/proc/self/cgroup's content) names, below root (/sys/fs/cgroup).
 func findOOMCounter(selfCgroup []byte, root string) oomCounter {
+	for _, p := range cgroupFiles(selfCgroup, root, "memory", oomFileV1, oomFileV2) {
+		if _, ok := (oomCounter{path: p}).read(); ok {
+			return oomCounter{path: p}
+		}
+	}
+	return oomCounter{}
+}
+
+// cgroupFiles returns where the agent's cgroup keeps a controller's file
+// (v1File in the controller's v1 hierarchy, v2File in the v2 one), most
+// likely first. It prefers v1 (hybrid hosts mount v1 controllers beside a
+// v2 hierarchy that lacks them), and tries each cgroup's own directory,
+// then the hierarchy's root: a container without a cgroup namespace sees
+// its own cgroup mounted at the root while /proc/self/cgroup names the
+// host's path.
+func cgroupFiles(selfCgroup []byte, root, controller, v1File, v2File string) []string {
 	var v1, v2 []string
 	for _, line := range strings.Split(string(selfCgroup), "\n") {
 		parts := strings.SplitN(line, ":", 3)
@@ -46,17 +58,29 @@ func findOOMCounter(selfCgroup []byte, root string) oomCounter {
 		}
 		switch {
 		case parts[0] == "0" && parts[1] == "":
-			v2 = append(v2, filepath.Join(root, parts[2], oomFileV2), filepath.Join(root, oomFileV2))
-		case containsWord(parts[1], "memory"):
-			v1 = append(v1, filepath.Join(root, "memory", parts[2], oomFileV1), filepath.Join(root, "memory", oomFileV1))
+			v2 = append(v2, filepath.Join(root, parts[2], v2File), filepath.Join(root, v2File))
+		case containsWord(parts[1], controller):
+			v1 = append(v1, filepath.Join(root, controller, parts[2], v1File), filepath.Join(root, controller, v1File))
 		}
 	}
-	for _, p := range append(v1, v2...) {
-		if _, ok := (oomCounter{path: p}).read(); ok {
-			return oomCounter{path: p}
+	return append(v1, v2...)
+}
+
+// pidsMax returns the pids limit of the agent's cgroup (pids.max), or 0
+// when it has none ("max") or none is found.
+func pidsMax(selfCgroup []byte, root string) int {
+	for _, p := range cgroupFiles(selfCgroup, root, "pids", "pids.max", "pids.max") {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
 		}
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return 0 // "max"
+		}
+		return n
 	}
-	return oomCounter{}
+	return 0
 }
 
 // containsWord reports whether the comma-separated list holds w.

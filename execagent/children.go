@@ -42,8 +42,9 @@ import (
 // has the leader's pid (had the group emptied and the id been reused, that
 // process would exist).
 type childTable struct {
-	log *slog.Logger
-	oom oomCounter // the OOM kills of the agent's memory cgroup (cgroup.go)
+	log      *slog.Logger
+	oom      oomCounter // the OOM kills of the agent's memory cgroup (cgroup.go)
+	oomScore oomScore   // children's oom_score_adj (limits.go)
 
 	mu      sync.Mutex
 	tracked map[int]struct{} // pids whose Wait is pending
@@ -56,14 +57,20 @@ type group struct {
 	leaderReaped bool
 }
 
+// newChildTable returns the table of a new agent. It reserves OS threads
+// for the agent (reserveThreads: a share of the sandbox's pids limit) and
+// reads what the kernel tells about the sandbox's limits.
 func newChildTable(log *slog.Logger) *childTable {
 	selfCgroup, _ := os.ReadFile("/proc/self/cgroup") // unreadable: no counter, no OOM flags
-	return &childTable{log: log, oom: findOOMCounter(selfCgroup, cgroupRoot), tracked: map[int]struct{}{}, groups: map[int]*group{}}
+	reserveThreads(threadReserve(pidsMax(selfCgroup, cgroupRoot)))
+	return &childTable{log: log, oom: findOOMCounter(selfCgroup, cgroupRoot), oomScore: readOOMScore(),
+		tracked: map[int]struct{}{}, groups: map[int]*group{}}
 }
 
-// start starts cmd in its own process group and registers it. cmd must set
-// Env explicitly (never nil) so the agent's environment is not inherited,
-// and its stdio must be nil or *os.File (so Wait never waits for copying).
+// start starts cmd in its own process group, with childOOMScoreAdj, and
+// registers it. cmd must set Env explicitly (never nil) so the agent's
+// environment is not inherited, and its stdio must be nil or *os.File (so
+// Wait never waits for copying).
 func (t *childTable) start(cmd *exec.Cmd) error {
 	if cmd.Env == nil {
 		return errors.New("start process: Env must be set")
@@ -81,6 +88,7 @@ func (t *childTable) start(cmd *exec.Cmd) error {
 		return err
 	}
 	pid := cmd.Process.Pid
+	t.oomScore.raise(pid)
 	t.tracked[pid] = struct{}{}
 	t.groups[pid] = &group{}
 	return nil
@@ -105,8 +113,16 @@ func (t *childTable) wait(cmd *exec.Cmd) (*os.ProcessState, error) {
 	return cmd.ProcessState, err
 }
 
-// waitExited blocks until child pid has exited, without reaping it.
+// waitExited blocks until child pid has exited, without reaping it. It
+// waits for the child's pidfd in the runtime's poller (Linux 5.3+), so a
+// running command holds no OS thread: a blocking wait holds one, and when
+// a sandbox is at its pids limit (a fork bomb) the runtime cannot create
+// the next thread it needs and dies ("failed to create new OS thread",
+// exit code 2). Without pidfds it blocks in waitid.
 func waitExited(pid int) {
+	if pollExited(pid) {
+		return
+	}
 	var info unix.Siginfo
 	for {
 		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
@@ -114,6 +130,33 @@ func waitExited(pid int) {
 			return
 		}
 	}
+}
+
+// pollExited waits in the poller until child pid has exited (without
+// reaping it) and reports true, or reports false at once when the kernel
+// cannot do that (no pidfd_open or P_PIDFD).
+func pollExited(pid int) bool {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return false
+	}
+	f := os.NewFile(uintptr(fd), "pidfd") // non-blocking: registered with the poller
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	waited := false
+	err = rc.Read(func(fd uintptr) bool {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		if errors.Is(err, unix.EINTR) {
+			return false
+		}
+		waited = err == nil
+		return err != nil || info.Signo != 0 // exited; or no waiting here (the caller's waitid decides)
+	})
+	return err == nil && waited
 }
 
 // hasExited reports whether child pid, which nobody has reaped yet, has
