@@ -190,6 +190,18 @@ func (t *childTable) groupGoneLocked(pgid int) bool {
 	return errors.Is(unix.Kill(-pgid, 0), unix.ESRCH)
 }
 
+// groupAlive reports whether the process group the agent started with
+// leader pgid still has a member (its leader may have exited).
+func (t *childTable) groupAlive(pgid int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.groupGoneLocked(pgid) {
+		delete(t.groups, pgid)
+		return false
+	}
+	return true
+}
+
 // signalGroup sends sig to the process group the agent started with leader
 // pgid. It reports false when the group has no member left (then nothing is
 // signaled).
@@ -336,7 +348,12 @@ func groupMembers(pgid int) []int {
 // procStat holds the fields of /proc/<pid>/stat the agent uses.
 type procStat struct {
 	pid, ppid, pgrp int
+	state           byte   // 'R', 'S', 'D', 'Z', ...
+	start           uint64 // start time (clock ticks after boot): with pid, names one process
 }
+
+// dead reports whether the process has exited (a zombie awaiting its reaper).
+func (p procStat) dead() bool { return p.state == 'Z' || p.state == 'X' }
 
 // scanProc returns the pids of the processes in /proc that match.
 func scanProc(match func(procStat) bool) []int {
@@ -350,27 +367,39 @@ func scanProc(match func(procStat) bool) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue // gone meanwhile
-		}
-		// pid (comm) state ppid pgrp ...; comm may contain spaces and parens.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 3 {
-			continue
-		}
-		ppid, err1 := strconv.Atoi(f[1])
-		pgrp, err2 := strconv.Atoi(f[2])
-		if err1 == nil && err2 == nil && match(procStat{pid: pid, ppid: ppid, pgrp: pgrp}) {
+		if st, ok := readProcStat(pid); ok && match(st) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
+}
+
+// readProcStat reads /proc/<pid>/stat; ok is false when the process is
+// gone (or the file is not as expected).
+func readProcStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	// pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
+	// majflt cmajflt utime stime cutime cstime priority nice threads
+	// itrealvalue starttime ...; comm may contain spaces and parens.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procStat{}, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	pgrp, err2 := strconv.Atoi(f[2])
+	start, err3 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return procStat{}, false
+	}
+	return procStat{pid: pid, ppid: ppid, pgrp: pgrp, state: f[0][0], start: start}, true
 }
 
 // reapSignaled runs on SIGCHLD: it peeks at the first zombie child without

@@ -28,6 +28,7 @@ const (
 // process is one background process.
 type process struct {
 	id      string
+	tbl     *childTable // the agent's, for its process group's members
 	cmd     *exec.Cmd
 	pgid    int
 	name    string // "" when unnamed
@@ -87,7 +88,7 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 	if err != nil {
 		return nil, err
 	}
-	p := &process{id: newID("proc-"), name: opts.name, command: command, argv: argv, out: newRing(s.cfg.ProcessOutputBytes),
+	p := &process{id: newID("proc-"), tbl: s.children, name: opts.name, command: command, argv: argv, out: newRing(s.cfg.ProcessOutputBytes),
 		changed: make(chan struct{}), done: make(chan struct{}), readDone: make(chan struct{}), cleanup: cleanup}
 	started := false
 	defer func() {
@@ -222,6 +223,7 @@ func (p *process) infoLocked() agentapi.ProcessInfo {
 	if p.exited {
 		code, ended := p.exitCode, p.ended
 		pi.State, pi.ExitCode, pi.Signal, pi.EndedAt, pi.OOMKilled = agentapi.ProcessExited, &code, p.signal, &ended, p.oomKilled
+		pi.GroupRunning = p.tbl.groupAlive(p.pgid)
 	}
 	return pi
 }
@@ -241,12 +243,7 @@ func (t *processTable) get(id string) (*process, error) {
 }
 
 func (t *processTable) list() []agentapi.ProcessInfo {
-	t.mu.Lock()
-	all := make([]*process, 0, len(t.m))
-	for _, p := range t.m {
-		all = append(all, p)
-	}
-	t.mu.Unlock()
+	all := lockedValues(&t.mu, t.m)
 	out := make([]agentapi.ProcessInfo, 0, len(all))
 	for _, p := range all {
 		out = append(out, p.info())

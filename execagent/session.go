@@ -216,13 +216,7 @@ func (t *sessionTable) list() []agentapi.SessionInfo {
 
 // closeAll kills every session and waits for their shells.
 func (t *sessionTable) closeAll() {
-	t.mu.Lock()
-	all := make([]*session, 0, len(t.m))
-	for _, ss := range t.m {
-		all = append(all, ss)
-	}
-	t.mu.Unlock()
-	for _, ss := range all {
+	for _, ss := range lockedValues(&t.mu, t.m) {
 		ss.close()
 	}
 }

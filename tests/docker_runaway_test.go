@@ -3,8 +3,13 @@
 package tests
 
 import (
+	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/docker/docker/api/types/container"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -67,4 +72,85 @@ func TestDocker_OOMKilledIsFlagged(t *testing.T) {
 	got, err := c.GetSandbox(ctx, sbx.ID)
 	require.NoError(t, err)
 	assert.Equal(t, client.StateActive, got.State)
+}
+
+// A fork bomb meets the pool's pids limit. The agent outlives it, answers
+// honestly meanwhile (a command that cannot start is an error, one that ran
+// never reports exit 0 with timed_out), and kill-all recovers the sandbox
+// on the same lease: echo ok answers 0 at once.
+func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
+	d := requireDocker(t)
+	g := d.startGateway(dockerRunaway)
+	g.waitReady("forks", 1)
+	c, ctx := g.client(), ctx(t)
+	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "forks"})
+	require.NoError(t, err)
+
+	h, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "hostname"})
+	require.NoError(t, err)
+	ctr := d.containerOf(h.Stdout)
+	// Every copy forks copies of itself forever: the sandbox stays at its
+	// pids limit (a classic :(){ :|:& };: may die down as its forks fail).
+	bomb, err := c.StartProcess(ctx, sbx.ID, agentapi.ProcessStartRequest{Command: "b() { while :; do b & done; }; b"})
+	require.NoError(t, err)
+	eventually(t, dockerWait, "the bomb reaches the pids limit", func() error {
+		st, err := d.cli.ContainerStatsOneShot(ctx, ctr)
+		if err != nil {
+			return err
+		}
+		defer st.Body.Close()
+		var stats container.StatsResponse
+		if err := json.NewDecoder(st.Body).Decode(&stats); err != nil {
+			return err
+		}
+		if stats.PidsStats.Current < 190 {
+			return fmt.Errorf("%d processes", stats.PidsStats.Current)
+		}
+		return nil
+	})
+
+	// Commands while the sandbox is at its pids limit: each is refused or
+	// runs; the agent stays up.
+	var wg sync.WaitGroup
+	for range 3 {
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "echo ok", TimeoutMS: 3000})
+				if err != nil {
+					var cerr *client.Error
+					require.ErrorAs(t, err, &cerr)
+					assert.Equal(t, 500, cerr.Status, "a command that cannot start, not a dead agent: %v", err)
+					return
+				}
+				assert.False(t, res.TimedOut && res.ExitCode == 0, "timed out yet exit 0: %+v", res)
+			}()
+		}
+		wg.Wait()
+		time.Sleep(500 * time.Millisecond)
+	}
+	got, err := c.GetSandbox(ctx, sbx.ID)
+	require.NoError(t, err)
+	require.Equal(t, client.StateActive, got.State, "the agent outlived the bomb: %s", got.Reason)
+
+	killed, err := c.KillAll(ctx, sbx.ID)
+	require.NoError(t, err)
+	assert.Greater(t, killed.Killed, 150, "the bomb's processes: %+v", killed)
+	assert.Zero(t, killed.Left)
+
+	start := time.Now()
+	res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "echo ok"})
+	require.NoError(t, err)
+	assert.Equal(t, 0, res.ExitCode)
+	assert.Equal(t, "ok\n", res.Stdout)
+	assert.Less(t, time.Since(start), 2*time.Second, "fast again")
+	info, err := c.GetProcess(ctx, sbx.ID, bomb.ID)
+	require.NoError(t, err)
+	assert.Equal(t, agentapi.ProcessExited, info.State)
+	assert.Equal(t, "SIGKILL", info.Signal)
+	assert.False(t, info.GroupRunning, "nothing of the bomb runs")
+	got, err = c.GetSandbox(ctx, sbx.ID)
+	require.NoError(t, err)
+	assert.Equal(t, client.StateActive, got.State, "the same lease")
 }

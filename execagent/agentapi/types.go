@@ -47,6 +47,7 @@ const (
 	RouteFileStat      = "/v1/files/stat"            // GET (?path=)
 	RouteFileList      = "/v1/files/list"            // GET (?path=)
 	RouteFileArchive   = "/v1/files/archive"         // GET tar of a dir, PUT tar(.gz) to extract (?path=)
+	RouteKillAll       = "/v1/kill-all"              // POST: SIGKILL to every process but the agent
 )
 
 // Error codes used in ErrorBody by the agent and the gateway.
@@ -296,6 +297,11 @@ type ProcessInfo struct {
 	// OOMKilled: the process was killed by the kernel's OOM killer, as
 	// ExecResult.OOMKilled says.
 	OOMKilled bool `json:"oom_killed,omitempty"`
+	// GroupRunning: the process has exited (ExitCode is its own), but
+	// processes it started in its process group still run (a background
+	// job, a fork bomb): DELETE kills them with it, kill-all kills every
+	// process of the sandbox.
+	GroupRunning bool `json:"group_running,omitempty"`
 }
 
 // ProcessList is the answer of GET /v1/processes.
@@ -337,6 +343,23 @@ type FileInfo struct {
 type FileList struct {
 	Path    string     `json:"path"`
 	Entries []FileInfo `json:"entries"`
+}
+
+// KillAllResult is the answer of POST /v1/kill-all, which sends SIGKILL to
+// every process in the sandbox but the agent: where the agent is PID 1 of
+// the sandbox's pid namespace (Docker, ECS) every other process there,
+// otherwise (the process provider) every process below the agent in the
+// process tree (it is their subreaper). Session shells die too: sessions
+// end and must be created again; background processes stay listed as
+// exited by SIGKILL until they are deleted; commands running meanwhile
+// answer as killed by SIGKILL. The body is empty or {}.
+type KillAllResult struct {
+	// Killed is how many processes were running and got SIGKILL.
+	Killed int `json:"killed"`
+	// Left is how many were still running when the agent gave up (after
+	// 10 s: a process stuck in the kernel); normally 0.
+	Left       int   `json:"left"`
+	DurationMS int64 `json:"duration_ms"`
 }
 
 // WriteResult is the answer of PUT /v1/files and PUT /v1/files/archive.
