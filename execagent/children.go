@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -43,8 +44,10 @@ import (
 // process would exist).
 type childTable struct {
 	log      *slog.Logger
-	oom      oomCounter // the OOM kills of the agent's memory cgroup (cgroup.go)
-	oomScore oomScore   // children's oom_score_adj (limits.go)
+	oom      oomCounter   // the OOM kills of the agent's memory cgroup (cgroup.go)
+	oomScore oomScore     // children's oom_score_adj (limits.go)
+	pidsMax  int          // the cgroup's pids limit (0: none known)
+	refused  atomic.Int64 // unix ns of the last "could not start" log line
 
 	mu      sync.Mutex
 	tracked map[int]struct{} // pids whose Wait is pending
@@ -62,9 +65,38 @@ type group struct {
 // reads what the kernel tells about the sandbox's limits.
 func newChildTable(log *slog.Logger) *childTable {
 	selfCgroup, _ := os.ReadFile("/proc/self/cgroup") // unreadable: no counter, no OOM flags
-	reserveThreads(threadReserve(pidsMax(selfCgroup, cgroupRoot)))
-	return &childTable{log: log, oom: findOOMCounter(selfCgroup, cgroupRoot), oomScore: readOOMScore(),
+	pids := pidsMax(selfCgroup, cgroupRoot)
+	reserveThreads(threadReserve(pids))
+	return &childTable{log: log, oom: findOOMCounter(selfCgroup, cgroupRoot), oomScore: readOOMScore(), pidsMax: pids,
 		tracked: map[int]struct{}{}, groups: map[int]*group{}}
+}
+
+// refusedLogEvery bounds how often a refused start is logged.
+const refusedLogEvery = 10 * time.Second
+
+// startRefused logs (at most every refusedLogEvery) that a fork failed
+// with EAGAIN: the sandbox is at a limit on processes, its pids limit in a
+// container. The line tells the sandbox's log, and so the reason of a
+// sandbox that is lost later, what happened.
+func (t *childTable) startRefused(err error) {
+	now := time.Now().UnixNano()
+	last := t.refused.Load()
+	if now-last < int64(refusedLogEvery) || !t.refused.CompareAndSwap(last, now) {
+		return
+	}
+	t.log.Warn("a command could not start: the sandbox is at its limit of processes", "pids_max", t.pidsMax, "err", err)
+}
+
+// oomKilled reports whether a command that started at m and ended with
+// code and sig was OOM-killed (oomCounter.killedSince), and logs the OOM
+// kills the cgroup counted while it ran (pid is the command's): what the
+// sandbox's log then says when it is lost later.
+func (t *childTable) oomKilled(m oomMark, code int, sig string, pid int) bool {
+	killed := t.oom.killedSince(m, code, sig)
+	if n, ok := t.oom.read(); ok && m.ok && n > m.n {
+		t.log.Warn("the kernel's OOM killer killed processes of the sandbox", "oom_kills", n-m.n, "while_pid", pid, "the_command", killed)
+	}
+	return killed
 }
 
 // start starts cmd in its own process group, with childOOMScoreAdj, and
@@ -85,6 +117,9 @@ func (t *childTable) start(cmd *exec.Cmd) error {
 		return errClosed
 	}
 	if err := cmd.Start(); err != nil {
+		if errors.Is(err, unix.EAGAIN) {
+			t.startRefused(err)
+		}
 		return err
 	}
 	pid := cmd.Process.Pid

@@ -488,7 +488,7 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	if out.timedOut {
 		out.exitCode = -1 // killed at its deadline: never the status of an exit seen too late
 	}
-	out.oomKilled = !killed && s.children.oom.killedSince(rc.oom, out.exitCode, out.signal)
+	out.oomKilled = !killed && s.children.oomKilled(rc.oom, out.exitCode, out.signal, pgid)
 	out.killedByShutdown = out.signal != "" && s.closing() // after the wait: see closing
 	return out
 }

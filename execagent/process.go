@@ -186,7 +186,7 @@ func (p *process) wait(s *Server) {
 	ps, _ := s.children.wait(p.cmd)
 	p.cleanup()
 	code, sig := exitStatus(ps)
-	oomKilled := s.children.oom.killedSince(p.oom, code, sig)
+	oomKilled := s.children.oomKilled(p.oom, code, sig, p.pgid)
 	t := time.NewTimer(s.cfg.DrainTimeout)
 	select {
 	case <-p.readDone:

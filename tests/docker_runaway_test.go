@@ -26,6 +26,11 @@ const dockerRunaway = `pools:
     memory: 64Mi
     min_warm: 1
     max_total: 2
+  - name: tiny
+    image: quarry-test/busybox:latest
+    memory: 32Mi
+    min_warm: 1
+    max_total: 2
   - name: forks
     image: quarry-test/bash:latest
     memory: 512Mi
@@ -153,4 +158,40 @@ func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
 	got, err = c.GetSandbox(ctx, sbx.ID)
 	require.NoError(t, err)
 	assert.Equal(t, client.StateActive, got.State, "the same lease")
+}
+
+// A sandbox whose agent the OOM killer took is lost with a reason that
+// says so, with its memory limit and the end of the agent's log (which
+// names the OOM kills the agent saw before).
+func TestDocker_LostToOOMReasonNamesItWithTheLogTail(t *testing.T) {
+	d := requireDocker(t)
+	g := d.startGateway(dockerRunaway)
+	g.waitReady("tiny", 1)
+	c, ctx := g.client(), ctx(t)
+	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "tiny"})
+	require.NoError(t, err)
+	// /dev/shm (Docker's 64 MiB tmpfs) keeps its pages in the container's
+	// 64 MiB (memory + work directory) after dd is killed; then the agent
+	// itself needs memory for a large output, and only it is left to kill.
+	res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "dd if=/dev/zero of=/dev/shm/fill bs=1M count=70 2>/dev/null; true"})
+	require.NoError(t, err)
+	require.Equal(t, 0, res.ExitCode)
+	_, err = c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "head -c 40m /dev/zero", MaxOutputBytes: 64 << 20})
+	require.Error(t, err, "the agent dies answering")
+
+	var got client.Sandbox
+	eventually(t, dockerWait, "the lease is lost", func() error {
+		got, err = c.GetSandbox(ctx, sbx.ID)
+		if err != nil {
+			return err
+		}
+		if got.State != client.StateLost {
+			return fmt.Errorf("state %s", got.State)
+		}
+		return nil
+	})
+	t.Logf("reason: %s", got.Reason)
+	assert.Contains(t, got.Reason, "exited with code 137 (killed for running out of memory: the kernel's OOM killer, at the container's limit of 64 MiB")
+	assert.Contains(t, got.Reason, "; its log ends: ")
+	assert.Contains(t, got.Reason, "the kernel's OOM killer killed processes of the sandbox", "the agent's own account")
 }

@@ -6,11 +6,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/providertest"
 )
@@ -296,4 +298,54 @@ func TestProvider_Launch_FullWorkdirIsENOSPCNotAnOOMKill(t *testing.T) {
 	assert.True(t, info.State.Running, "the container runs")
 	assert.False(t, info.State.OOMKilled, "nothing was OOM-killed")
 	assert.Equal(t, int64(32+16)<<20, info.HostConfig.Memory)
+}
+
+// A container whose agent the OOM killer took is described as such, with
+// its limit and the end of the agent's log.
+func TestProvider_Describe_OOMReasonWithLimitAndLogTail(t *testing.T) {
+	_, p := dockerProvider(t)
+	s := spec("oom", imageBusybox)
+	s.MemoryMB = 32 // + a 32 MiB work directory: a 64 MiB limit
+	task := launchOne(t, p, s, "oom-"+randomHex(t, 4))
+	a := agentOf(t, task)
+	// /dev/shm (Docker's 64 MiB tmpfs) holds its pages in the container's
+	// memory; then the agent itself needs memory for a large output.
+	execIn(t, a, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=70 2>/dev/null; true")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _ = a.Exec(ctx, agentapi.ExecRequest{Command: "head -c 40m /dev/zero", MaxOutputBytes: 64 << 20})
+
+	eventually(t, "the container stops", func() error {
+		got, err := p.Describe(context.Background(), []string{task.ID})
+		if err != nil {
+			return err
+		}
+		if got[0].State != providers.TaskStopped {
+			return fmt.Errorf("state %s", got[0].State)
+		}
+		return nil
+	})
+	got, err := p.Describe(context.Background(), []string{task.ID})
+	require.NoError(t, err)
+	r := got[0].Reason
+	t.Logf("reason: %s", r)
+	assert.Contains(t, r, "the container exited with code 137 (killed for running out of memory: the kernel's OOM killer, at the container's limit of 64 MiB")
+	assert.Contains(t, r, "; its log ends: ")
+	assert.Contains(t, r, "exec agent listening", "the agent's own log")
+}
+
+func TestStoppedReason_NamesTheLimits(t *testing.T) {
+	pids := int64(200)
+	inspected := func(st container.State) view {
+		return fromInspect(container.InspectResponse{
+			ContainerJSONBase: &container.ContainerJSONBase{ID: "c1", State: &st,
+				HostConfig: &container.HostConfig{Resources: container.Resources{Memory: 576 << 20, PidsLimit: &pids}}},
+		})
+	}
+	assert.Equal(t, "the container exited with code 137 (killed for running out of memory: the kernel's OOM killer, at the container's limit of 576 MiB, memory and work directory together)",
+		stoppedReason(inspected(container.State{Status: "exited", ExitCode: 137, OOMKilled: true})))
+	assert.Equal(t, "the container exited with code 2 (the agent died of a Go runtime error or panic, the container's pids limit being 200: see its log)",
+		stoppedReason(inspected(container.State{Status: "exited", ExitCode: 2})))
+	assert.Equal(t, "the container exited with code 137 (SIGKILL, e.g. docker kill)",
+		stoppedReason(inspected(container.State{Status: "exited", ExitCode: 137})))
 }
