@@ -354,7 +354,8 @@ type FileList struct {
 // exited by SIGKILL until they are deleted; commands running meanwhile
 // answer as killed by SIGKILL. The body is empty or {}.
 type KillAllResult struct {
-	// Killed is how many processes were running and got SIGKILL.
+	// Killed is how many processes the agent saw running and killed (what
+	// a fork bomb forks between two looks dies uncounted).
 	Killed int `json:"killed"`
 	// Left is how many were still running when the agent gave up (after
 	// 10 s: a process stuck in the kernel); normally 0.
