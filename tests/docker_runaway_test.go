@@ -3,6 +3,7 @@
 package tests
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -40,15 +41,23 @@ const dockerRunaway = `pools:
       pids_limit: "200"
 `
 
+// runawaySandbox starts a gateway on the runaway pools and leases a
+// sandbox of pool.
+func runawaySandbox(t *testing.T, pool string) (*dockerTest, *client.Client, context.Context, client.Sandbox) {
+	t.Helper()
+	d := requireDocker(t)
+	g := d.startGateway(dockerRunaway)
+	g.waitReady(pool, 1)
+	c, ctx := g.client(), ctx(t)
+	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: pool})
+	require.NoError(t, err)
+	return d, c, ctx, sbx
+}
+
 // A command the OOM killer kills is flagged as such, on exec and on
 // process results, and the sandbox lives on.
 func TestDocker_OOMKilledIsFlagged(t *testing.T) {
-	d := requireDocker(t)
-	g := d.startGateway(dockerRunaway)
-	g.waitReady("small", 1)
-	c, ctx := g.client(), ctx(t)
-	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "small"})
-	require.NoError(t, err)
+	_, c, ctx, sbx := runawaySandbox(t, "small")
 
 	// tail keeps everything after the last newline: /dev/zero has none.
 	res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "head -c 600m /dev/zero | tail"})
@@ -84,12 +93,7 @@ func TestDocker_OOMKilledIsFlagged(t *testing.T) {
 // never reports exit 0 with timed_out), and kill-all recovers the sandbox
 // on the same lease: echo ok answers 0 at once.
 func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
-	d := requireDocker(t)
-	g := d.startGateway(dockerRunaway)
-	g.waitReady("forks", 1)
-	c, ctx := g.client(), ctx(t)
-	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "forks"})
-	require.NoError(t, err)
+	d, c, ctx, sbx := runawaySandbox(t, "forks")
 
 	h, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "hostname"})
 	require.NoError(t, err)
@@ -164,12 +168,7 @@ func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
 // says so, with its memory limit and the end of the agent's log (which
 // names the OOM kills the agent saw before).
 func TestDocker_LostToOOMReasonNamesItWithTheLogTail(t *testing.T) {
-	d := requireDocker(t)
-	g := d.startGateway(dockerRunaway)
-	g.waitReady("tiny", 1)
-	c, ctx := g.client(), ctx(t)
-	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "tiny"})
-	require.NoError(t, err)
+	_, c, ctx, sbx := runawaySandbox(t, "tiny")
 	// /dev/shm (Docker's 64 MiB tmpfs) keeps its pages in the container's
 	// 64 MiB (memory + work directory) after dd is killed; then the agent
 	// itself needs memory for a large output, and only it is left to kill.
