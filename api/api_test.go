@@ -58,6 +58,8 @@ var wireTests = []struct {
 	{name: "Pool", v: api.Pool{Name: "default", Provider: "process", Image: "img:1", CPU: 0.5, Memory: 512, MinWarm: 2,
 		MaxTotal: 10, DefaultLeaseSeconds: 600, MaxLeaseSeconds: 86400, Ready: 1, Launching: 2, Leased: 3, Stopping: 4},
 		json: `{"name":"default","provider":"process","image":"img:1","cpu":0.5,"memory":512,"min_warm":2,"max_total":10,"default_lease_seconds":600,"max_lease_seconds":86400,"ready":1,"launching":2,"leased":3,"stopping":4}`},
+	{name: "Pool/disk", v: api.Pool{Name: "small", Memory: 64, DiskMiB: 2048},
+		json: `{"name":"small","provider":"","image":"","cpu":0,"memory":64,"disk_mib":2048,"min_warm":0,"max_total":0,"default_lease_seconds":0,"max_lease_seconds":0,"ready":0,"launching":0,"leased":0,"stopping":0}`},
 	{name: "Pool/zero", v: api.Pool{},
 		json: `{"name":"","provider":"","image":"","cpu":0,"memory":0,"min_warm":0,"max_total":0,"default_lease_seconds":0,"max_lease_seconds":0,"ready":0,"launching":0,"leased":0,"stopping":0}`},
 	{name: "PoolList", v: api.PoolList{Pools: []api.Pool{}}, json: `{"pools":[]}`},

@@ -103,6 +103,8 @@ func TestClient_Routes_SendDocumentedRequests(t *testing.T) {
 		}, seen{method: "POST", path: "/v1/sandboxes/sbx-1/processes/p1/stdin", query: "close=true", contentType: "application/octet-stream", body: "input\n"}, false},
 		{"kill process", func(ctx context.Context, c *Client) error { return c.KillProcess(ctx, "sbx-1", "p1") },
 			seen{method: "DELETE", path: "/v1/sandboxes/sbx-1/processes/p1"}, false},
+		{"kill all", func(ctx context.Context, c *Client) error { _, err := c.KillAll(ctx, "sbx-1"); return err },
+			seen{method: "POST", path: "/v1/sandboxes/sbx-1/kill-all"}, false},
 		{"read file", func(ctx context.Context, c *Client) error {
 			rc, err := c.ReadFile(ctx, "sbx-1", "/x y", 5, 100)
 			if err == nil {

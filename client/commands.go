@@ -87,6 +87,16 @@ func (c *Client) ExecStream(ctx context.Context, id string, req agentapi.ExecReq
 		})
 }
 
+// KillAll sends SIGKILL to every process in the sandbox but its agent
+// (POST /v1/sandboxes/{id}/kill-all): a sandbox that a runaway command
+// (a fork bomb) filled is usable again without a new lease. Sessions end
+// with their shells; see agentapi.KillAllResult.
+func (c *Client) KillAll(ctx context.Context, id string) (agentapi.KillAllResult, error) {
+	var res agentapi.KillAllResult
+	err := c.do(ctx, call{method: http.MethodPost, route: sandboxRoute(id, "kill-all")}, &res)
+	return res, err
+}
+
 // CreateSession starts a persistent shell in the sandbox
 // (POST /v1/sandboxes/{id}/sessions).
 func (c *Client) CreateSession(ctx context.Context, id string, req agentapi.SessionCreateRequest) (agentapi.SessionInfo, error) {

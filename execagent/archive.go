@@ -3,6 +3,7 @@ package execagent
 import (
 	"archive/tar"
 	"bufio"
+	"cmp"
 	"compress/gzip"
 	"errors"
 	"fmt"
@@ -193,7 +194,7 @@ func (s *Server) handleArchiveUpload(w http.ResponseWriter, r *http.Request) err
 		defer zr.Close()
 		in = zr
 	}
-	x := extractor{root: root, budget: s.cfg.MaxUploadBytes}
+	x := extractor{root: root, dir: p, budget: s.cfg.MaxUploadBytes}
 	tr := tar.NewReader(in)
 	for {
 		hdr, err := tr.Next()
@@ -203,7 +204,9 @@ func (s *Server) handleArchiveUpload(w http.ResponseWriter, r *http.Request) err
 		if err != nil {
 			return uploadError(err, s.cfg.MaxUploadBytes)
 		}
-		if err := x.entry(hdr, tr); err != nil {
+		if err := x.entry(hdr, tr); errors.Is(err, errNoSpace) {
+			return drained(body, err)
+		} else if err != nil {
 			return uploadError(err, s.cfg.MaxUploadBytes)
 		}
 	}
@@ -231,7 +234,8 @@ func uploadError(err error, limit int64) error {
 // extractor extracts tar entries below root.
 type extractor struct {
 	root    *os.Root
-	budget  int64 // extracted bytes left
+	dir     string // root's path, for messages
+	budget  int64  // extracted bytes left
 	bytes   int64
 	entries int
 }
@@ -309,15 +313,18 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	if err := x.checkParents(hdr.Name, name); err != nil {
 		return err
 	}
+	fail := func(err error) error {
+		if full := diskFull(filepath.Join(x.dir, name), err); full != nil {
+			return full
+		}
+		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+	}
 	if dir := path.Dir(name); dir != "." {
 		if err := x.root.MkdirAll(dir, 0o755); err != nil {
-			return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+			return fail(err)
 		}
 	}
 	mode := unixMode(uint32(hdr.Mode) & 0o7777)
-	fail := func(err error) error {
-		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
-	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		fi, err := x.root.Lstat(name)
@@ -349,6 +356,9 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		cerr := f.Close()
 		x.budget -= n
 		x.bytes += n
+		if full := diskFull(filepath.Join(x.dir, name), cmp.Or(err, cerr)); full != nil {
+			return full
+		}
 		if err != nil {
 			return uploadError(err, 0)
 		}

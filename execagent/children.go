@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -42,7 +43,11 @@ import (
 // has the leader's pid (had the group emptied and the id been reused, that
 // process would exist).
 type childTable struct {
-	log *slog.Logger
+	log      *slog.Logger
+	oom      oomCounter   // the OOM kills of the agent's memory cgroup (cgroup.go)
+	oomScore oomScore     // children's oom_score_adj (limits.go)
+	pidsMax  int          // the cgroup's pids limit (0: none known)
+	refused  atomic.Int64 // unix ns of the last "could not start" log line
 
 	mu      sync.Mutex
 	tracked map[int]struct{} // pids whose Wait is pending
@@ -55,13 +60,49 @@ type group struct {
 	leaderReaped bool
 }
 
+// newChildTable returns the table of a new agent. It reserves OS threads
+// for the agent (reserveThreads: a share of the sandbox's pids limit) and
+// reads what the kernel tells about the sandbox's limits.
 func newChildTable(log *slog.Logger) *childTable {
-	return &childTable{log: log, tracked: map[int]struct{}{}, groups: map[int]*group{}}
+	selfCgroup, _ := os.ReadFile("/proc/self/cgroup") // unreadable: no counter, no OOM flags
+	pids := pidsMax(selfCgroup, cgroupRoot)
+	reserveThreads(threadReserve(pids))
+	return &childTable{log: log, oom: findOOMCounter(selfCgroup, cgroupRoot), oomScore: readOOMScore(), pidsMax: pids,
+		tracked: map[int]struct{}{}, groups: map[int]*group{}}
 }
 
-// start starts cmd in its own process group and registers it. cmd must set
-// Env explicitly (never nil) so the agent's environment is not inherited,
-// and its stdio must be nil or *os.File (so Wait never waits for copying).
+// refusedLogEvery bounds how often a refused start is logged.
+const refusedLogEvery = 10 * time.Second
+
+// startRefused logs (at most every refusedLogEvery) that a fork failed
+// with EAGAIN: the sandbox is at a limit on processes, its pids limit in a
+// container. The line tells the sandbox's log, and so the reason of a
+// sandbox that is lost later, what happened.
+func (t *childTable) startRefused(err error) {
+	now := time.Now().UnixNano()
+	last := t.refused.Load()
+	if now-last < int64(refusedLogEvery) || !t.refused.CompareAndSwap(last, now) {
+		return
+	}
+	t.log.Warn("a command could not start: the sandbox is at its limit of processes", "pids_max", t.pidsMax, "err", err)
+}
+
+// oomKilled reports whether a command that started at m and ended with
+// code and sig was OOM-killed (oomCounter.killedSince), and logs the OOM
+// kills the cgroup counted while it ran (pid is the command's): what the
+// sandbox's log then says when it is lost later.
+func (t *childTable) oomKilled(m oomMark, code int, sig string, pid int) bool {
+	killed := t.oom.killedSince(m, code, sig)
+	if n, ok := t.oom.read(); ok && m.ok && n > m.n {
+		t.log.Warn("the kernel's OOM killer killed processes of the sandbox", "oom_kills", n-m.n, "while_pid", pid, "the_command", killed)
+	}
+	return killed
+}
+
+// start starts cmd in its own process group, with childOOMScoreAdj, and
+// registers it. cmd must set Env explicitly (never nil) so the agent's
+// environment is not inherited, and its stdio must be nil or *os.File (so
+// Wait never waits for copying).
 func (t *childTable) start(cmd *exec.Cmd) error {
 	if cmd.Env == nil {
 		return errors.New("start process: Env must be set")
@@ -76,9 +117,13 @@ func (t *childTable) start(cmd *exec.Cmd) error {
 		return errClosed
 	}
 	if err := cmd.Start(); err != nil {
+		if errors.Is(err, unix.EAGAIN) {
+			t.startRefused(err)
+		}
 		return err
 	}
 	pid := cmd.Process.Pid
+	t.oomScore.raise(pid)
 	t.tracked[pid] = struct{}{}
 	t.groups[pid] = &group{}
 	return nil
@@ -103,8 +148,16 @@ func (t *childTable) wait(cmd *exec.Cmd) (*os.ProcessState, error) {
 	return cmd.ProcessState, err
 }
 
-// waitExited blocks until child pid has exited, without reaping it.
+// waitExited blocks until child pid has exited, without reaping it. It
+// waits for the child's pidfd in the runtime's poller (Linux 5.3+), so a
+// running command holds no OS thread: a blocking wait holds one, and when
+// a sandbox is at its pids limit (a fork bomb) the runtime cannot create
+// the next thread it needs and dies ("failed to create new OS thread",
+// exit code 2). Without pidfds it blocks in waitid.
 func waitExited(pid int) {
+	if pollExited(pid) {
+		return
+	}
 	var info unix.Siginfo
 	for {
 		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
@@ -112,6 +165,42 @@ func waitExited(pid int) {
 			return
 		}
 	}
+}
+
+// pollExited waits in the poller until child pid has exited (without
+// reaping it) and reports true, or reports false at once when the kernel
+// cannot do that (no pidfd_open or P_PIDFD).
+func pollExited(pid int) bool {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return false
+	}
+	f := os.NewFile(uintptr(fd), "pidfd") // non-blocking: registered with the poller
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	waited := false
+	err = rc.Read(func(fd uintptr) bool {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		if errors.Is(err, unix.EINTR) {
+			return false
+		}
+		waited = err == nil
+		return err != nil || info.Signo != 0 // exited; or no waiting here (the caller's waitid decides)
+	})
+	return err == nil && waited
+}
+
+// hasExited reports whether child pid, which nobody has reaped yet, has
+// exited (without reaping it). A pid that is no longer a child (reaped
+// meanwhile) has exited too.
+func hasExited(pid int) bool {
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	return err != nil || info.Signo != 0
 }
 
 // pidExists reports whether a process (or zombie) with this pid exists.
@@ -134,6 +223,18 @@ func (t *childTable) groupGoneLocked(pgid int) bool {
 		return true // the group emptied and its id now names another process
 	}
 	return errors.Is(unix.Kill(-pgid, 0), unix.ESRCH)
+}
+
+// groupAlive reports whether the process group the agent started with
+// leader pgid still has a member (its leader may have exited).
+func (t *childTable) groupAlive(pgid int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.groupGoneLocked(pgid) {
+		delete(t.groups, pgid)
+		return false
+	}
+	return true
 }
 
 // signalGroup sends sig to the process group the agent started with leader
@@ -282,7 +383,12 @@ func groupMembers(pgid int) []int {
 // procStat holds the fields of /proc/<pid>/stat the agent uses.
 type procStat struct {
 	pid, ppid, pgrp int
+	state           byte   // 'R', 'S', 'D', 'Z', ...
+	start           uint64 // start time (clock ticks after boot): with pid, names one process
 }
+
+// dead reports whether the process has exited (a zombie awaiting its reaper).
+func (p procStat) dead() bool { return p.state == 'Z' || p.state == 'X' }
 
 // scanProc returns the pids of the processes in /proc that match.
 func scanProc(match func(procStat) bool) []int {
@@ -296,27 +402,39 @@ func scanProc(match func(procStat) bool) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue // gone meanwhile
-		}
-		// pid (comm) state ppid pgrp ...; comm may contain spaces and parens.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 3 {
-			continue
-		}
-		ppid, err1 := strconv.Atoi(f[1])
-		pgrp, err2 := strconv.Atoi(f[2])
-		if err1 == nil && err2 == nil && match(procStat{pid: pid, ppid: ppid, pgrp: pgrp}) {
+		if st, ok := readProcStat(pid); ok && match(st) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
+}
+
+// readProcStat reads /proc/<pid>/stat; ok is false when the process is
+// gone (or the file is not as expected).
+func readProcStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	// pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
+	// majflt cmajflt utime stime cutime cstime priority nice threads
+	// itrealvalue starttime ...; comm may contain spaces and parens.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procStat{}, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	pgrp, err2 := strconv.Atoi(f[2])
+	start, err3 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return procStat{}, false
+	}
+	return procStat{pid: pid, ppid: ppid, pgrp: pgrp, state: f[0][0], start: start}, true
 }
 
 // reapSignaled runs on SIGCHLD: it peeks at the first zombie child without

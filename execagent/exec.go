@@ -302,6 +302,7 @@ type runningCmd struct {
 	s       *Server
 	cmd     *exec.Cmd
 	start   time.Time
+	oom     oomMark    // the OOM kill count at start
 	pipes   []*os.File // read ends, one per stream
 	inW     *os.File   // stdin write end, or nil
 	readers sync.WaitGroup
@@ -346,7 +347,7 @@ func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) 
 		rc.cmd.Stdin, rc.inW = r, w
 		parentClose = append(parentClose, r)
 	}
-	rc.start = time.Now()
+	rc.start, rc.oom = time.Now(), s.children.oom.mark()
 	if err := s.children.start(rc.cmd); err != nil {
 		return fail(startError("start command", spec.argv, spec.env, err))
 	}
@@ -436,6 +437,8 @@ type execOutcome struct {
 	signal   string
 	duration time.Duration
 	timedOut bool
+	// oomKilled: the kernel's OOM killer killed it (oomCounter.killedSince).
+	oomKilled bool
 	// killedByShutdown: the command died of a signal while the agent was
 	// closing (Close kills every process group it started).
 	killedByShutdown bool
@@ -457,16 +460,24 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	defer timer.Stop()
 	var out execOutcome
 	var w waited
+	killed := false // by the agent: its death is no OOM kill
 	select {
 	case w = <-done:
 	case <-timer.C:
-		out.timedOut = true
-		s.children.killGroup(pgid, syscall.SIGKILL)
+		// A command that exited before its deadline finished on its own,
+		// even when its wait was late (the reaper held the table, e.g.
+		// sweeping a fork bomb's zombies): its result is its own.
+		if !hasExited(pgid) {
+			out.timedOut, killed = true, true
+			s.children.killGroup(pgid, syscall.SIGKILL)
+		}
 		w = <-done
 	case <-ctx.Done():
+		killed = true
 		s.children.killGroup(pgid, syscall.SIGKILL)
 		w = <-done
 	case <-s.ctx.Done():
+		killed = true
 		s.children.killGroup(pgid, syscall.SIGKILL)
 		w = <-done
 	}
@@ -474,6 +485,10 @@ func (rc *runningCmd) wait(ctx context.Context, timeout time.Duration) execOutco
 	rc.cleanup()
 	rc.drain(ctx)
 	out.exitCode, out.signal = exitStatus(w.ps)
+	if out.timedOut {
+		out.exitCode = -1 // killed at its deadline: never the status of an exit seen too late
+	}
+	out.oomKilled = !killed && s.children.oomKilled(rc.oom, out.exitCode, out.signal, pgid)
 	out.killedByShutdown = out.signal != "" && s.closing() // after the wait: see closing
 	return out
 }
@@ -592,6 +607,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) error {
 		DurationMS: out.duration.Milliseconds(),
 		TimedOut:   out.timedOut,
 		Truncated:  bufs[streamStdout].truncated || bufs[streamStderr].truncated,
+		OOMKilled:  out.oomKilled,
 	})
 	return nil
 }
@@ -684,6 +700,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, spec cmdSpec
 				DurationMS: out.duration.Milliseconds(),
 				TimedOut:   out.timedOut,
 				Truncated:  truncated,
+				OOMKilled:  out.oomKilled,
 			}
 			mu.Unlock()
 			_ = ev.event(agentapi.EventExit, res)

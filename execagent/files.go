@@ -71,8 +71,12 @@ const (
 )
 
 // fsError turns a file system error about p into one a person can act on:
-// not found is 404, permission is 403, a wrong kind of file is 400.
+// not found is 404, permission is 403, a wrong kind of file is 400, a full
+// disk is 507 (diskFull).
 func fsError(field, p string, err error) error {
+	if full := diskFull(p, err); full != nil {
+		return full
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return statusError(errNotFound, http.StatusNotFound, agentapi.CodeNotFound, "%s %q: no such file or directory", field, p)
@@ -247,11 +251,15 @@ func (s *Server) handleFileWrite(w http.ResponseWriter, r *http.Request) error {
 			_ = os.Remove(tmp.Name())
 		}
 	}()
-	n, err := io.Copy(tmp, http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes))
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
+	n, err := io.Copy(tmp, body)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return fmt.Errorf("file is over the upload limit of %d bytes: %w", s.cfg.MaxUploadBytes, errTooLarge)
+		}
+		if full := diskFull(p, err); full != nil {
+			return drained(body, full)
 		}
 		return fmt.Errorf("write %q: %w", p, err)
 	}
@@ -259,6 +267,9 @@ func (s *Server) handleFileWrite(w http.ResponseWriter, r *http.Request) error {
 		return fsError("path", p, err)
 	}
 	if err := tmp.Close(); err != nil {
+		if full := diskFull(p, err); full != nil {
+			return full
+		}
 		return fmt.Errorf("write %q: %w", p, err)
 	}
 	if exclusive {

@@ -28,12 +28,14 @@ const (
 // process is one background process.
 type process struct {
 	id      string
+	tbl     *childTable // the agent's, for its process group's members
 	cmd     *exec.Cmd
 	pgid    int
 	name    string // "" when unnamed
 	command string
 	argv    []string
 	started time.Time
+	oom     oomMark // the OOM kill count at start
 
 	rpc     *rpcPipe // nil unless started with rpc
 	cleanup func()   // removes the command's script file, if any; called by wait
@@ -52,6 +54,8 @@ type process struct {
 	done     chan struct{} // closed once exited (output complete)
 	outR     *os.File
 	readDone chan struct{}
+	// oomKilled: the OOM killer killed it (set with exited, under mu).
+	oomKilled bool
 }
 
 // processTable holds the background processes of the /v1/processes routes,
@@ -84,7 +88,7 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 	if err != nil {
 		return nil, err
 	}
-	p := &process{id: newID("proc-"), name: opts.name, command: command, argv: argv, out: newRing(s.cfg.ProcessOutputBytes),
+	p := &process{id: newID("proc-"), tbl: s.children, name: opts.name, command: command, argv: argv, out: newRing(s.cfg.ProcessOutputBytes),
 		changed: make(chan struct{}), done: make(chan struct{}), readDone: make(chan struct{}), cleanup: cleanup}
 	started := false
 	defer func() {
@@ -121,7 +125,7 @@ func (t *processTable) start(spec cmdSpec, command string, argv []string, withSt
 		}
 		cmd.Stdin = inR
 	}
-	p.started = time.Now()
+	p.started, p.oom = time.Now(), s.children.oom.mark()
 	err = s.children.start(cmd)
 	_ = outW.Close()
 	closeFile(rpcW)
@@ -182,6 +186,7 @@ func (p *process) wait(s *Server) {
 	ps, _ := s.children.wait(p.cmd)
 	p.cleanup()
 	code, sig := exitStatus(ps)
+	oomKilled := s.children.oomKilled(p.oom, code, sig, p.pgid)
 	t := time.NewTimer(s.cfg.DrainTimeout)
 	select {
 	case <-p.readDone:
@@ -192,7 +197,7 @@ func (p *process) wait(s *Server) {
 	_ = p.outR.Close()
 	<-p.readDone
 	p.mu.Lock()
-	p.exited, p.exitCode, p.signal, p.ended = true, code, sig, time.Now()
+	p.exited, p.exitCode, p.signal, p.oomKilled, p.ended = true, code, sig, oomKilled, time.Now()
 	p.notifyLocked()
 	close(p.done)
 	p.mu.Unlock()
@@ -217,7 +222,8 @@ func (p *process) infoLocked() agentapi.ProcessInfo {
 	}
 	if p.exited {
 		code, ended := p.exitCode, p.ended
-		pi.State, pi.ExitCode, pi.Signal, pi.EndedAt = agentapi.ProcessExited, &code, p.signal, &ended
+		pi.State, pi.ExitCode, pi.Signal, pi.EndedAt, pi.OOMKilled = agentapi.ProcessExited, &code, p.signal, &ended, p.oomKilled
+		pi.GroupRunning = p.tbl.groupAlive(p.pgid)
 	}
 	return pi
 }
@@ -237,12 +243,7 @@ func (t *processTable) get(id string) (*process, error) {
 }
 
 func (t *processTable) list() []agentapi.ProcessInfo {
-	t.mu.Lock()
-	all := make([]*process, 0, len(t.m))
-	for _, p := range t.m {
-		all = append(all, p)
-	}
-	t.mu.Unlock()
+	all := lockedValues(&t.mu, t.m)
 	out := make([]agentapi.ProcessInfo, 0, len(all))
 	for _, p := range all {
 		out = append(out, p.info())

@@ -217,6 +217,7 @@ func (s *Server) routes() http.Handler {
 	fenced("GET "+agentapi.RouteFileList, s.handleFileList)
 	fenced("GET "+agentapi.RouteFileArchive, s.handleArchiveDownload)
 	fenced("PUT "+agentapi.RouteFileArchive, s.handleArchiveUpload)
+	fenced("POST "+agentapi.RouteKillAll, s.handleKillAll)
 	// Unknown routes and wrong methods: authenticate first, then answer in
 	// the ErrorBody shape (the mux's own 404/405 are plain text).
 	notFound := s.wrap(func(w http.ResponseWriter, r *http.Request) error {

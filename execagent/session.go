@@ -217,13 +217,7 @@ func (t *sessionTable) list() []agentapi.SessionInfo {
 
 // closeAll kills every session and waits for their shells.
 func (t *sessionTable) closeAll() {
-	t.mu.Lock()
-	all := make([]*session, 0, len(t.m))
-	for _, ss := range t.m {
-		all = append(all, ss)
-	}
-	t.mu.Unlock()
-	for _, ss := range all {
+	for _, ss := range lockedValues(&t.mu, t.m) {
 		ss.close()
 	}
 }
@@ -468,6 +462,9 @@ func (ss *session) onStatus(line string) {
 }
 
 func (ss *session) finishLocked(r *sessionRun, code int, timedOut, closed bool) {
+	if timedOut && code == 0 {
+		code = exitInterrupted // a shell that exited 0 while interrupted did not run the command to success
+	}
 	r.exitCode, r.timedOut, r.closed = code, timedOut, closed
 	r.state = runDone
 	close(r.done)

@@ -295,6 +295,7 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodGet, path: sbx + "/files/list", auth: true, proxy: kindJSON},
 		{method: fiber.MethodGet, path: sbx + "/files/archive", auth: true, proxy: kindDownload},
 		{method: fiber.MethodPut, path: sbx + "/files/archive", auth: true, proxy: kindUpload},
+		{method: fiber.MethodPost, path: sbx + "/kill-all", auth: true, proxy: kindJSON},
 
 		// The model relay: the sandbox side authenticates with the lease's
 		// relay token (model.go), the trainer side with an API key.

@@ -488,6 +488,8 @@ func TestProxy_AgentAnswersMapped(t *testing.T) {
 			wantBody: `{"error":{"code":"payload_too_large","message":"file over 1 GiB"}}`},
 		{name: "stale generation is gone", status: 409, body: `{"error":{"code":"stale_generation","message":"generation 7 < 8"}}`, want: 410, code: "gone"},
 		{name: "refused token is a gateway problem", status: 401, body: `{"error":{"code":"unauthorized","message":"bad token"}}`, want: 502, code: "agent_unreachable"},
+		{name: "a full disk passes through", status: 507, body: `{"error":{"code":"insufficient_storage","message":"write \"/home/sandbox/f\": no space left on device"}}`, want: 507,
+			wantBody: `{"error":{"code":"insufficient_storage","message":"write \"/home/sandbox/f\": no space left on device"}}`},
 		{name: "forbidden passes through", status: 403, body: `{"error":{"code":"forbidden","message":"path /root/x: permission denied"}}`, want: 403,
 			wantBody: `{"error":{"code":"forbidden","message":"path /root/x: permission denied"}}`},
 	}
@@ -918,4 +920,35 @@ func TestProxy_AgentShutdownKillsCommand_RealAgent(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(last.data), &detail), "data %s", last.data)
 		assert.Equal(t, "gone", detail.Code)
 	})
+}
+
+// POST /v1/sandboxes/{id}/kill-all reaches the agent's kill-all: the
+// sandbox's processes and session shells die, the lease goes on.
+func TestProxy_KillAll_RealAgent(t *testing.T) {
+	gw, _, _ := withAgent(t, nil)
+	base := gw.URL + "/v1/sandboxes/sbx-1"
+	resp, body := callJSON(t, http.MethodPost, base+"/processes", testKey, agentapi.ProcessStartRequest{Command: "sleep 1000"})
+	require.Less(t, resp.StatusCode, 300, "body %s", body)
+	proc := decode[agentapi.ProcessInfo](t, body)
+	resp, body = callJSON(t, http.MethodPost, base+"/sessions", testKey, agentapi.SessionCreateRequest{})
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "body %s", body)
+
+	resp, body = call(t, http.MethodPost, base+"/kill-all", testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
+	res := decode[agentapi.KillAllResult](t, body)
+	assert.Equal(t, 2, res.Killed, "the process and the session's shell: %s", body)
+	assert.Zero(t, res.Left)
+
+	_, body = call(t, http.MethodGet, base+"/processes/"+proc.ID, testKey, nil)
+	info := decode[agentapi.ProcessInfo](t, body)
+	assert.Equal(t, agentapi.ProcessExited, info.State)
+	assert.Equal(t, "SIGKILL", info.Signal)
+	_, body = call(t, http.MethodGet, base+"/sessions", testKey, nil)
+	assert.Empty(t, decode[agentapi.SessionList](t, body).Sessions, "sessions end")
+	resp, body = callJSON(t, http.MethodPost, base+"/exec", testKey, agentapi.ExecRequest{Command: "echo ok"})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
+	assert.Equal(t, "ok\n", decode[agentapi.ExecResult](t, body).Stdout)
+
+	resp, body = call(t, http.MethodPost, base+"/kill-all", testKey, strings.NewReader(`{"all": true}`), "Content-Type", "application/json")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "the agent's 400 passes through: %s", body)
 }

@@ -323,6 +323,20 @@ func TestSandboxes_Pools(t *testing.T) {
 	assert.NotContains(t, string(body), "SECRET", "pool env is not exposed")
 }
 
+func TestSandboxes_PoolsReportDisk(t *testing.T) {
+	mgr := newFakeManager("")
+	mgr.PoolsFn = func(context.Context) ([]warmpool.PoolStatus, error) {
+		return []warmpool.PoolStatus{{PoolConfig: warmpool.PoolConfig{Name: "small", Provider: "docker", Image: "img",
+			CPU: 0.5, Memory: 64, Disk: 2048, MinWarm: 1, MaxTotal: 2, DefaultLeaseSeconds: 60, MaxLeaseSeconds: 60}}}, nil
+	}
+	gw := startGateway(t, mgr, nil)
+	resp, body := call(t, http.MethodGet, gw.URL+"/v1/pools", testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.JSONEq(t, `{"pools": [{"name": "small", "provider": "docker", "image": "img", "cpu": 0.5, "memory": 64, "disk_mib": 2048,
+		"min_warm": 1, "max_total": 2, "default_lease_seconds": 60, "max_lease_seconds": 60,
+		"ready": 0, "launching": 0, "leased": 0, "stopping": 0}]}`, string(body))
+}
+
 func TestReadyz_StoreDownIs503(t *testing.T) {
 	mgr := newFakeManager("")
 	mgr.PoolsFn = func(context.Context) ([]warmpool.PoolStatus, error) { return nil, warmpool.ErrUnavailable }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Label keys that every provider attaches to the resources it creates, so that
@@ -56,6 +57,10 @@ type Spec struct {
 	// the backend can (cgroups for docker, task size for ECS).
 	CPU      float64
 	MemoryMB int
+	// DiskMB bounds the sandbox's work directory, in MiB; 0 leaves its size
+	// to the provider. A provider that cannot enforce a size refuses a spec
+	// that sets one (InvalidSpec naming disk), never ignores it.
+	DiskMB int
 	// Env is set in the environment of the agent (and so of every command)
 	// for every task of the pool. Per-lease variables are applied later
 	// through the agent's /v1/init, never here.
@@ -143,6 +148,55 @@ func CheckNames(spec Spec, names []string, valid func(string) error) error {
 		seen[name] = true
 	}
 	return nil
+}
+
+// Bounds of AgentLogTail.
+const (
+	logTailLines = 6
+	logTailBytes = 1 << 10
+)
+
+// AgentLogTail returns how an agent's log (its last part, as a provider
+// can read it) ends, for the Reason of a task that stopped: "; its log
+// ends: " and its last lines (at most 6 and 1 KiB, oldest first) joined by
+// " | ", or "" for an empty log. A Go crash's stack dump is left out (from
+// the "runtime stack:" or "goroutine N [...]" line after a "fatal error:"
+// or "panic:" line on), so what the runtime said before it shows: e.g.
+// "runtime: failed to create new OS thread (have 7 already; errno=11) |
+// ... | fatal error: newosproc".
+func AgentLogTail(log string) string {
+	lines := strings.Split(log, "\n")
+	for i, l := range lines {
+		if !strings.HasPrefix(l, "fatal error: ") && !strings.HasPrefix(l, "panic: ") {
+			continue
+		}
+		for j := i + 1; j < len(lines); j++ {
+			if lines[j] == "runtime stack:" || strings.HasPrefix(lines[j], "goroutine ") {
+				lines = lines[:j]
+				break
+			}
+		}
+		break
+	}
+	var kept []string
+	for _, l := range lines {
+		if l = strings.TrimSpace(l); l != "" {
+			kept = append(kept, l)
+		}
+	}
+	kept = kept[max(0, len(kept)-logTailLines):]
+	tail := strings.Join(kept, " | ")
+	if len(tail) > logTailBytes {
+		cut := len(tail) - logTailBytes
+		for cut < len(tail) && !utf8.RuneStart(tail[cut]) {
+			cut++
+		}
+		tail = "…" + tail[cut:]
+	}
+	if tail == "" {
+		return ""
+	}
+	return "; its log ends: " + tail
 }
 
 // Provider is the contract every sandbox backend implements. Implementations

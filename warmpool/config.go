@@ -35,6 +35,7 @@ const (
 	maxStartupSeconds       = 3600
 	minCPU, maxCPU          = 0.25, 16.0
 	minMemory, maxMemory    = 32, 1 << 20
+	minDisk, maxDisk        = 1, 1 << 20
 	maxMapEntries           = 64
 	maxMapKeyLen            = 128
 	maxMapValueLen          = 4096
@@ -174,6 +175,9 @@ func (p PoolConfig) Validate() error {
 	if p.Memory < minMemory || p.Memory > maxMemory {
 		bad("memory", "is %d MiB; it must be between %d MiB and %d MiB", p.Memory, minMemory, maxMemory)
 	}
+	if p.Disk != 0 && (p.Disk < minDisk || p.Disk > maxDisk) {
+		bad("disk", "is %d MiB; it must be between %d MiB and %d MiB, or unset (the provider's default)", p.Disk, minDisk, maxDisk)
+	}
 	if p.MaxTotal < 1 || p.MaxTotal > maxPoolTotal {
 		bad("max_total", "is %d; it must be between 1 and %d", p.MaxTotal, maxPoolTotal)
 	}
@@ -279,30 +283,47 @@ func prefixErrors(prefix string, err error) []error {
 // "2GiB" (all binary units), or "1024". Anything else is an error saying
 // what is accepted.
 func (m *MiB) UnmarshalJSON(data []byte) error {
+	v, err := unmarshalMiB("memory", data)
+	if err != nil {
+		return err
+	}
+	*m = MiB(v)
+	return nil
+}
+
+// UnmarshalJSON accepts what MiB.UnmarshalJSON accepts; its errors name
+// disk.
+func (d *DiskMiB) UnmarshalJSON(data []byte) error {
+	v, err := unmarshalMiB("disk", data)
+	if err != nil {
+		return err
+	}
+	*d = DiskMiB(v)
+	return nil
+}
+
+// unmarshalMiB parses a size as MiB.UnmarshalJSON documents; field names
+// the pool field in its errors.
+func unmarshalMiB(field string, data []byte) (int, error) {
 	data = bytes.TrimSpace(data)
 	if len(data) > 0 && data[0] == '"' {
 		var s string
 		if err := json.Unmarshal(data, &s); err != nil {
-			return fmt.Errorf("memory: %w", err)
+			return 0, fmt.Errorf("%s: %w", field, err)
 		}
-		v, err := parseMiB(s)
-		if err != nil {
-			return err
-		}
-		*m = v
-		return nil
+		return parseMiB(field, s)
 	}
 	n, err := strconv.ParseInt(string(data), 10, 64)
 	if err != nil || n < 0 || n > math.MaxInt32 {
-		return fmt.Errorf("memory: %s is not a whole, non-negative number of MiB (or a string such as \"512Mi\", \"2Gi\")", data)
+		return 0, fmt.Errorf("%s: %s is not a whole, non-negative number of MiB (or a string such as \"512Mi\", \"2Gi\")", field, data)
 	}
-	*m = MiB(n)
-	return nil
+	return int(n), nil
 }
 
-// parseMiB parses a memory size string (see MiB.UnmarshalJSON).
-func parseMiB(s string) (MiB, error) {
-	bad := fmt.Errorf("memory: %q is not a size; use MiB as a number or a string such as \"512Mi\", \"2Gi\", \"512m\", \"1g\"", s)
+// parseMiB parses a size string (see MiB.UnmarshalJSON); field names the
+// pool field in its errors.
+func parseMiB(field, s string) (int, error) {
+	bad := fmt.Errorf("%s: %q is not a size; use MiB as a number or a string such as \"512Mi\", \"2Gi\", \"512m\", \"1g\"", field, s)
 	match := memoryPattern.FindStringSubmatch(strings.TrimSpace(s))
 	if match == nil {
 		return 0, bad
@@ -323,7 +344,7 @@ func parseMiB(s string) (MiB, error) {
 		return 0, bad
 	}
 	if n > math.MaxInt32/mult {
-		return 0, fmt.Errorf("memory: %q is too large", s)
+		return 0, fmt.Errorf("%s: %q is too large", field, s)
 	}
-	return MiB(n * mult), nil
+	return int(n * mult), nil
 }

@@ -60,6 +60,8 @@ func TestParsePools_RejectsWithActionableMessages(t *testing.T) {
 		{name: "max lease too long", doc: "pools:\n  - name: a\n    max_total: 2\n    max_lease_seconds: 99999999\n", want: []string{"pools[0].max_lease_seconds"}},
 		{name: "duplicate names", doc: "pools:\n  - name: a\n    max_total: 2\n  - name: b\n    max_total: 2\n  - name: a\n    max_total: 2\n", want: []string{"pools[2].name", "pools[0]", "unique"}},
 		{name: "bad memory", doc: "pools:\n  - name: a\n    max_total: 2\n    memory: lots\n", want: []string{`"lots"`, "512Mi"}},
+		{name: "bad disk", doc: "pools:\n  - name: a\n    max_total: 2\n    disk: lots\n", want: []string{"disk:", `"lots"`, "512Mi"}},
+		{name: "disk too large", doc: "pools:\n  - name: a\n    max_total: 2\n    disk: 2Ti\n", want: []string{"pools[0].disk", "between 1 MiB and 1048576 MiB"}},
 		{name: "cpu out of range", doc: "pools:\n  - name: a\n    max_total: 2\n    cpu: 100\n", want: []string{"pools[0].cpu"}},
 		{name: "reserved label", doc: "pools:\n  - name: a\n    max_total: 2\n    labels: {quarry.pool: x}\n", want: []string{"pools[0].labels", "reserved"}},
 		{name: "bad env key", doc: "pools:\n  - name: a\n    max_total: 2\n    env: {\"A-B\": x}\n", want: []string{"pools[0].env", `"A-B"`}},
@@ -72,6 +74,28 @@ func TestParsePools_RejectsWithActionableMessages(t *testing.T) {
 			for _, w := range tc.want {
 				assert.Contains(t, err.Error(), w)
 			}
+		})
+	}
+}
+
+func TestParsePools_Disk(t *testing.T) {
+	tests := []struct {
+		name string
+		doc  string
+		want warmpool.DiskMiB
+	}{
+		{name: "unset is the provider's default", doc: "pools:\n  - name: a\n    max_total: 1\n", want: 0},
+		{name: "yaml with a unit", doc: "pools:\n  - name: a\n    max_total: 1\n    disk: 2Gi\n", want: 2048},
+		{name: "json in MiB", doc: `{"pools": [{"name": "a", "max_total": 1, "disk": 16}]}`, want: 16},
+		{name: "json string", doc: `{"pools": [{"name": "a", "max_total": 1, "disk": "512Mi"}]}`, want: 512},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pools, err := warmpool.ParsePools([]byte(tc.doc))
+			require.NoError(t, err)
+			require.Len(t, pools, 1)
+			assert.Equal(t, tc.want, pools[0].Disk)
+			assert.Equal(t, warmpool.DefaultMemory, pools[0].Memory, "disk is separate from memory")
 		})
 	}
 }

@@ -827,3 +827,19 @@ func TestManager_Launch_ModelOptionsNeverReachTheProvider(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"network": "host"}, <-seen)
 }
+
+func TestManager_Launch_SpecCarriesTheDisk(t *testing.T) {
+	pool := testPool(0, 2)
+	pool.Memory, pool.Disk = 64, 2048
+	e := newEnv(t, fastConfig(), pool)
+	seen := make(chan providers.Spec, 4)
+	e.prov.setOnLaunch(func(_ context.Context, spec providers.Spec, _ []string) error {
+		seen <- spec
+		return nil
+	})
+	_, _, err := e.m.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "default", Owner: "alice"})
+	require.NoError(t, err)
+	spec := <-seen
+	assert.Equal(t, 64, spec.MemoryMB)
+	assert.Equal(t, 2048, spec.DiskMB, "the pool's disk reaches the provider, separate from memory")
+}

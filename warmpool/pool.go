@@ -39,7 +39,7 @@ func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger) *pool {
 	// its own config); the spec carries only the pool's own labels.
 	labels := maps.Clone(cfg.Labels)
 	spec := providers.Spec{
-		Pool: cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMB: int(cfg.Memory),
+		Pool: cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMB: int(cfg.Memory), DiskMB: int(cfg.Disk),
 		Env: maps.Clone(cfg.Env), Labels: labels, Options: cfg.ProviderOptions(),
 	}
 	var relayURL string

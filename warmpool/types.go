@@ -16,8 +16,12 @@ type PoolConfig struct {
 	Provider string `json:"provider,omitempty"`
 	Image    string `json:"image,omitempty"`
 	// CPU in vCPUs; Memory in MiB (a number, or a string such as "512Mi", "2Gi").
+	// Disk bounds the sandbox's work directory, spelled as Memory is; 0
+	// (unset) leaves its size to the provider, and a provider that cannot
+	// enforce a size refuses a pool that sets one (docs/API.md, "Pools").
 	CPU      float64 `json:"cpu,omitempty"`
 	Memory   MiB     `json:"memory,omitempty"`
+	Disk     DiskMiB `json:"disk,omitempty"`
 	MinWarm  int     `json:"min_warm"`
 	MaxTotal int     `json:"max_total"`
 	// DefaultLeaseSeconds applies when a create request names none;
@@ -61,6 +65,10 @@ func (p PoolConfig) ProviderOptions() map[string]string {
 // or a string with a unit: "512Mi", "2Gi", "512m", "1g", "1024" (see
 // UnmarshalJSON in config.go).
 type MiB int
+
+// DiskMiB is a disk size in mebibytes, spelled as MiB is (its parse errors
+// name "disk").
+type DiskMiB int
 
 // PoolStatus is a pool's configuration and its current counts.
 type PoolStatus struct {

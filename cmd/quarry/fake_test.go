@@ -68,6 +68,7 @@ type fakeGateway struct {
 	runs           []agentapi.SessionRunRequest
 	sessions       map[string]bool // open sessions
 	closedSessions []string
+	killAlls       []string            // sandboxes of each kill-all
 	files          map[string]fakeFile // by absolute path
 }
 
@@ -103,6 +104,12 @@ func newFakeGateway(t *testing.T) *fakeGateway {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", f.agent(f.stat))
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/archive", f.agent(f.putArchive))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/archive", f.agent(f.getArchive))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/kill-all", f.agent(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.killAlls = append(f.killAlls, r.PathValue("id"))
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, agentapi.KillAllResult{Killed: 201, DurationMS: 37})
+	}))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+f.key {
 			writeError(w, http.StatusUnauthorized, agentapi.CodeUnauthorized, "missing or wrong API key")

@@ -131,6 +131,22 @@ func TestRun_SandboxLsGetHeartbeatRm(t *testing.T) {
 	assert.Equal(t, result{"", "quarry: get sandbox sbx-404: sandbox sbx-404 not found (404 not_found)\n", 1}, res)
 }
 
+func TestRun_SandboxKillAll(t *testing.T) {
+	f := newFakeGateway(t)
+	a := f.mustCreate(t)
+	res := f.cli(t, "", "sandbox", "kill-all", a)
+	assert.Equal(t, result{a + ": killed 201 processes in 37 ms\n", "", 0}, res)
+	res = f.cli(t, "", "sandbox", "kill-all", "--json", a)
+	require.Equal(t, 0, res.code, res.stderr)
+	assert.JSONEq(t, `{"killed": 201, "left": 0, "duration_ms": 37}`, res.stdout)
+	assert.Equal(t, []string{a, a}, f.killAlls)
+
+	res = f.cli(t, "", "sandbox", "kill-all", "sbx-404")
+	assert.Equal(t, result{"", "quarry: kill-all sbx-404: sandbox sbx-404 not found (404 not_found)\n", 1}, res)
+	res = f.cli(t, "", "sandbox", "kill-all")
+	assert.Equal(t, result{"", "quarry: sandbox kill-all: missing arguments (see quarry sandbox kill-all -h)\n", 1}, res)
+}
+
 func TestRun_Pools_Table(t *testing.T) {
 	f := newFakeGateway(t)
 	res := f.cli(t, "", "pools")

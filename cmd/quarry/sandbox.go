@@ -29,6 +29,7 @@ func sandboxCommands() []command {
 			"run a command, streaming its output byte for byte; exits with its status (" + strconv.Itoa(exitOutputCut) + " when it succeeded but its output went over --max-output)", runExec},
 		{"shell", "quarry sandbox shell [--timeout D] [--env K=V]… [--cwd DIR] ID", "an interactive session (Ctrl-D ends it)", runShell},
 		{"cp", "quarry sandbox cp LOCAL ID:REMOTE\n       quarry sandbox cp ID:REMOTE LOCAL\n       (LOCAL - is standard input or output: a file's bytes, a directory as a tar)", "copy a file or a directory in or out", runCopy},
+		{"kill-all", "quarry sandbox kill-all [--json] ID", "kill every process in a sandbox but its agent (sessions end); the lease stays", runKillAll},
 		{"rm", "quarry sandbox rm ID…", "release sandboxes", runRemove},
 	}
 }
@@ -184,6 +185,31 @@ func runGet(ctx context.Context, c *cli, args []string) error {
 
 func runHeartbeat(ctx context.Context, c *cli, args []string) error {
 	return sandboxByID(ctx, c, args, "heartbeat", "heartbeat", (*client.Client).Heartbeat)
+}
+
+func runKillAll(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("sandbox kill-all")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	pos, cl, err := c.start(fs, "kill-all", args, 1, 1)
+	if err != nil {
+		return err
+	}
+	res, err := cl.KillAll(ctx, pos[0])
+	if err != nil {
+		return fmt.Errorf("kill-all %s: %w", pos[0], err)
+	}
+	if *asJSON {
+		return printJSON(c.stdout, res)
+	}
+	fmt.Fprintf(c.stdout, "%s: killed %d processes in %d ms", pos[0], res.Killed, res.DurationMS)
+	if res.Left > 0 {
+		fmt.Fprintf(c.stdout, "; %d still running", res.Left)
+	}
+	fmt.Fprintln(c.stdout)
+	if res.Left > 0 {
+		return fmt.Errorf("kill-all %s: %d processes outlived SIGKILL", pos[0], res.Left)
+	}
+	return nil
 }
 
 func runRemove(ctx context.Context, c *cli, args []string) error {

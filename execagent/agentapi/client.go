@@ -303,6 +303,14 @@ func (c *Client) KillProcess(ctx context.Context, id string) (ProcessInfo, error
 	return info, err
 }
 
+// KillAll calls POST /v1/kill-all: SIGKILL to every process in the sandbox
+// but the agent (see KillAllResult).
+func (c *Client) KillAll(ctx context.Context) (KillAllResult, error) {
+	var res KillAllResult
+	err := c.Do(ctx, http.MethodPost, RouteKillAll, nil, &res)
+	return res, err
+}
+
 // ReadFile calls GET /v1/files and returns the body; the caller closes it.
 // length <= 0 reads to the end of the file. A read over the agent's limit
 // answers *Error with Code CodeTooLarge (413).

@@ -47,6 +47,7 @@ const (
 	RouteFileStat      = "/v1/files/stat"            // GET (?path=)
 	RouteFileList      = "/v1/files/list"            // GET (?path=)
 	RouteFileArchive   = "/v1/files/archive"         // GET tar of a dir, PUT tar(.gz) to extract (?path=)
+	RouteKillAll       = "/v1/kill-all"              // POST: SIGKILL to every process but the agent
 )
 
 // Error codes used in ErrorBody by the agent and the gateway.
@@ -78,6 +79,11 @@ const (
 	// CodeProtocolError: an rpc process wrote a reply line that is not one
 	// JSON value or is over the size limit (409); the agent killed it.
 	CodeProtocolError = "protocol_error"
+	// CodeInsufficientStorage: a write (a file, an archive upload) found
+	// the sandbox's disk full (ENOSPC) or over its quota (EDQUOT); 507. The
+	// message names the path and the size of the file system holding it.
+	// What was written before stays; the sandbox is fine otherwise.
+	CodeInsufficientStorage = "insufficient_storage"
 )
 
 // ErrorBody is the one JSON shape of every error response, from the agent and
@@ -165,7 +171,10 @@ const (
 // ExecResult is the answer of a non-streaming exec.
 type ExecResult struct {
 	// ExitCode is the process's exit status, or -1 when it was killed by a
-	// signal (then Signal names it, e.g. "SIGKILL").
+	// signal (then Signal names it, e.g. "SIGKILL"). A command that timed
+	// out (TimedOut) always has -1: the agent killed its process group at
+	// the deadline (Signal "SIGKILL"); a command that had exited before its
+	// deadline keeps its own status, however late its answer.
 	ExitCode   int    `json:"exit_code"`
 	Signal     string `json:"signal,omitempty"`
 	Stdout     string `json:"stdout"`
@@ -176,6 +185,13 @@ type ExecResult struct {
 	// Truncated is true when stdout or stderr exceeded MaxOutputBytes; the
 	// excess was discarded (the command was not stopped).
 	Truncated bool `json:"truncated"`
+	// OOMKilled is true when the kernel's OOM killer killed the command:
+	// it died of SIGKILL (or its shell reported 137 for a command it ran)
+	// and the sandbox's memory cgroup counted an OOM kill while it ran
+	// (cgroup v2 memory.events, v1 memory.oom_control: oom_kill). Never
+	// set for a command the agent killed (a timeout, a cancelled call), nor
+	// where the agent finds no such counter.
+	OOMKilled bool `json:"oom_killed,omitempty"`
 }
 
 // Server-sent events of a streaming exec (Accept: text/event-stream) and of a
@@ -231,6 +247,10 @@ type SessionRunRequest struct {
 // SessionRunResult is the answer of a session run. Output holds stdout and
 // stderr interleaved as the shell wrote them.
 type SessionRunResult struct {
+	// ExitCode is the command's exit status; a run that timed out
+	// (TimedOut) reports 130 (128+SIGINT: the agent interrupted it) or,
+	// when the shell ended meanwhile (Closed), the shell's status (128+n
+	// for signal n); never 0.
 	ExitCode   int    `json:"exit_code"`
 	Output     string `json:"output"`
 	DurationMS int64  `json:"duration_ms"`
@@ -306,6 +326,14 @@ type ProcessInfo struct {
 	StartedAt   time.Time  `json:"started_at"`
 	EndedAt     *time.Time `json:"ended_at,omitempty"`
 	OutputBytes int64      `json:"output_bytes"` // total bytes written so far (stdout+stderr)
+	// OOMKilled: the process was killed by the kernel's OOM killer, as
+	// ExecResult.OOMKilled says.
+	OOMKilled bool `json:"oom_killed,omitempty"`
+	// GroupRunning: the process has exited (ExitCode is its own), but
+	// processes it started in its process group still run (a background
+	// job, a fork bomb): DELETE kills them with it, kill-all kills every
+	// process of the sandbox.
+	GroupRunning bool `json:"group_running,omitempty"`
 }
 
 // ProcessList is the answer of GET /v1/processes.
@@ -347,6 +375,24 @@ type FileInfo struct {
 type FileList struct {
 	Path    string     `json:"path"`
 	Entries []FileInfo `json:"entries"`
+}
+
+// KillAllResult is the answer of POST /v1/kill-all, which sends SIGKILL to
+// every process in the sandbox but the agent: where the agent is PID 1 of
+// the sandbox's pid namespace (Docker, ECS) every other process there,
+// otherwise (the process provider) every process below the agent in the
+// process tree (it is their subreaper). Session shells die too: sessions
+// end and must be created again; background processes stay listed as
+// exited by SIGKILL until they are deleted; commands running meanwhile
+// answer as killed by SIGKILL. The body is empty or {}.
+type KillAllResult struct {
+	// Killed is how many processes the agent saw running and killed (what
+	// a fork bomb forks between two looks dies uncounted).
+	Killed int `json:"killed"`
+	// Left is how many were still running when the agent gave up (after
+	// 10 s: a process stuck in the kernel); normally 0.
+	Left       int   `json:"left"`
+	DurationMS int64 `json:"duration_ms"`
 }
 
 // WriteResult is the answer of PUT /v1/files and PUT /v1/files/archive.

@@ -277,6 +277,10 @@ func ofAgentAnswer(subject string, ae *agentapi.Error) Class {
 			Message: "the agent of " + subject + " refused the gateway's credentials"}
 	case ae.Status >= 400 && ae.Status < 500:
 		return Class{Code: ae.Code, Status: ae.Status, Message: ae.Message}
+	case ae.Code == agentapi.CodeInsufficientStorage:
+		// The sandbox's disk is full: its own state, which the caller can
+		// change (delete files, a larger disk); the agent is fine.
+		return Class{Code: agentapi.CodeInsufficientStorage, Status: http.StatusInsufficientStorage, Message: subject + ": " + ae.Message}
 	default:
 		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
 			Message: "the agent of " + subject + " failed: " + ae.Message}

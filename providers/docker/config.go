@@ -86,9 +86,10 @@ type Config struct {
 	// Workdir is the sandbox's working directory and HOME: a tmpfs owned by
 	// User, so that any image gets a writable home for its unprivileged user.
 	Workdir string `envconfig:"QUARRY_DOCKER_WORKDIR"`
-	// WorkdirSizeMB bounds the work directory's tmpfs, in MiB. Its pages
-	// count against the container's memory limit; 0 sizes it as the pool's
-	// memory (1024 MiB for a pool without a memory limit).
+	// WorkdirSizeMB bounds the work directory's tmpfs, in MiB, for pools
+	// that set no disk. Its pages count against the container's memory
+	// limit, which is raised by as much (memory + disk); 0 sizes it as the
+	// pool's memory (1024 MiB for a pool without a memory limit).
 	WorkdirSizeMB int64 `envconfig:"QUARRY_DOCKER_WORKDIR_SIZE_MB"`
 	// Network is "bridge" (default), "host", or the name of an existing
 	// Docker network.

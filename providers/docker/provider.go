@@ -43,6 +43,10 @@ const (
 	// logTailLines and logTailBytes bound the log a launch error quotes.
 	logTailLines = "20"
 	logTailBytes = 2 << 10
+	// reasonLogLines is how much of a stopped container's log Describe
+	// reads for its Reason (providers.AgentLogTail): enough to see past a
+	// Go crash's stack dump to what the runtime said before it.
+	reasonLogLines = "400"
 )
 
 // shells are the paths of which an image must have one: the agent runs
@@ -380,18 +384,27 @@ func (p *Provider) checkShell(ctx context.Context, spec providers.Spec, id strin
 // logTail returns the end of a container's log, bounded, or a note why it
 // could not be read.
 func (p *Provider) logTail(ctx context.Context, id string) string {
-	rc, err := p.api.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: logTailLines})
+	log, err := p.logLines(ctx, id, logTailLines)
 	if err != nil {
 		return "unavailable: " + err.Error()
 	}
-	defer rc.Close()
-	var buf bytes.Buffer
-	_, _ = stdcopy.StdCopy(&buf, &buf, io.LimitReader(rc, 4*logTailBytes))
-	b := bytes.TrimSpace(buf.Bytes())
+	b := strings.TrimSpace(log)
 	if len(b) > logTailBytes {
 		b = b[len(b)-logTailBytes:]
 	}
-	return string(b)
+	return b
+}
+
+// logLines returns the last lines of a container's log (at most 64 KiB).
+func (p *Provider) logLines(ctx context.Context, id, lines string) (string, error) {
+	rc, err := p.api.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: lines})
+	if err != nil {
+		return "", err
+	}
+	defer rc.Close()
+	var buf bytes.Buffer
+	_, _ = stdcopy.StdCopy(&buf, &buf, io.LimitReader(rc, 64<<10))
+	return buf.String(), nil
 }
 
 // freePort returns a port on 127.0.0.1 that was free a moment ago, for an
@@ -445,6 +458,8 @@ func (p *Provider) Describe(ctx context.Context, ids []string) ([]providers.Task
 		}
 		if info, err := p.api.ContainerInspect(ctx, id); err == nil {
 			out[i] = p.toTask(fromInspect(info))
+			log, _ := p.logLines(ctx, id, reasonLogLines) // unreadable: the reason without it
+			out[i].Reason += providers.AgentLogTail(log)
 		} else if isNotFound(err) {
 			out[i] = stoppedTask(id, reasonNotFound)
 		}

@@ -6,11 +6,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/providertest"
 )
@@ -46,7 +48,7 @@ func TestProvider_Launch_AppliesIsolation(t *testing.T) {
 	assert.Contains(t, hc.SecurityOpt, "no-new-privileges")
 	require.NotNil(t, hc.PidsLimit)
 	assert.Equal(t, int64(DefaultPidsLimit), *hc.PidsLimit)
-	assert.Equal(t, int64(256<<20), hc.Memory)
+	assert.Equal(t, int64(256+256)<<20, hc.Memory, "memory + the work directory's tmpfs (as large as memory without a disk)")
 	assert.Equal(t, hc.Memory, hc.MemorySwap, "no swap")
 	assert.Equal(t, int64(5e8), hc.NanoCPUs)
 	assert.Equal(t, "no", string(hc.RestartPolicy.Name))
@@ -272,4 +274,78 @@ func TestProvider_Launch_ConcurrentDifferentImages(t *testing.T) {
 	assert.Equal(t, "5\n", bash.Stdout)
 	noBash := execIn(t, agentOf(t, tasks[0][0]), "bash --version")
 	assert.Equal(t, 127, noBash.ExitCode, "the busybox image has no bash")
+}
+
+// A work directory filled to its disk is ENOSPC for the writer, not an OOM
+// kill of the sandbox: the container's memory limit leaves room for the
+// tmpfs (memory + disk), and the agent keeps answering.
+func TestProvider_Launch_FullWorkdirIsENOSPCNotAnOOMKill(t *testing.T) {
+	e, p := dockerProvider(t)
+	s := spec("disk", imageBusybox)
+	s.MemoryMB, s.DiskMB = 32, 16
+	task := launchOne(t, p, s, "disk-"+randomHex(t, 4))
+	a := agentOf(t, task)
+
+	res := execIn(t, a, "dd if=/dev/zero of=fill bs=1M count=40 2>/tmp/err; echo rc=$?; wc -c < fill; cat /tmp/err >&2")
+	assert.Equal(t, "rc=1\n16777216\n", res.Stdout, "the write stops at the disk: stderr %q", res.Stderr)
+	assert.Contains(t, res.Stderr, "No space left on device")
+	assert.Equal(t, 0, res.ExitCode)
+
+	res = execIn(t, a, "echo ok")
+	assert.Equal(t, "ok\n", res.Stdout, "the agent still answers")
+	info, err := e.cli.ContainerInspect(context.Background(), task.ID)
+	require.NoError(t, err)
+	assert.True(t, info.State.Running, "the container runs")
+	assert.False(t, info.State.OOMKilled, "nothing was OOM-killed")
+	assert.Equal(t, int64(32+16)<<20, info.HostConfig.Memory)
+}
+
+// A container whose agent the OOM killer took is described as such, with
+// its limit and the end of the agent's log.
+func TestProvider_Describe_OOMReasonWithLimitAndLogTail(t *testing.T) {
+	_, p := dockerProvider(t)
+	s := spec("oom", imageBusybox)
+	s.MemoryMB = 32 // + a 32 MiB work directory: a 64 MiB limit
+	task := launchOne(t, p, s, "oom-"+randomHex(t, 4))
+	a := agentOf(t, task)
+	// /dev/shm (Docker's 64 MiB tmpfs) holds its pages in the container's
+	// memory; then the agent itself needs memory for a large output.
+	execIn(t, a, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=70 2>/dev/null; true")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _ = a.Exec(ctx, agentapi.ExecRequest{Command: "head -c 40m /dev/zero", MaxOutputBytes: 64 << 20})
+
+	eventually(t, "the container stops", func() error {
+		got, err := p.Describe(context.Background(), []string{task.ID})
+		if err != nil {
+			return err
+		}
+		if got[0].State != providers.TaskStopped {
+			return fmt.Errorf("state %s", got[0].State)
+		}
+		return nil
+	})
+	got, err := p.Describe(context.Background(), []string{task.ID})
+	require.NoError(t, err)
+	r := got[0].Reason
+	t.Logf("reason: %s", r)
+	assert.Contains(t, r, "the container exited with code 137 (killed for running out of memory: the kernel's OOM killer, at the container's limit of 64 MiB")
+	assert.Contains(t, r, "; its log ends: ")
+	assert.Contains(t, r, "exec agent listening", "the agent's own log")
+}
+
+func TestStoppedReason_NamesTheLimits(t *testing.T) {
+	pids := int64(200)
+	inspected := func(st container.State) view {
+		return fromInspect(container.InspectResponse{
+			ContainerJSONBase: &container.ContainerJSONBase{ID: "c1", State: &st,
+				HostConfig: &container.HostConfig{Resources: container.Resources{Memory: 576 << 20, PidsLimit: &pids}}},
+		})
+	}
+	assert.Equal(t, "the container exited with code 137 (killed for running out of memory: the kernel's OOM killer, at the container's limit of 576 MiB, memory and work directory together)",
+		stoppedReason(inspected(container.State{Status: "exited", ExitCode: 137, OOMKilled: true})))
+	assert.Equal(t, "the container exited with code 2 (the agent died of a Go runtime error or panic, the container's pids limit being 200: see its log)",
+		stoppedReason(inspected(container.State{Status: "exited", ExitCode: 2})))
+	assert.Equal(t, "the container exited with code 137 (SIGKILL, e.g. docker kill)",
+		stoppedReason(inspected(container.State{Status: "exited", ExitCode: 137})))
 }

@@ -49,7 +49,8 @@ const (
 	OptionNetwork   = "network"    // "bridge", "host" or a network name; overrides Config.Network
 	OptionPidsLimit = "pids_limit" // overrides Config.PidsLimit
 	// OptionWorkdirSize is the size in MiB of the work directory's tmpfs;
-	// overrides Config.WorkdirSizeMB.
+	// overrides Config.WorkdirSizeMB. A pool's disk (Spec.DiskMB) is the
+	// same size spelled the portable way; a pool may set one of the two.
 	OptionWorkdirSize = "workdir_size_mb"
 )
 
@@ -80,7 +81,7 @@ func keptCapabilities() []string {
 type settings struct {
 	uid, gid      int
 	workdir       string
-	workdirSizeMB int64 // 0: the memory limit's size (or Config's)
+	workdirSizeMB int64 // the pool's disk or workdir_size_mb, else Config's; 0: as large as memory
 	network       string
 	pidsLimit     int64
 }
@@ -138,8 +139,30 @@ func resolveSettings(cfg Config, spec providers.Spec) (settings, string) {
 			return settings{}, fmt.Sprintf("options %q: %v", k, err)
 		}
 	}
+	if spec.DiskMB > 0 {
+		if _, ok := spec.Options[OptionWorkdirSize]; ok {
+			return settings{}, fmt.Sprintf("options %q: the pool sets disk, which is the work directory's size; set one of the two", OptionWorkdirSize)
+		}
+		if err := checkWorkdirSize(int64(spec.DiskMB)); err != nil {
+			return settings{}, fmt.Sprintf("disk: %v", err)
+		}
+		set.workdirSizeMB = int64(spec.DiskMB)
+	}
 	set.uid, set.gid, _ = parseUser(user) // checked above or by Config.Validate
 	return set, ""
+}
+
+// diskMB is the size of the work directory's tmpfs in MiB: the pool's disk
+// (or workdir_size_mb, or Config.WorkdirSizeMB), else as large as the
+// pool's memory, else defaultWorkdirSizeMB.
+func (s settings) diskMB(spec providers.Spec) int64 {
+	switch {
+	case s.workdirSizeMB > 0:
+		return s.workdirSizeMB
+	case spec.MemoryMB > 0:
+		return int64(spec.MemoryMB)
+	}
+	return defaultWorkdirSizeMB
 }
 
 // parseInt parses a decimal integer and checks it.
@@ -275,7 +298,13 @@ func buildContainer(cfg Config, spec providers.Spec, set settings, plan launchPl
 		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeBind, Source: cfg.RelayDir, Target: relayDir, ReadOnly: true})
 	}
 	if spec.MemoryMB > 0 {
-		hc.Memory = int64(spec.MemoryMB) << 20
+		// The work directory's tmpfs pages are charged to the container's
+		// memory cgroup, and the kernel cannot reclaim them (no swap): with
+		// a limit of memory alone, a full work directory made the cgroup
+		// OOM-kill the sandbox's processes, the agent among them. With
+		// memory + disk the tmpfs fills first and a write fails with
+		// ENOSPC; what the work directory does not use, processes may.
+		hc.Memory = (int64(spec.MemoryMB) + set.diskMB(spec)) << 20
 		hc.MemorySwap = hc.Memory // no swap
 	}
 	if !set.hostNetwork() {
@@ -286,16 +315,9 @@ func buildContainer(cfg Config, spec providers.Spec, set settings, plan launchPl
 }
 
 // workdirMountOptions are the options of the work directory's tmpfs: owned
-// by the container's user, executable, and bounded. Its pages count against
-// the container's memory limit, so by default it is as large as that limit
-// (or defaultWorkdirSizeMB without one).
+// by the container's user, executable, and bounded by settings.diskMB. Its
+// pages count against the container's memory limit, which buildContainer
+// raises by the same size.
 func workdirMountOptions(spec providers.Spec, set settings) string {
-	size := set.workdirSizeMB
-	if size == 0 {
-		size = int64(spec.MemoryMB)
-	}
-	if size == 0 {
-		size = defaultWorkdirSizeMB
-	}
-	return fmt.Sprintf("rw,exec,nosuid,nodev,size=%dm,uid=%d,gid=%d", size, set.uid, set.gid)
+	return fmt.Sprintf("rw,exec,nosuid,nodev,size=%dm,uid=%d,gid=%d", set.diskMB(spec), set.uid, set.gid)
 }

@@ -70,6 +70,10 @@ func TestResolve_BadSpecIsALaunchErrorNamingTheField(t *testing.T) {
 			want: `options "network": "none" leaves the agent unreachable`},
 		{name: "pids limit", modify: func(s *providers.Spec) { s.Options = map[string]string{OptionPidsLimit: "1"} },
 			want: `options "pids_limit": must be between 16`},
+		{name: "disk and workdir size", modify: func(s *providers.Spec) {
+			s.DiskMB, s.Options = 64, map[string]string{OptionWorkdirSize: "64"}
+		}, want: `options "workdir_size_mb": the pool sets disk, which is the work directory's size; set one of the two`},
+		{name: "disk too large", modify: func(s *providers.Spec) { s.DiskMB = 1<<20 + 1 }, want: "disk: must be between 1 and 1048576 MiB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -137,7 +141,10 @@ func TestBuildContainer_IsolatedByDefault(t *testing.T) {
 	assert.Equal(t, keptCapabilities(), []string(hc.CapAdd))
 	assert.Equal(t, []string{"no-new-privileges"}, hc.SecurityOpt)
 	assert.Equal(t, int64(1.5e9), hc.NanoCPUs)
-	assert.Equal(t, int64(512<<20), hc.Memory)
+	// memory + the work directory (as large as memory without a disk): its
+	// tmpfs is charged to the same cgroup, and a limit of memory alone let
+	// a full work directory OOM-kill the sandbox.
+	assert.Equal(t, int64(512+512)<<20, hc.Memory)
 	assert.Equal(t, hc.Memory, hc.MemorySwap)
 	require.NotNil(t, hc.PidsLimit)
 	assert.Equal(t, int64(DefaultPidsLimit), *hc.PidsLimit)
@@ -176,6 +183,30 @@ func TestBuildContainer_HostNetworkAndLimits(t *testing.T) {
 				assert.Zero(t, hc.Memory)
 				assert.Zero(t, hc.MemorySwap)
 				assert.Equal(t, "rw,exec,nosuid,nodev,size=1024m,uid=65534,gid=65534", hc.Tmpfs[DefaultWorkdir])
+			},
+		},
+		{
+			name: "disk sizes the work directory and raises the memory limit by as much",
+			spec: providers.Spec{Pool: "p", Image: "img", MemoryMB: 64, DiskMB: 16},
+			check: func(t *testing.T, cc *container.Config, hc *container.HostConfig) {
+				assert.Equal(t, "rw,exec,nosuid,nodev,size=16m,uid=65534,gid=65534", hc.Tmpfs[DefaultWorkdir])
+				assert.Equal(t, int64(64+16)<<20, hc.Memory)
+				assert.Equal(t, hc.Memory, hc.MemorySwap, "no swap")
+			},
+		},
+		{
+			name: "disk without memory: a bounded work directory, no memory limit",
+			spec: providers.Spec{Pool: "p", Image: "img", DiskMB: 300},
+			check: func(t *testing.T, cc *container.Config, hc *container.HostConfig) {
+				assert.Equal(t, "rw,exec,nosuid,nodev,size=300m,uid=65534,gid=65534", hc.Tmpfs[DefaultWorkdir])
+				assert.Zero(t, hc.Memory)
+			},
+		},
+		{
+			name: "work directory size option raises the memory limit by its size",
+			spec: providers.Spec{Pool: "p", Image: "img", MemoryMB: 256, Options: map[string]string{OptionWorkdirSize: "32"}},
+			check: func(t *testing.T, cc *container.Config, hc *container.HostConfig) {
+				assert.Equal(t, int64(256+32)<<20, hc.Memory)
 			},
 		},
 		{

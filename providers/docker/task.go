@@ -31,11 +31,13 @@ type view struct {
 	// port is the agent's port published on 127.0.0.1 (0: none).
 	port int
 	// detailed is true for an inspection: exitCode, oomKilled and errMsg
-	// are known.
+	// are known, and the limits the container had (0: none).
 	detailed  bool
 	exitCode  int
 	oomKilled bool
 	errMsg    string
+	memoryMiB int64
+	pidsLimit int64
 }
 
 // fromSummary maps a container list entry.
@@ -57,6 +59,12 @@ func fromInspect(info container.InspectResponse) view {
 		v.created, _ = time.Parse(time.RFC3339Nano, info.Created)
 		if st := info.State; st != nil {
 			v.state, v.exitCode, v.oomKilled, v.errMsg = st.Status, st.ExitCode, st.OOMKilled, st.Error
+		}
+	}
+	if info.ContainerJSONBase != nil && info.HostConfig != nil {
+		v.memoryMiB = info.HostConfig.Memory >> 20
+		if pl := info.HostConfig.PidsLimit; pl != nil && *pl > 0 {
+			v.pidsLimit = *pl
 		}
 	}
 	if info.Config != nil {
@@ -141,12 +149,20 @@ func stoppedReason(v view) string {
 	switch {
 	case v.exitCode == 0:
 		r += " (the agent was stopped: docker stop, or the engine shut down)"
+	case v.oomKilled && v.memoryMiB > 0:
+		r += fmt.Sprintf(" (killed for running out of memory: the kernel's OOM killer, at the container's limit of %d MiB, memory and work directory together)", v.memoryMiB)
 	case v.oomKilled:
 		r += " (killed for running out of memory)"
 	case v.exitCode == 137:
 		r += " (SIGKILL, e.g. docker kill)"
 	case v.exitCode == 143:
 		r += " (SIGTERM)"
+	case v.exitCode == 2 && v.pidsLimit > 0:
+		// Go's exit code for a runtime failure or a panic: at a pids limit
+		// the runtime dies when it cannot create a thread.
+		r += fmt.Sprintf(" (the agent died of a Go runtime error or panic, the container's pids limit being %d: see its log)", v.pidsLimit)
+	case v.exitCode == 2:
+		r += " (the agent died of a Go runtime error or panic: see its log)"
 	}
 	if v.errMsg != "" {
 		r += ": " + v.errMsg

@@ -245,3 +245,24 @@ func TestProvider_Emulator_BadSpecFailsWithLaunchError(t *testing.T) {
 		})
 	}
 }
+
+// A pool's disk becomes the registered task definition's ephemeral storage.
+func TestProvider_Emulator_DiskIsEphemeralStorage(t *testing.T) {
+	e := newEmulator(t, testenv.AWS(t))
+	ctx := testCtx(t)
+	spec := testSpec()
+	spec.Pool = "emu-disk-" + runID
+	spec.DiskMB = 30 * 1024
+	p := newTestProvider(t, e.config(), e.client)
+	tasks, err := p.Launch(ctx, spec, []string{"d-0"})
+	require.NoError(t, err)
+	require.Len(t, tasks, 1)
+	out, err := e.client.DescribeTasks(ctx, &ecs.DescribeTasksInput{Cluster: aws.String(e.cluster), Tasks: []string{tasks[0].ID}})
+	require.NoError(t, err)
+	require.Len(t, out.Tasks, 1)
+	def, err := e.client.DescribeTaskDefinition(ctx, &ecs.DescribeTaskDefinitionInput{TaskDefinition: out.Tasks[0].TaskDefinitionArn})
+	require.NoError(t, err)
+	require.NotNil(t, def.TaskDefinition.EphemeralStorage, "the definition has ephemeral storage")
+	assert.Equal(t, int32(30), def.TaskDefinition.EphemeralStorage.SizeInGiB)
+	require.NoError(t, p.Stop(ctx, tasks[0].ID, "done"))
+}

@@ -42,6 +42,11 @@ func TestRenderTaskDefinition_Errors(t *testing.T) {
 		{name: "supplied task definition", spec: func(s *providers.Spec) {
 			s.Options = map[string]string{optTaskDefinition: "quarry-own:3"}
 		}, want: "options.task_definition: the pool supplies its own", isSpec: true},
+		{name: "disk Fargate cannot give", spec: func(s *providers.Spec) { s.DiskMB = 10 * 1024 },
+			want: "disk: Fargate's ephemeral storage is a whole number of GiB from 21 to 200", isSpec: true},
+		{name: "disk with a supplied task definition", spec: func(s *providers.Spec) {
+			s.DiskMB, s.Options = 30*1024, map[string]string{optTaskDefinition: "quarry-own:3"}
+		}, want: "disk: the pool supplies its own task definition", isSpec: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -105,6 +105,30 @@ type settings struct {
 	// user is the sandbox container's user (DefaultUser unless the pool
 	// names one).
 	user string
+	// diskGiB is the task's ephemeral storage (0: Fargate's default).
+	diskGiB int
+}
+
+// Fargate's ephemeral storage (the task's writable layers, the work
+// directory among them): 20 GiB without a setting, 21 to 200 GiB with one.
+const (
+	fargateDefaultDiskGiB  = 20
+	minDiskGiB, maxDiskGiB = 21, 200
+)
+
+// fargateDisk maps a pool's disk (MiB; 0: Fargate's default) to the task's
+// ephemeral storage in GiB. Fargate sets it in whole GiB from 21 to 200 and
+// gives 20 GiB without one, so a size it cannot give exactly is an error
+// naming disk rather than a bound the task does not have.
+func fargateDisk(diskMB int) (int, error) {
+	switch {
+	case diskMB == 0:
+		return 0, nil
+	case diskMB%1024 != 0 || diskMB/1024 < minDiskGiB || diskMB/1024 > maxDiskGiB:
+		return 0, fmt.Errorf("disk: Fargate's ephemeral storage is a whole number of GiB from %d to %d (a task without disk gets %d GiB), got %d MiB",
+			minDiskGiB, maxDiskGiB, fargateDefaultDiskGiB, diskMB)
+	}
+	return diskMB / 1024, nil
 }
 
 // resolve checks spec against cfg and returns the pool's settings, or a
@@ -162,6 +186,9 @@ func resolve(cfg Config, spec providers.Spec) (settings, error) {
 		if v == "" {
 			return s, providers.InvalidSpec(spec, "options.task_definition: empty")
 		}
+		if spec.DiskMB != 0 {
+			return s, providers.InvalidSpec(spec, "disk: the pool supplies its own task definition (options.task_definition); set its ephemeralStorage there and leave disk unset")
+		}
 		s.taskDef = v
 		return s, nil // the supplied definition has its own image, size and secrets
 	}
@@ -169,6 +196,9 @@ func resolve(cfg Config, spec providers.Spec) (settings, error) {
 		return s, providers.InvalidSpec(spec, "image: must be set (an image the task execution role can pull)")
 	}
 	if s.cpu, s.memory, err = fargateSize(spec.CPU, spec.MemoryMB); err != nil {
+		return s, providers.InvalidSpec(spec, err.Error())
+	}
+	if s.diskGiB, err = fargateDisk(spec.DiskMB); err != nil {
 		return s, providers.InvalidSpec(spec, err.Error())
 	}
 	if k, problem := providers.CheckEnv(spec.Env); problem != "" {
@@ -332,6 +362,9 @@ func renderTaskDef(cfg Config, spec providers.Spec, s settings) *ecs.RegisterTas
 	}
 	if cfg.TaskRoleARN != "" {
 		in.TaskRoleArn = aws.String(cfg.TaskRoleARN)
+	}
+	if s.diskGiB > 0 {
+		in.EphemeralStorage = &types.EphemeralStorage{SizeInGiB: int32(s.diskGiB)}
 	}
 	b, _ := json.Marshal(in) // plain data: cannot fail
 	sum := sha256.Sum256(b)

@@ -142,6 +142,52 @@ func TestRenderTaskDef(t *testing.T) {
 	assert.Nil(t, renderTaskDef(cfg, spec, set).ContainerDefinitions[1].LogConfiguration)
 }
 
+func TestFargateDisk(t *testing.T) {
+	tests := []struct {
+		name    string
+		diskMB  int
+		want    int
+		wantErr bool
+	}{
+		{name: "unset: Fargate's default", diskMB: 0, want: 0},
+		{name: "smallest", diskMB: 21 * 1024, want: 21},
+		{name: "largest", diskMB: 200 * 1024, want: 200},
+		{name: "below Fargate's settable range", diskMB: 16, wantErr: true},
+		{name: "20 GiB is the default, not a setting", diskMB: 20 * 1024, wantErr: true},
+		{name: "above 200 GiB", diskMB: 201 * 1024, wantErr: true},
+		{name: "not whole GiB", diskMB: 21*1024 + 1, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := fargateDisk(tt.diskMB)
+			if tt.wantErr {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "disk: Fargate's ephemeral storage is a whole number of GiB from 21 to 200")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestRenderTaskDef_DiskIsEphemeralStorage(t *testing.T) {
+	cfg := testConfig().WithDefaults()
+	spec := testSpec()
+	set, err := resolve(cfg, spec)
+	require.NoError(t, err)
+	plain := renderTaskDef(cfg, spec, set)
+	assert.Nil(t, plain.EphemeralStorage, "without disk: Fargate's default, and the family of pools without disk is unchanged")
+
+	spec.DiskMB = 50 * 1024
+	set, err = resolve(cfg, spec)
+	require.NoError(t, err)
+	in := renderTaskDef(cfg, spec, set)
+	require.NotNil(t, in.EphemeralStorage)
+	assert.Equal(t, int32(50), in.EphemeralStorage.SizeInGiB)
+	assert.NotEqual(t, aws.ToString(plain.Family), aws.ToString(in.Family), "another disk is another definition")
+}
+
 func TestResolve_OptionsOverrideConfig(t *testing.T) {
 	spec := testSpec()
 	spec.Options = map[string]string{

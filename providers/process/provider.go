@@ -38,6 +38,9 @@ const (
 	cleanupTimeout = 30 * time.Second
 	// logTailBytes is how much of agent.log a launch error quotes.
 	logTailBytes = 2 << 10
+	// reasonLogBytes is how much of agent.log a stopped task's Reason reads
+	// (providers.AgentLogTail): enough to see past a Go crash's stack dump.
+	reasonLogBytes = 64 << 10
 	// tokenBytes is the size of a generated agent token (hex encoded).
 	tokenBytes = 32
 )
@@ -424,6 +427,7 @@ func (p *Provider) toTask(rec *record) providers.Task {
 		if status != "" {
 			t.Reason += " (" + status + ")"
 		}
+		t.Reason += providers.AgentLogTail(tailFile(filepath.Join(p.taskDir(rec.Name), logFile), reasonLogBytes))
 		return t
 	}
 	t.State, t.AgentURL = providers.TaskRunning, rec.AgentURL

@@ -511,3 +511,18 @@ func TestProvider_AgentExitsWhenItsTaskDirIsGone(t *testing.T) {
 		time.Sleep(pollInterval)
 	}
 }
+
+// A task whose agent died says how, and how the agent's log ends.
+func TestProvider_Describe_ReasonCarriesTheAgentsLogTail(t *testing.T) {
+	p, task, _ := launchRealAgent(t)
+	killGroup(t, mustRecord(t, p, task.Name).PID)
+	var got []providers.Task
+	eventually(t, "the task stops", func() bool {
+		var err error
+		got, err = p.Describe(context.Background(), []string{task.ID})
+		return err == nil && got[0].State == providers.TaskStopped
+	})
+	assert.Contains(t, got[0].Reason, reasonExited+" (killed by SIGKILL)")
+	assert.Contains(t, got[0].Reason, "; its log ends: ")
+	assert.Contains(t, got[0].Reason, "exec agent listening", "the agent's own log line")
+}

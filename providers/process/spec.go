@@ -35,6 +35,14 @@ func specProblem(spec providers.Spec) string {
 	if spec.MemoryMB < 0 {
 		return fmt.Sprintf("memory: must not be negative, got %d", spec.MemoryMB)
 	}
+	if spec.DiskMB != 0 {
+		// The work directory is a directory on the host's file system,
+		// shared with the gateway and every other sandbox: nothing here can
+		// bound one sandbox's share of it without root (a loop mount, a
+		// project quota), so a size would be a promise the provider does
+		// not keep.
+		return fmt.Sprintf("disk: the process provider cannot bound a sandbox's disk (its work directory is a directory on the host's file system); leave disk unset, or use the docker or ecs provider (got %d MiB)", spec.DiskMB)
+	}
 	if k, problem := providers.CheckEnv(spec.Env); problem != "" {
 		return fmt.Sprintf("env %q: %s", k, problem)
 	}

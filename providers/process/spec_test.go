@@ -23,6 +23,7 @@ func TestValidateSpec(t *testing.T) {
 		{name: "docker image", spec: providers.Spec{Pool: "p", Image: "ubuntu:24.04"}, want: `image "ubuntu:24.04"`},
 		{name: "negative cpu", spec: providers.Spec{Pool: "p", CPU: -1}, want: "cpu"},
 		{name: "negative memory", spec: providers.Spec{Pool: "p", MemoryMB: -1}, want: "memory"},
+		{name: "disk is refused, not ignored", spec: providers.Spec{Pool: "p", DiskMB: 1024}, want: "disk: the process provider cannot bound a sandbox's disk"},
 		{name: "env name with =", spec: providers.Spec{Pool: "p", Env: map[string]string{"A=B": "1"}}, want: `env "A=B"`},
 		{name: "empty env name", spec: providers.Spec{Pool: "p", Env: map[string]string{"": "1"}}, want: `env ""`},
 		{name: "reserved env", spec: providers.Spec{Pool: "p", Env: map[string]string{"QUARRY_AGENT_TOKEN": "x"}}, want: `env "QUARRY_AGENT_TOKEN"`},
