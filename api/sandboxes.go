@@ -46,14 +46,17 @@ type CreateSandboxRequest struct {
 }
 
 // Pool is one warm pool: its configuration and its current counts (GET
-// /v1/pools). DiskMiB is the pool's disk (its work directory's size) in
-// MiB, absent when the pool sets none and its provider's default applies.
+// /v1/pools). MemoryMiB is the pool's memory in MiB (Memory is the same
+// number under its older name, kept for clients that read it); DiskMiB is
+// the pool's disk (its work directory's size) in MiB, absent when the pool
+// sets none and its provider's default applies.
 type Pool struct {
 	Name                string  `json:"name"`
 	Provider            string  `json:"provider"`
 	Image               string  `json:"image"`
 	CPU                 float64 `json:"cpu"`
-	Memory              int     `json:"memory"` // MiB
+	Memory              int     `json:"memory"` // MiB; deprecated: MemoryMiB
+	MemoryMiB           int     `json:"memory_mib"`
 	DiskMiB             int     `json:"disk_mib,omitempty"`
 	MinWarm             int     `json:"min_warm"`
 	MaxTotal            int     `json:"max_total"`

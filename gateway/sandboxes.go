@@ -241,7 +241,7 @@ func (g *Gateway) listPools(c *fiber.Ctx) error {
 	out := api.PoolList{Pools: make([]api.Pool, 0, len(ps))}
 	for _, p := range ps {
 		out.Pools = append(out.Pools, api.Pool{
-			Name: p.Name, Provider: p.Provider, Image: p.Image, CPU: p.CPU, Memory: int(p.Memory), DiskMiB: int(p.Disk),
+			Name: p.Name, Provider: p.Provider, Image: p.Image, CPU: p.CPU, Memory: int(p.Memory), MemoryMiB: int(p.Memory), DiskMiB: int(p.Disk),
 			MinWarm: p.MinWarm, MaxTotal: p.MaxTotal,
 			DefaultLeaseSeconds: p.DefaultLeaseSeconds, MaxLeaseSeconds: p.MaxLeaseSeconds,
 			Ready: p.Ready, Launching: p.Launching, Leased: p.Leased, Stopping: p.Stopping,

@@ -317,7 +317,7 @@ func TestSandboxes_Pools(t *testing.T) {
 	gw := startGateway(t, newFakeManager(""), nil)
 	resp, body := call(t, http.MethodGet, gw.URL+"/v1/pools", testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.JSONEq(t, `{"pools": [{"name": "default", "provider": "process", "image": "host", "cpu": 0, "memory": 512,
+	assert.JSONEq(t, `{"pools": [{"name": "default", "provider": "process", "image": "host", "cpu": 0, "memory": 512, "memory_mib": 512,
 		"min_warm": 2, "max_total": 16, "default_lease_seconds": 600, "max_lease_seconds": 3600,
 		"ready": 2, "launching": 0, "leased": 1, "stopping": 0}]}`, string(body))
 	assert.NotContains(t, string(body), "SECRET", "pool env is not exposed")
@@ -332,7 +332,7 @@ func TestSandboxes_PoolsReportDisk(t *testing.T) {
 	gw := startGateway(t, mgr, nil)
 	resp, body := call(t, http.MethodGet, gw.URL+"/v1/pools", testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.JSONEq(t, `{"pools": [{"name": "small", "provider": "docker", "image": "img", "cpu": 0.5, "memory": 64, "disk_mib": 2048,
+	assert.JSONEq(t, `{"pools": [{"name": "small", "provider": "docker", "image": "img", "cpu": 0.5, "memory": 64, "memory_mib": 64, "disk_mib": 2048,
 		"min_warm": 1, "max_total": 2, "default_lease_seconds": 60, "max_lease_seconds": 60,
 		"ready": 0, "launching": 0, "leased": 0, "stopping": 0}]}`, string(body))
 }
