@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/quarryhq/quarry/internal/defaults"
 )
 
 // EnvPrefix is the prefix of the agent's own configuration variables. Every
@@ -127,32 +129,25 @@ func DefaultConfig() Config {
 // WithDefaults returns c with every zero field set from DefaultConfig.
 func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
-	setDefault(&c.MaxJSONBody, d.MaxJSONBody)
-	setDefault(&c.MaxUploadBytes, d.MaxUploadBytes)
-	setDefault(&c.MaxReadBytes, d.MaxReadBytes)
-	setDefault(&c.MaxListEntries, d.MaxListEntries)
-	setDefault(&c.DefaultTimeout, d.DefaultTimeout)
-	setDefault(&c.MaxTimeout, d.MaxTimeout)
-	setDefault(&c.DefaultOutputBytes, d.DefaultOutputBytes)
-	setDefault(&c.MaxOutputBytes, d.MaxOutputBytes)
-	setDefault(&c.ProcessOutputBytes, d.ProcessOutputBytes)
-	setDefault(&c.MaxSessions, d.MaxSessions)
-	setDefault(&c.MaxProcesses, d.MaxProcesses)
-	setDefault(&c.KeepAlive, d.KeepAlive)
-	setDefault(&c.InterruptGrace, d.InterruptGrace)
-	setDefault(&c.DrainTimeout, d.DrainTimeout)
-	setDefault(&c.StdinTimeout, d.StdinTimeout)
-	setDefault(&c.ReapInterval, d.ReapInterval)
-	setDefault(&c.OwnerCheckInterval, d.OwnerCheckInterval)
-	setDefault(&c.IdleExit, d.IdleExit)
+	defaults.Set(&c.MaxJSONBody, d.MaxJSONBody)
+	defaults.Set(&c.MaxUploadBytes, d.MaxUploadBytes)
+	defaults.Set(&c.MaxReadBytes, d.MaxReadBytes)
+	defaults.Set(&c.MaxListEntries, d.MaxListEntries)
+	defaults.Set(&c.DefaultTimeout, d.DefaultTimeout)
+	defaults.Set(&c.MaxTimeout, d.MaxTimeout)
+	defaults.Set(&c.DefaultOutputBytes, d.DefaultOutputBytes)
+	defaults.Set(&c.MaxOutputBytes, d.MaxOutputBytes)
+	defaults.Set(&c.ProcessOutputBytes, d.ProcessOutputBytes)
+	defaults.Set(&c.MaxSessions, d.MaxSessions)
+	defaults.Set(&c.MaxProcesses, d.MaxProcesses)
+	defaults.Set(&c.KeepAlive, d.KeepAlive)
+	defaults.Set(&c.InterruptGrace, d.InterruptGrace)
+	defaults.Set(&c.DrainTimeout, d.DrainTimeout)
+	defaults.Set(&c.StdinTimeout, d.StdinTimeout)
+	defaults.Set(&c.ReapInterval, d.ReapInterval)
+	defaults.Set(&c.OwnerCheckInterval, d.OwnerCheckInterval)
+	defaults.Set(&c.IdleExit, d.IdleExit)
 	return c
-}
-
-func setDefault[T comparable](p *T, def T) {
-	var zero T
-	if *p == zero {
-		*p = def
-	}
 }
 
 // Validate reports the first invalid setting, naming its variable.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/quarryhq/quarry/internal/defaults"
 )
 
 // Config is the gateway's configuration. cmd/gateway fills it with envconfig
@@ -171,33 +173,23 @@ func checkAPIKey(k string) error {
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	size := func(v *int64, d int64) {
-		if *v == 0 {
-			*v = d
-		}
-	}
 	if c.DefaultPool == "" {
 		c.DefaultPool = "default"
 	}
-	size(&c.MaxJSONBody, DefaultMaxJSONBody)
-	size(&c.MaxUploadBody, DefaultMaxUploadBody)
-	size(&c.MaxAgentResponse, DefaultMaxAgentResponse)
-	def(&c.RequestTimeout, DefaultRequestTimeout)
-	def(&c.CommandTimeout, DefaultCommandTimeout)
-	def(&c.TimeoutMargin, DefaultTimeoutMargin)
-	def(&c.MaxCommandTimeout, DefaultMaxCommandTimeout)
-	def(&c.ManagerTimeout, DefaultManagerTimeout)
-	def(&c.CreateTimeout, DefaultCreateTimeout)
-	def(&c.ReadTimeout, DefaultReadTimeout)
-	def(&c.UploadTimeout, DefaultUploadTimeout)
-	def(&c.IdleTimeout, DefaultIdleTimeout)
-	def(&c.AgentDialTimeout, DefaultAgentDialTimeout)
-	def(&c.RetryAfter, DefaultRetryAfter)
+	defaults.Set(&c.MaxJSONBody, DefaultMaxJSONBody)
+	defaults.Set(&c.MaxUploadBody, DefaultMaxUploadBody)
+	defaults.Set(&c.MaxAgentResponse, DefaultMaxAgentResponse)
+	defaults.Set(&c.RequestTimeout, DefaultRequestTimeout)
+	defaults.Set(&c.CommandTimeout, DefaultCommandTimeout)
+	defaults.Set(&c.TimeoutMargin, DefaultTimeoutMargin)
+	defaults.Set(&c.MaxCommandTimeout, DefaultMaxCommandTimeout)
+	defaults.Set(&c.ManagerTimeout, DefaultManagerTimeout)
+	defaults.Set(&c.CreateTimeout, DefaultCreateTimeout)
+	defaults.Set(&c.ReadTimeout, DefaultReadTimeout)
+	defaults.Set(&c.UploadTimeout, DefaultUploadTimeout)
+	defaults.Set(&c.IdleTimeout, DefaultIdleTimeout)
+	defaults.Set(&c.AgentDialTimeout, DefaultAgentDialTimeout)
+	defaults.Set(&c.RetryAfter, DefaultRetryAfter)
 	if c.MaxConnsPerAgent == 0 {
 		c.MaxConnsPerAgent = DefaultMaxConnsPerAgent
 	}

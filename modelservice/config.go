@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/defaults"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -106,17 +107,12 @@ type Config struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.Timeout, DefaultTimeout)
-	def(&c.Visibility, DefaultVisibility)
-	def(&c.MaxWait, DefaultMaxWait)
-	def(&c.BrokerTimeout, DefaultBrokerTimeout)
-	def(&c.PurgeInterval, DefaultPurgeInterval)
-	def(&c.LeaseCheck, DefaultLeaseCheck)
+	defaults.Set(&c.Timeout, DefaultTimeout)
+	defaults.Set(&c.Visibility, DefaultVisibility)
+	defaults.Set(&c.MaxWait, DefaultMaxWait)
+	defaults.Set(&c.BrokerTimeout, DefaultBrokerTimeout)
+	defaults.Set(&c.PurgeInterval, DefaultPurgeInterval)
+	defaults.Set(&c.LeaseCheck, DefaultLeaseCheck)
 	if c.MaxClaim == 0 {
 		c.MaxClaim = DefaultMaxClaim
 	}

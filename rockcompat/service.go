@@ -15,6 +15,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/quarryhq/quarry/internal/clock"
+	"github.com/quarryhq/quarry/internal/defaults"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -86,25 +87,18 @@ const (
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	setDefault(&c.DefaultPool, "default")
-	setDefault(&c.MaxJSONBody, 8<<20)
-	setDefault(&c.MaxUploadBody, 1<<30)
-	setDefault(&c.MaxReadFile, 64<<20)
-	setDefault(&c.CreateTimeout, 5*time.Minute)
-	setDefault(&c.ManagerTimeout, 10*time.Second)
-	setDefault(&c.RequestTimeout, 30*time.Second)
-	setDefault(&c.MaxCommandTimeout, 24*time.Hour)
-	setDefault(&c.TimeoutMargin, 10*time.Second)
-	setDefault(&c.RetryAfter, 2*time.Second)
-	setDefault(&c.StateDir, DefaultStateDir)
+	defaults.Set(&c.DefaultPool, "default")
+	defaults.Set(&c.MaxJSONBody, 8<<20)
+	defaults.Set(&c.MaxUploadBody, 1<<30)
+	defaults.Set(&c.MaxReadFile, 64<<20)
+	defaults.Set(&c.CreateTimeout, 5*time.Minute)
+	defaults.Set(&c.ManagerTimeout, 10*time.Second)
+	defaults.Set(&c.RequestTimeout, 30*time.Second)
+	defaults.Set(&c.MaxCommandTimeout, 24*time.Hour)
+	defaults.Set(&c.TimeoutMargin, 10*time.Second)
+	defaults.Set(&c.RetryAfter, 2*time.Second)
+	defaults.Set(&c.StateDir, DefaultStateDir)
 	return c
-}
-
-func setDefault[T comparable](p *T, v T) {
-	var zero T
-	if *p == zero {
-		*p = v
-	}
 }
 
 // Validate reports the first bad value, naming its field.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/quarryhq/quarry/internal/defaults"
 )
 
 // Config tunes the Manager. Zero fields take the defaults noted on each
@@ -75,27 +77,22 @@ type Config struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
 	if c.GatewayID == "" {
 		c.GatewayID = "quarry"
 	}
-	def(&c.ReconcileInterval, 2*time.Second)
-	def(&c.ReapInterval, 5*time.Second)
-	def(&c.LeaseRetention, 24*time.Hour)
-	def(&c.OrphanInterval, 30*time.Second)
-	def(&c.OrphanGrace, 2*time.Minute)
-	def(&c.HealthTimeout, 2*time.Second)
-	def(&c.HealthCheckInterval, 30*time.Second)
-	def(&c.InitTimeout, 10*time.Second)
-	def(&c.AcquireTimeout, 2*time.Minute)
-	def(&c.StoreTimeout, 5*time.Second)
-	def(&c.ProviderTimeout, 30*time.Second)
-	def(&c.LaunchBackoff, time.Second)
-	def(&c.LaunchBackoffMax, time.Minute)
+	defaults.Set(&c.ReconcileInterval, 2*time.Second)
+	defaults.Set(&c.ReapInterval, 5*time.Second)
+	defaults.Set(&c.LeaseRetention, 24*time.Hour)
+	defaults.Set(&c.OrphanInterval, 30*time.Second)
+	defaults.Set(&c.OrphanGrace, 2*time.Minute)
+	defaults.Set(&c.HealthTimeout, 2*time.Second)
+	defaults.Set(&c.HealthCheckInterval, 30*time.Second)
+	defaults.Set(&c.InitTimeout, 10*time.Second)
+	defaults.Set(&c.AcquireTimeout, 2*time.Minute)
+	defaults.Set(&c.StoreTimeout, 5*time.Second)
+	defaults.Set(&c.ProviderTimeout, 30*time.Second)
+	defaults.Set(&c.LaunchBackoff, time.Second)
+	defaults.Set(&c.LaunchBackoffMax, time.Minute)
 	if c.HealthFailures == 0 {
 		c.HealthFailures = 2
 	}
@@ -108,8 +105,8 @@ func (c Config) WithDefaults() Config {
 	if c.ReplicaID == "" {
 		c.ReplicaID = DefaultReplicaID()
 	}
-	def(&c.LockTTL, 15*time.Second)
-	def(&c.LeaseCacheTTL, time.Second)
+	defaults.Set(&c.LockTTL, 15*time.Second)
+	defaults.Set(&c.LeaseCacheTTL, time.Second)
 	return c
 }
 

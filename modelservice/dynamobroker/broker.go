@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quarryhq/quarry/internal/clock"
+	"github.com/quarryhq/quarry/internal/defaults"
 	"github.com/quarryhq/quarry/modelservice"
 )
 
@@ -69,20 +70,15 @@ type Config struct {
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
 	if c.Table == "" {
 		c.Table = DefaultTable
 	}
-	def(&c.Retention, DefaultRetention)
-	def(&c.AwaitPoll, DefaultAwaitPoll)
-	def(&c.ClaimPollMin, DefaultClaimPollMin)
-	def(&c.ClaimPollMax, DefaultClaimPollMax)
-	def(&c.Recheck, DefaultRecheck)
-	def(&c.CallTimeout, DefaultCallTimeout)
+	defaults.Positive(&c.Retention, DefaultRetention)
+	defaults.Positive(&c.AwaitPoll, DefaultAwaitPoll)
+	defaults.Positive(&c.ClaimPollMin, DefaultClaimPollMin)
+	defaults.Positive(&c.ClaimPollMax, DefaultClaimPollMax)
+	defaults.Positive(&c.Recheck, DefaultRecheck)
+	defaults.Positive(&c.CallTimeout, DefaultCallTimeout)
 	if c.ClaimPollMax < c.ClaimPollMin {
 		c.ClaimPollMax = c.ClaimPollMin
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/quarryhq/quarry/internal/defaults"
 )
 
 // Defaults applied by Config.WithDefaults.
@@ -106,16 +108,11 @@ type Config struct {
 
 // WithDefaults returns c with every unset field set to its default.
 func (c Config) WithDefaults() Config {
-	def := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
-	}
-	def(&c.Host, DefaultHost)
-	def(&c.GatewayID, DefaultGatewayID)
-	def(&c.User, DefaultUser)
-	def(&c.Workdir, DefaultWorkdir)
-	def(&c.Network, DefaultNetwork)
+	defaults.Set(&c.Host, DefaultHost)
+	defaults.Set(&c.GatewayID, DefaultGatewayID)
+	defaults.Set(&c.User, DefaultUser)
+	defaults.Set(&c.Workdir, DefaultWorkdir)
+	defaults.Set(&c.Network, DefaultNetwork)
 	if c.PidsLimit == 0 {
 		c.PidsLimit = DefaultPidsLimit
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/defaults"
 )
 
 // Defaults applied by Config.WithDefaults.
@@ -119,14 +120,9 @@ type Config struct {
 
 // WithDefaults returns c with every unset field that has a default set to it.
 func (c Config) WithDefaults() Config {
-	def := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
-	}
-	def(&c.GatewayID, DefaultGatewayID)
-	def(&c.CapacityProvider, DefaultCapacityProvider)
-	def(&c.PlatformVersion, DefaultPlatformVersion)
+	defaults.Set(&c.GatewayID, DefaultGatewayID)
+	defaults.Set(&c.CapacityProvider, DefaultCapacityProvider)
+	defaults.Set(&c.PlatformVersion, DefaultPlatformVersion)
 	defInt := func(p *int, v int) {
 		if *p == 0 {
 			*p = v
