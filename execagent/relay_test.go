@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ import (
 // gateway's relay socket does, and records the requests it gets.
 func relayUpstream(t *testing.T, h http.HandlerFunc) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "relay.sock")
+	path := filepath.Join(socketDir(t), "relay.sock")
 	ln, err := net.Listen("unix", path)
 	require.NoError(t, err)
 	srv := &http.Server{Handler: h}
@@ -97,7 +98,7 @@ func TestRelay_NoSocketNoRoute(t *testing.T) {
 }
 
 func TestRelay_GatewayDownIs502(t *testing.T) {
-	a := newTestAgent(t, func(c *Config) { c.RelaySocket = filepath.Join(t.TempDir(), "relay.sock") })
+	a := newTestAgent(t, func(c *Config) { c.RelaySocket = filepath.Join(socketDir(t), "relay.sock") })
 	resp, err := http.Get(a.url + "/v1/sandboxes/sbx-1/model/v1/models")
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -105,4 +106,15 @@ func TestRelay_GatewayDownIs502(t *testing.T) {
 	e := apiError(t, agentapi.CheckResponse(resp))
 	assert.Equal(t, agentapi.CodeAgentUnreachable, e.Code)
 	assert.Contains(t, e.Message, "model relay is unreachable")
+}
+
+// socketDir is a fresh directory with a short path: a Unix socket's path
+// must fit in about 100 bytes, and t.TempDir's, under a test's long name,
+// need not.
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qs")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,7 +22,7 @@ import (
 // its path; the gateway is shut down when the test ends.
 func serveRelaySocket(t *testing.T, e *relayEnv) string {
 	t.Helper()
-	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "relay.sock"))
+	ln, err := net.Listen("unix", filepath.Join(socketDir(t), "relay.sock"))
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- e.ServeRelay(ln) }()
@@ -99,4 +100,15 @@ func TestServeRelay_OnlyTheRelaysSandboxRoutes(t *testing.T) {
 	// The gateway's own listener is unchanged.
 	resp, b := call(t, http.MethodGet, e.URL+"/v1/pools", testKey, nil)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+}
+
+// socketDir is a fresh directory with a short path: a Unix socket's path
+// must fit in about 100 bytes, and t.TempDir's, under a test's long name,
+// need not.
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qs")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }

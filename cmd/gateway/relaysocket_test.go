@@ -14,7 +14,7 @@ import (
 )
 
 func TestRelayDir_InTheDataDirUnlessTooLongForASocket(t *testing.T) {
-	short := t.TempDir()
+	short := socketDir(t)
 	dir, err := relayDir(short)
 	require.NoError(t, err)
 	assert.Equal(t, filepath.Join(short, "relay"), dir)
@@ -33,7 +33,7 @@ func TestRelayDir_InTheDataDirUnlessTooLongForASocket(t *testing.T) {
 }
 
 func TestListenRelay_ReplacesAnOldSocketAndRefusesAFile(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "relay")
+	dir := filepath.Join(socketDir(t), "relay")
 	ln, err := listenRelay(dir)
 	require.NoError(t, err)
 	path := filepath.Join(dir, "relay.sock")
@@ -60,4 +60,15 @@ func TestListenRelay_ReplacesAnOldSocketAndRefusesAFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("not a socket"), 0o600))
 	_, err = listenRelay(dir)
 	assert.ErrorContains(t, err, "is not a socket")
+}
+
+// socketDir is a fresh directory with a short path: a Unix socket's path
+// must fit in about 100 bytes, and t.TempDir's, under a test's long name,
+// need not.
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "qs")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
