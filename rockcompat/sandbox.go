@@ -109,19 +109,43 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 			areq.Labels[label] = v
 		}
 	}
+	chosen := areq.Labels[LabelSandboxID]
 	lease, replayed, err := s.leases.Acquire(ctx, areq)
+	if errors.Is(err, warmpool.ErrIdempotencyMismatch) {
+		// The chosen id names a sandbox started with other settings:
+		// say first whether it has ended, as for a plain second start.
+		earlier, lerr := s.lookup(ctx, owner, chosen)
+		if lerr == nil {
+			if ended := chosenEnded(chosen, earlier); ended != nil {
+				return nil, ended
+			}
+			return nil, badinput.New("sandbox_id", "%q names sandbox %s, started with other settings (image, auto_clear_time_minutes, or the X-User-Id, X-Experiment-Id and X-Namespace headers); choose a new sandbox_id",
+				chosen, earlier.ID)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("acquire: %w", err)
 	}
-	if replayed && lease.State != warmpool.LeaseActive {
-		why := string(lease.State)
-		if lease.Reason != "" {
-			why += ": " + lease.Reason
+	if replayed {
+		if ended := chosenEnded(chosen, lease); ended != nil {
+			return nil, ended
 		}
-		return nil, badinput.New("sandbox_id", "%q named sandbox %s, which has ended (%s); a sandbox does not start again: choose a new sandbox_id",
-			areq.Labels[LabelSandboxID], lease.ID, why)
 	}
 	return startResult{SandboxID: lease.ID, HostName: lease.TaskID}, nil
+}
+
+// chosenEnded is the refusal of a start whose chosen sandbox id names a
+// sandbox that has ended, or nil while it runs.
+func chosenEnded(chosen string, l warmpool.Lease) error {
+	if l.State == warmpool.LeaseActive {
+		return nil
+	}
+	why := string(l.State)
+	if l.Reason != "" {
+		why += ": " + l.Reason
+	}
+	return badinput.New("sandbox_id", "%q named sandbox %s, which has ended (%s); a sandbox does not start again: choose a new sandbox_id",
+		chosen, l.ID, why)
 }
 
 // poolFor picks the pool of a ROCK image: the Images table, a pool named

@@ -253,3 +253,18 @@ func TestRock_StartAfterStopAndLongAutoClear(t *testing.T) {
 	assert.Contains(t, env.errMsg(), "choose a new sandbox_id")
 	assert.EqualValues(t, 4000, env.res()["code"])
 }
+
+// A second start with the same chosen id and other settings names the
+// running sandbox instead of replaying it.
+func TestRock_StartAgainWithOtherSettingsIsRefused(t *testing.T) {
+	g := startGateway(t, defaultPools)
+	key := map[string]string{"X-Key": g.key}
+	_, env := rockCall(t, g, http.MethodPost, "start", key, map[string]any{"sandbox_id": "twice"})
+	require.Equal(t, "Success", env.Status, env.errMsg())
+	_, env = rockCall(t, g, http.MethodPost, "start", key, map[string]any{"sandbox_id": "twice"})
+	require.Equal(t, "Success", env.Status, "the same start replays: %s", env.errMsg())
+	_, env = rockCall(t, g, http.MethodPost, "start", key, map[string]any{"sandbox_id": "twice", "auto_clear_time_minutes": 5})
+	assert.Equal(t, "Failed", env.Status)
+	assert.Contains(t, env.errMsg(), "started with other settings")
+	assert.EqualValues(t, 4000, env.res()["code"])
+}
