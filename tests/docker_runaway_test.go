@@ -172,10 +172,13 @@ func TestDocker_LostToOOMReasonNamesItWithTheLogTail(t *testing.T) {
 	// /dev/shm (Docker's 64 MiB tmpfs) keeps its pages in the container's
 	// 64 MiB (memory + work directory) after dd is killed; then the agent
 	// itself needs memory for a large output, and only it is left to kill.
-	res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "dd if=/dev/zero of=/dev/shm/fill bs=1M count=70 2>/dev/null; true"})
-	require.NoError(t, err)
-	require.Equal(t, 0, res.ExitCode)
-	_, err = c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "head -c 40m /dev/zero", MaxOutputBytes: 64 << 20})
+	// Which call the kernel kills the agent in depends on timing (the
+	// page cache of /dev/shm and the agent's own pages race): on a busy
+	// machine it may be the first.
+	_, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "dd if=/dev/zero of=/dev/shm/fill bs=1M count=70 2>/dev/null; true"})
+	if err == nil {
+		_, err = c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "head -c 40m /dev/zero", MaxOutputBytes: 64 << 20})
+	}
 	require.Error(t, err, "the agent dies answering")
 
 	var got client.Sandbox
