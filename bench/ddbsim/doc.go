@@ -69,5 +69,6 @@
 // are exact decimals of 38 digits, and unused or undefined placeholders,
 // reserved words and overlapping paths are refused as AWS refuses them.
 //
-// It imports no other Quarry package but internal/defaults.
+// It imports no other Quarry package but internal/defaults and
+// internal/clock.
 package ddbsim

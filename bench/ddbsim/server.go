@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/internal/defaults"
 )
 
@@ -62,8 +63,8 @@ type Config struct {
 	// TableCreateDelay is how long a new table stays CREATING (0: it is
 	// ACTIVE at once, though CreateTable answers CREATING, as on AWS).
 	TableCreateDelay time.Duration
-	// Now tells the time (nil: time.Now). Tests pass a fake.
-	Now func() time.Time
+	// Clock tells the time (nil: clock.System). Tests pass a fake.
+	Clock clock.Clock
 	// Log receives one line per throttled request, naming the limit
 	// (nil: discarded).
 	Log *slog.Logger
@@ -78,8 +79,8 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.PartitionWriteUnits, DefaultPartitionWriteUnits)
 	defaults.Set(&c.TableReadUnits, DefaultTableUnits)
 	defaults.Set(&c.TableWriteUnits, DefaultTableUnits)
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.Clock == nil {
+		c.Clock = clock.System{}
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -173,7 +174,7 @@ func handlerOf(name string) handler {
 func (s *Server) locked(fn func(now time.Time) *apiError) *apiError {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return fn(s.cfg.Now())
+	return fn(s.cfg.Clock.Now())
 }
 
 // decode parses a request body into in, refusing parameters the

@@ -3,11 +3,9 @@ package dynamobroker_test
 import (
 	"context"
 	"testing"
-	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/bench/ddbsim"
+	"github.com/quarryhq/quarry/bench/ddbsim/ddbsimtest"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/modelservice/brokertest"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
@@ -21,14 +19,7 @@ import (
 // right after a submit, which an index that lags (AWS's, and the
 // simulator's default) does not show yet.
 func TestBroker_Conformance_Simulator(t *testing.T) {
-	sim := ddbsim.New(ddbsim.Config{IndexLag: -1})
-	url, err := sim.Start("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, sim.Close(ctx))
-	})
+	url, _ := ddbsimtest.Start(t, ddbsim.Config{IndexLag: -1})
 	client := ddbsim.Client(url, 3)
 	open := func(t *testing.T, table string) modelservice.Broker {
 		b := dynamobroker.New(dynamobroker.Config{Table: table}, ddbsim.Client(url, 3), nil)

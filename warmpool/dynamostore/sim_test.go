@@ -1,32 +1,16 @@
 package dynamostore_test
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/bench/ddbsim"
+	"github.com/quarryhq/quarry/bench/ddbsim/ddbsimtest"
 	"github.com/quarryhq/quarry/warmpool"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 	"github.com/quarryhq/quarry/warmpool/storetest"
 )
-
-// startSimulator starts bench/ddbsim (a simulator of DynamoDB, not
-// DynamoDB) on a loopback port for t and returns its endpoint.
-func startSimulator(t *testing.T, cfg ddbsim.Config) string {
-	t.Helper()
-	sim := ddbsim.New(cfg)
-	url, err := sim.Start("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, sim.Close(ctx))
-	})
-	return url
-}
 
 // TestStore_Conformance_Simulator runs the lease-store suite against the
 // DynamoDB simulator, in-process: it needs nothing but Go, so it runs
@@ -36,7 +20,7 @@ func startSimulator(t *testing.T, cfg ddbsim.Config) string {
 // claims right after it makes tasks ready, which an index that lags (AWS's,
 // and the simulator's default) does not show yet.
 func TestStore_Conformance_Simulator(t *testing.T) {
-	url := startSimulator(t, ddbsim.Config{IndexLag: -1})
+	url, _ := ddbsimtest.Start(t, ddbsim.Config{IndexLag: -1})
 	client := ddbsim.Client(url, 3)
 	cfgs := map[warmpool.Store]dynamostore.Config{}
 	storetest.Run(t, func(t *testing.T) warmpool.Store {
