@@ -98,6 +98,7 @@ type Server struct {
 	tables map[string]*table
 	tokens tokenCache
 	units  unitTotals
+	logged map[string]time.Time // when each throttling limit was last logged
 
 	ops   map[string]*opCounters
 	reqID atomic.Int64

@@ -147,7 +147,16 @@ func (s *Server) throttle(code, reason, resource string) *apiError {
 	}
 	e := newError(code, 400, "%s", msg)
 	e.throttling = []throttlingReason{{Reason: reason, Resource: resource}}
-	s.cfg.Log.Warn("ddbsim: throttled (simulated DynamoDB limit)", "limit", reason, "resource", resource)
+	// One line per limit and resource a second: a hot key would log
+	// thousands (the counts are in Stats).
+	now, k := s.cfg.Clock.Now(), reason+" "+resource
+	if last, ok := s.logged[k]; !ok || now.Sub(last) >= time.Second {
+		if s.logged == nil || len(s.logged) > 1024 {
+			s.logged = map[string]time.Time{}
+		}
+		s.logged[k] = now
+		s.cfg.Log.Warn("ddbsim: throttled (a simulated DynamoDB limit)", "limit", reason, "resource", resource)
+	}
 	return e
 }
 
