@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/internal/defaults"
 )
@@ -104,8 +106,8 @@ type Server struct {
 	reqID atomic.Int64
 
 	lmu  sync.Mutex
-	srv  *http.Server
-	ln   net.Listener
+	srv  *fasthttp.Server
+	ln   *trackedListener
 	done chan struct{}
 }
 
@@ -197,60 +199,85 @@ func decode(body []byte, in any) *apiError {
 	return nil
 }
 
+// statsPath answers GET with Stats as JSON.
+const statsPath = "/ddbsim/stats"
+
 // ServeHTTP implements http.Handler: POST / with X-Amz-Target
 // DynamoDB_20120810.<Operation>, and GET /ddbsim/stats (Stats as JSON).
+// Start serves the same with fasthttp.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodGet && r.URL.Path == "/ddbsim/stats" {
+	if r.Method == http.MethodGet && r.URL.Path == statsPath {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(s.Stats())
 		return
 	}
-	target := r.Header.Get("X-Amz-Target")
-	name, ok := strings.CutPrefix(target, "DynamoDB_20120810.")
-	h := handlerOf(name)
-	if r.Method != http.MethodPost || !ok || h == nil {
-		s.ops[opOther].requests.Add(1)
-		s.reply(w, opOther, nil, newError(codeUnknownOperation, http.StatusBadRequest, "ddbsim (a simulator of DynamoDB) does not serve %q", target))
-		return
-	}
-	c := s.ops[name]
-	c.requests.Add(1)
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		s.reply(w, name, nil, newError(codeSerialization, http.StatusBadRequest, "read the request: %s", err.Error()))
-		return
+	status, out := s.handle(r.Method == http.MethodPost, r.Header.Get("X-Amz-Target"), body, err)
+	h := w.Header()
+	for k, v := range s.headers(out) {
+		h.Set(k, v)
 	}
-	if len(body) > maxBody {
-		s.reply(w, name, nil, validation("Request size exceeded %d bytes", maxBody))
-		return
-	}
-	out, aerr := h(s, body)
-	s.reply(w, name, out, aerr)
+	w.WriteHeader(status)
+	_, _ = w.Write(out)
 }
 
-func (s *Server) reply(w http.ResponseWriter, op string, out any, aerr *apiError) {
-	var body []byte
-	status := http.StatusOK
+func (s *Server) serveFast(ctx *fasthttp.RequestCtx) {
+	if ctx.IsGet() && string(ctx.Path()) == statsPath {
+		ctx.SetContentType("application/json")
+		_ = json.NewEncoder(ctx).Encode(s.Stats())
+		return
+	}
+	status, out := s.handle(ctx.IsPost(), string(ctx.Request.Header.Peek("X-Amz-Target")), ctx.PostBody(), nil)
+	for k, v := range s.headers(out) {
+		ctx.Response.Header.Set(k, v)
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetBody(out)
+}
+
+// handle answers one request: its status and body.
+func (s *Server) handle(post bool, target string, body []byte, readErr error) (int, []byte) {
+	name, ok := strings.CutPrefix(target, "DynamoDB_20120810.")
+	h := handlerOf(name)
+	if !post || !ok || h == nil {
+		s.ops[opOther].requests.Add(1)
+		return s.reply(opOther, nil, newError(codeUnknownOperation, http.StatusBadRequest, "ddbsim (a simulator of DynamoDB) does not serve %q", target))
+	}
+	s.ops[name].requests.Add(1)
+	if readErr != nil {
+		return s.reply(name, nil, newError(codeSerialization, http.StatusBadRequest, "read the request: %s", readErr.Error()))
+	}
+	if len(body) > maxBody {
+		return s.reply(name, nil, validation("Request size exceeded %d bytes", maxBody))
+	}
+	out, aerr := h(s, body)
+	return s.reply(name, out, aerr)
+}
+
+func (s *Server) reply(op string, out any, aerr *apiError) (int, []byte) {
 	if aerr != nil {
 		c := s.ops[op]
 		c.errors.Add(1)
 		if aerr.code == codeThroughput || aerr.code == codeThrottling {
 			c.throttled.Add(1)
 		}
-		status, body = aerr.status, aerr.body()
-	} else {
-		var err error
-		if body, err = json.Marshal(out); err != nil {
-			status, body = http.StatusInternalServerError, newError(codeInternal, http.StatusInternalServerError, "encode the answer: %s", err.Error()).body()
-		}
+		return aerr.status, aerr.body()
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/x-amz-json-1.0")
-	h.Set("X-Amz-Crc32", strconv.FormatUint(uint64(crc32.ChecksumIEEE(body)), 10))
-	h.Set("X-Amzn-Requestid", "ddbsim-"+strconv.FormatInt(s.reqID.Add(1), 10))
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
+	body, err := json.Marshal(out)
+	if err != nil {
+		return http.StatusInternalServerError, newError(codeInternal, http.StatusInternalServerError, "encode the answer: %s", err.Error()).body()
+	}
+	return http.StatusOK, body
+}
+
+// headers are an answer's headers: its type, its CRC32 (the SDK checks
+// it) and a request id.
+func (s *Server) headers(body []byte) map[string]string {
+	return map[string]string{
+		"Content-Type":     "application/x-amz-json-1.0",
+		"X-Amz-Crc32":      strconv.FormatUint(uint64(crc32.ChecksumIEEE(body)), 10),
+		"X-Amzn-Requestid": "ddbsim-" + strconv.FormatInt(s.reqID.Add(1), 10),
+	}
 }
 
 // Start serves the simulator on addr, which must be a loopback address
@@ -273,11 +300,12 @@ func (s *Server) Start(addr string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("start DynamoDB simulator: %w", err)
 	}
-	s.ln, s.done = ln, make(chan struct{})
-	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	s.ln, s.done = &trackedListener{Listener: ln, conns: map[net.Conn]struct{}{}}, make(chan struct{})
+	s.srv = &fasthttp.Server{Handler: s.serveFast, Name: "ddbsim", MaxRequestBodySize: maxBody + 1,
+		ReadTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute, NoDefaultDate: true}
 	go func() {
 		defer close(s.done)
-		_ = s.srv.Serve(ln) // returns http.ErrServerClosed after Close
+		_ = s.srv.Serve(s.ln) // returns when Close shuts the listener
 	}()
 	return "http://" + ln.Addr().String(), nil
 }
@@ -292,15 +320,62 @@ func (s *Server) Close(ctx context.Context) error {
 	if srv == nil {
 		return nil
 	}
-	err := srv.Shutdown(ctx)
-	if err != nil {
-		_ = srv.Close()
-	}
+	// Clients keep idle connections open, and fasthttp's shutdown waits
+	// for them: close them first (a request in flight is cut short).
+	s.ln.closeConns()
+	err := srv.ShutdownWithContext(ctx)
 	<-done
 	if err != nil {
 		return fmt.Errorf("close DynamoDB simulator: %w", err)
 	}
 	return nil
+}
+
+// trackedListener remembers the connections it accepted, so that Close
+// can end them; after closeConns it refuses new ones.
+type trackedListener struct {
+	net.Listener
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		_ = c.Close()
+		return nil, net.ErrClosed
+	}
+	tc := &trackedConn{Conn: c, l: l}
+	l.conns[tc] = struct{}{}
+	return tc, nil
+}
+
+func (l *trackedListener) closeConns() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	for c := range l.conns {
+		_ = c.(*trackedConn).Conn.Close()
+	}
+	clear(l.conns)
+}
+
+type trackedConn struct {
+	net.Conn
+	l *trackedListener
+}
+
+func (c *trackedConn) Close() error {
+	c.l.mu.Lock()
+	delete(c.l.conns, c)
+	c.l.mu.Unlock()
+	return c.Conn.Close()
 }
 
 // --- stats ---
