@@ -1,11 +1,9 @@
 package ddbsim_test
 
 import (
-	"bytes"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/bench/ddbsim"
 	"github.com/quarryhq/quarry/bench/ddbsim/ddbsimtest"
@@ -23,8 +22,8 @@ const benchItems = 10000
 
 // BenchmarkServer measures the simulator's throughput (simulated
 // DynamoDB: these are the simulator's numbers, not AWS's) with 64
-// concurrent clients on keep-alive connections. "raw" clients post
-// prebuilt bodies, so the server's cost dominates; "sdk" goes through the
+// concurrent clients on keep-alive connections. "raw" clients (fasthttp)
+// post prebuilt bodies, so the server's cost dominates; "sdk" goes through the
 // AWS SDK, as the store does (its signing and middleware cost the client's
 // share of the same two cores). Limits are off: this measures speed, not
 // throttling. Reported: req/s.
@@ -32,7 +31,7 @@ func BenchmarkServer(b *testing.B) {
 	url, _ := ddbsimtest.Start(b, ddbsim.Config{IndexLag: -1, PartitionReadUnits: -1, PartitionWriteUnits: -1, TableReadUnits: -1, TableWriteUnits: -1})
 	c := ddbsim.Client(url, 1)
 	makeBenchTable(b, c)
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}}
+	hc := &fasthttp.HostClient{Addr: strings.TrimPrefix(url, "http://"), MaxConns: 256}
 	key := func(i int) string { return fmt.Sprintf(`{"pk":{"S":"task#%06d"}}`, i) }
 	raw := map[string]func(i int) (string, string){
 		"GetItem": func(i int) (string, string) {
@@ -64,19 +63,17 @@ func BenchmarkServer(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					name, body := raw[op](rand.IntN(benchItems))
-					req, _ := http.NewRequest(http.MethodPost, url+"/", bytes.NewReader([]byte(body)))
+					req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+					req.SetRequestURI(url + "/")
+					req.Header.SetMethod(fasthttp.MethodPost)
 					req.Header.Set("X-Amz-Target", "DynamoDB_20120810."+name)
-					req.Header.Set("Content-Type", "application/x-amz-json-1.0")
-					resp, err := hc.Do(req)
-					if err != nil {
-						fails.Add(1)
-						continue
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					_ = resp.Body.Close()
-					if resp.StatusCode != http.StatusOK {
+					req.Header.SetContentType("application/x-amz-json-1.0")
+					req.SetBodyString(body)
+					if err := hc.Do(req, resp); err != nil || resp.StatusCode() != fasthttp.StatusOK {
 						fails.Add(1)
 					}
+					fasthttp.ReleaseRequest(req)
+					fasthttp.ReleaseResponse(resp)
 				}
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")

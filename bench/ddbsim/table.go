@@ -298,11 +298,11 @@ func (ix *index) indexKey(it Item) (hk, rk *Value, ok bool) {
 
 // apply makes ix hold item (nil: nothing) for table key tkey.
 func (ix *index) apply(tkey string, item Item, tableKS keySchema) {
-	if old, ok := ix.cur[tkey]; ok {
+	hk, rk, ok := ix.indexKey(item)
+	if old, had := ix.cur[tkey]; had && (!ok || encodeKey(old.hk, old.r.rk) != encodeKey(hk, rk)) {
 		ix.data.remove(old.hk, old.r)
 		delete(ix.cur, tkey)
 	}
-	hk, rk, ok := ix.indexKey(item)
 	if !ok {
 		return
 	}
@@ -331,11 +331,14 @@ func (t *table) get(tkey string) Item {
 // write stores item (nil: deletes) at the key, and queues the change for
 // the indexes (applied at once when lag <= 0).
 func (t *table) write(tkey string, hk, rk *Value, item Item, now time.Time, lag time.Duration) {
-	if old, ok := t.items[tkey]; ok {
-		t.data.remove(hk, old)
-		delete(t.items, tkey)
-	}
-	if item != nil {
+	if item == nil {
+		if old, ok := t.items[tkey]; ok {
+			t.data.remove(hk, old)
+			delete(t.items, tkey)
+		}
+	} else {
+		// The same key orders the same: insert replaces the old row in
+		// place (its partition stays).
 		r := &row{rk: rk, tkey: tkey, item: item, size: itemSize(item)}
 		t.items[tkey] = r
 		t.data.insert(hk, r)
