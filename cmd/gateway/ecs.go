@@ -92,7 +92,7 @@ func newECSProvider(env ecsEnv, region string, api ecs.API, log *slog.Logger) (p
 	if err != nil {
 		return nil, err
 	}
-	p, err := ecs.New(c, api, log)
+	p, err := ecs.New(c, api, ecs.Deps{Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("QUARRY_ECS_* (fields named as the variables, split into words): %w", err)
 	}

@@ -19,7 +19,7 @@ import (
 func BenchmarkProvider_Launch(b *testing.B) {
 	f := newFake()
 	cfg := testConfig()
-	p, err := New(cfg, f, nil)
+	p, err := New(cfg, f, Deps{})
 	require.NoError(b, err)
 	ctx := context.Background()
 	var took []time.Duration

@@ -39,7 +39,9 @@ type fakeECS struct {
 	taskDefs    map[string]*types.TaskDefinition
 	seq         int
 	runCalls    int
-	counts      []int // count of each RunTask call that started tasks
+	counts      []int    // count of each RunTask call that started tasks
+	runPools    []string // pool (quarry.pool tag) of each RunTask call that started tasks
+	describes   int      // DescribeTasks calls
 	tagCalls    int
 	tasksRun    int
 	throttled   int
@@ -110,6 +112,7 @@ func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ec
 		}
 	}
 	f.counts = append(f.counts, count)
+	f.runPools = append(f.runPools, tagMap(in.Tags)["quarry.pool"])
 	out := &ecs.RunTaskOutput{Failures: f.runFailures}
 	f.runFailures = nil
 	for range max(0, count-len(out.Failures)) {
@@ -140,6 +143,7 @@ func (f *fakeECS) DescribeTasks(_ context.Context, in *ecs.DescribeTasksInput, _
 	if len(in.Tasks) > 100 {
 		return nil, apiErr("InvalidParameterException", "tasks can have at most 100 items")
 	}
+	f.describes++
 	out := &ecs.DescribeTasksOutput{}
 	for _, id := range in.Tasks {
 		ft, ok := f.tasks[id]
@@ -282,6 +286,20 @@ func (f *fakeECS) runCounts() []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]int(nil), f.counts...)
+}
+
+// describeCount returns the number of DescribeTasks calls.
+func (f *fakeECS) describeCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.describes
+}
+
+// runPoolOrder returns the pool of each RunTask call that started tasks.
+func (f *fakeECS) runPoolOrder() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.runPools...)
 }
 
 // stats returns a snapshot of the counters.
