@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	awsecs "github.com/aws/aws-sdk-go-v2/service/ecs"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/kelseyhightower/envconfig"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
@@ -66,7 +67,11 @@ func makeECSProvider(cfg Config, log *slog.Logger) (providers.Provider, error) {
 			return nil, err
 		}
 	}
-	return newECSProvider(env, awsCfg.Region, awsecs.NewFromConfig(awsCfg), log)
+	deps := ecs.Deps{Logger: log}
+	if env.EventsQueueURL != "" {
+		deps.SQS = sqs.NewFromConfig(awsCfg)
+	}
+	return newECSProvider(env, awsCfg.Region, awsecs.NewFromConfig(awsCfg), deps)
 }
 
 // secretReader is the part of the Secrets Manager client the gateway uses.
@@ -86,13 +91,20 @@ func readSecret(ctx context.Context, sm secretReader, arn string) (string, error
 	return *out.SecretString, nil
 }
 
-// newECSProvider builds the ECS provider from its configuration on api.
-func newECSProvider(env ecsEnv, region string, api ecs.API, log *slog.Logger) (providers.Provider, error) {
+// newECSProvider builds the ECS provider from its configuration on api:
+// one that also reads the task state change events
+// (providers.Watcher) when QUARRY_ECS_EVENTS_QUEUE_URL is set.
+func newECSProvider(env ecsEnv, region string, api ecs.API, deps ecs.Deps) (providers.Provider, error) {
 	c, err := env.config(region)
 	if err != nil {
 		return nil, err
 	}
-	p, err := ecs.New(c, api, ecs.Deps{Logger: log})
+	var p providers.Provider
+	if c.EventsQueueURL != "" {
+		p, err = ecs.NewWatching(c, api, deps)
+	} else {
+		p, err = ecs.New(c, api, deps)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("QUARRY_ECS_* (fields named as the variables, split into words): %w", err)
 	}

@@ -210,6 +210,26 @@ func (w *watcher) count() int {
 	return len(w.waiting)
 }
 
+// offer hands a description of arn from elsewhere (an event) to its
+// waiter, if it is a starting task.
+func (w *watcher) offer(arn string, t types.Task) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if wt, ok := w.waiting[arn]; ok {
+		wt.put(t)
+	}
+}
+
+// put makes t the waiter's latest description (replacing one not yet
+// read). Called with the watcher's lock held.
+func (wt *waiter) put(t types.Task) {
+	select {
+	case <-wt.ch:
+	default:
+	}
+	wt.ch <- t
+}
+
 // run polls until ctx ends. Describe errors are logged and the poll
 // repeated at the next tick.
 func (w *watcher) run(ctx context.Context) {
@@ -240,11 +260,7 @@ func (w *watcher) run(ctx context.Context) {
 		w.mu.Lock()
 		for arn, task := range found {
 			if wt, ok := w.waiting[arn]; ok {
-				select { // replace a description not yet read
-				case <-wt.ch:
-				default:
-				}
-				wt.ch <- task
+				wt.put(task)
 			}
 		}
 		w.mu.Unlock()

@@ -48,8 +48,8 @@ const (
 // Provider runs sandbox tasks on ECS Fargate. It is safe for concurrent
 // use, and Providers (in one or many gateways) with the same Cluster,
 // GatewayID and TokenKey share their tasks: every method reads the state
-// from ECS (the only memory is a cache of registered task definitions, its
-// launch queue and its rate limiters).
+// from ECS (the only memory is a cache of registered task definitions, the
+// names of tasks it saw, its launch queue and its rate limiters).
 type Provider struct {
 	cfg       Config
 	api       API
@@ -60,6 +60,7 @@ type Provider struct {
 	regs    singleflight.Group
 	mu      sync.Mutex
 	taskDef map[string]string // family → task definition ARN
+	names   *nameCache
 	closed  atomic.Bool
 
 	// The launch queue, its dispatcher and the starting tasks' watcher
@@ -81,6 +82,8 @@ type Deps struct {
 	// Config's RunTaskRate and LaunchRate (right for one replica; several
 	// share ddbrate.Limiter).
 	Rate RateLimiter
+	// SQS reads Config.EventsQueueURL (NewWatching only).
+	SQS SQSAPI
 	// Logger receives the provider's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -115,6 +118,7 @@ func newProvider(cfg Config, api API, deps Deps) (*Provider, error) {
 		cfg: cfg, api: api, launcher: l, logger: logger,
 		startedBy: "quarry-" + hex.EncodeToString(sum[:8]),
 		taskDef:   map[string]string{},
+		names:     newNameCache(nameCacheSize),
 		queue:     newLaunchQueue(cfg.MaxQueued),
 		watch:     newWatcher(l),
 		life:      life, stop: stop,
