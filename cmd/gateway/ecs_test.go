@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/ecs"
 )
 
@@ -35,6 +36,27 @@ func TestMakeECSProvider_ReadsQuarryECSVariables(t *testing.T) {
 	p, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	assert.IsType(t, &ecs.Provider{}, p)
+}
+
+// With an events queue the provider learns task states from ECS's events
+// (providers.Watcher); without one it is no Watcher.
+func TestMakeECSProvider_EventsQueueMakesAWatcher(t *testing.T) {
+	setECSEnv(t)
+	p, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	_, ok := p.(providers.Watcher)
+	assert.False(t, ok)
+
+	t.Setenv("QUARRY_ECS_EVENTS_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/quarry-ecs-events")
+	p, err = makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	assert.IsType(t, &ecs.Watching{}, p)
+	_, ok = p.(providers.Watcher)
+	assert.True(t, ok)
+
+	t.Setenv("QUARRY_ECS_EVENTS_QUEUE_URL", "quarry-ecs-events")
+	_, err = makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	assert.ErrorContains(t, err, "EventsQueueURL")
 }
 
 func TestMakeECSProvider_BadValueNamesTheVariable(t *testing.T) {
