@@ -13,6 +13,7 @@ import (
 
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/ecs"
+	"github.com/quarryhq/quarry/providers/ecs/ddbrate"
 )
 
 // setECSEnv sets a complete ECS configuration (no AWS call is made to build
@@ -57,6 +58,26 @@ func TestMakeECSProvider_EventsQueueMakesAWatcher(t *testing.T) {
 	t.Setenv("QUARRY_ECS_EVENTS_QUEUE_URL", "quarry-ecs-events")
 	_, err = makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
 	assert.ErrorContains(t, err, "EventsQueueURL")
+}
+
+// With the DynamoDB store the replicas share the RunTask rate (an item of
+// the leases table); with the embedded store (one replica) the provider
+// keeps its own buckets.
+func TestSharedRunTaskRate_WithTheDynamoDBStore(t *testing.T) {
+	setECSEnv(t)
+	log := slog.New(slog.DiscardHandler)
+	rl, err := sharedRunTaskRate(context.Background(), Config{Store: "embedded"}, ecs.Config{}, log)
+	require.NoError(t, err)
+	assert.Nil(t, rl)
+	rl, err = sharedRunTaskRate(context.Background(), Config{Store: "dynamodb"}, ecs.Config{}, log)
+	require.NoError(t, err)
+	assert.IsType(t, &ddbrate.Limiter{}, rl)
+	_, err = sharedRunTaskRate(context.Background(), Config{Store: "dynamodb"}, ecs.Config{RunTaskRate: -1}, log)
+	assert.ErrorContains(t, err, "QUARRY_ECS_RUN_TASK_")
+	t.Setenv("QUARRY_STORE", "dynamodb")
+	p, err := makeECSProvider(Config{Store: "dynamodb"}, log)
+	require.NoError(t, err)
+	assert.IsType(t, &ecs.Provider{}, p)
 }
 
 func TestMakeECSProvider_BadValueNamesTheVariable(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ecs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -23,12 +22,7 @@ import (
 // t ends, and returns its client and URL.
 func emulatorQueue(t *testing.T) (*sqs.Client, string) {
 	t.Helper()
-	cfg, err := config.LoadDefaultConfig(t.Context())
-	require.NoError(t, err, "load the AWS SDK config")
-	if cfg.Region == "" {
-		cfg.Region = "us-east-1"
-	}
-	c := sqs.NewFromConfig(cfg)
+	c := sqs.NewFromConfig(emulatorConfig(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(fmt.Sprintf("quarry-ecs-events-%s-%d", runID, clusterSeq.Add(1)))})

@@ -39,9 +39,10 @@ type fakeECS struct {
 	taskDefs    map[string]*types.TaskDefinition
 	seq         int
 	runCalls    int
-	counts      []int    // count of each RunTask call that started tasks
-	runPools    []string // pool (quarry.pool tag) of each RunTask call that started tasks
-	describes   int      // DescribeTasks calls
+	counts      []int       // count of each RunTask call that started tasks
+	runPools    []string    // pool (quarry.pool tag) of each RunTask call that started tasks
+	runTimes    []time.Time // when each RunTask call that started tasks came
+	describes   int         // DescribeTasks calls
 	tagCalls    int
 	tasksRun    int
 	throttled   int
@@ -113,6 +114,7 @@ func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ec
 	}
 	f.counts = append(f.counts, count)
 	f.runPools = append(f.runPools, tagMap(in.Tags)["quarry.pool"])
+	f.runTimes = append(f.runTimes, now)
 	out := &ecs.RunTaskOutput{Failures: f.runFailures}
 	f.runFailures = nil
 	for range max(0, count-len(out.Failures)) {
@@ -293,6 +295,13 @@ func (f *fakeECS) describeCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.describes
+}
+
+// runLog returns the time and count of each RunTask call that started tasks.
+func (f *fakeECS) runLog() ([]time.Time, []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Time(nil), f.runTimes...), append([]int(nil), f.counts...)
 }
 
 // runPoolOrder returns the pool of each RunTask call that started tasks.
