@@ -80,7 +80,7 @@ func TestWatching_Emulator_EventsFromTheQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, sent.Failed)
 
-	events, _ := watch(t, w)
+	events := watch(t, w)
 	got := map[string]providers.TaskEvent{}
 	for range 2 {
 		ev := next(t, events)

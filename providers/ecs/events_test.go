@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/providers"
+	"github.com/quarryhq/quarry/providers/providertest"
 )
 
 // taskEvent is the body EventBridge puts in the queue for one "ECS Task
@@ -200,23 +201,10 @@ func newWatchingProvider(t *testing.T, cfg Config, api API, q SQSAPI) *Watching 
 	return w
 }
 
-// watch runs Watch until the test ends, returning the channel of its
-// events and of its result.
-func watch(t *testing.T, w *Watching) (<-chan providers.TaskEvent, <-chan error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	events := make(chan providers.TaskEvent, 100)
-	done := make(chan error, 1)
-	go func() { done <- w.Watch(ctx, events) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			assert.NoError(t, err, "Watch returns nil when its ctx ends")
-		case <-time.After(waitLong):
-			t.Error("Watch did not return after its ctx ended")
-		}
-	})
-	return events, done
+// watch runs Watch until the test ends and returns its events.
+func watch(t *testing.T, w *Watching) <-chan providers.TaskEvent {
+	events, _ := providertest.StartWatch(t, w, waitLong)
+	return events
 }
 
 func next(t *testing.T, events <-chan providers.TaskEvent) providers.TaskEvent {
@@ -252,7 +240,7 @@ func TestWatching_Watch_DeliversTheStateChangesOfItsTasks(t *testing.T) {
 		`{"version": "0", "detail-type": "ECS Service Action", "source": "aws.ecs", "detail": {"eventName": "SERVICE_STEADY_STATE"}}`,
 		`not json`,
 	)
-	events, _ := watch(t, w)
+	events := watch(t, w)
 
 	running := next(t, events)
 	assert.Equal(t, providers.TaskEvent{ID: known, Name: "known", Pool: "py", State: providers.TaskRunning,
@@ -292,7 +280,7 @@ func TestWatching_Watch_NamesUnknownTasksWithOneDescribe(t *testing.T) {
 		q.send(taskEvent{arn: task.ID, cluster: testConfig().Cluster, startedBy: w.startedBy, last: "STOPPED", desired: "STOPPED",
 			stopCode: "UserInitiated", stoppedReason: "lease released"}.body())
 	}
-	events, _ := watch(t, w)
+	events := watch(t, w)
 	for i := range tasks {
 		e := next(t, events)
 		assert.Equal(t, tasks[i].ID, e.ID)
@@ -310,7 +298,7 @@ func TestWatching_Watch_TellsAStartingTaskItRuns(t *testing.T) {
 	f.neverRun["evented"] = true // DescribeTasks never shows it running
 	q := newFakeSQS()
 	w := newWatchingProvider(t, testConfig(), f, q)
-	events, _ := watch(t, w)
+	events := watch(t, w)
 	go func() {
 		for {
 			if et, ok := f.task("evented"); ok {
