@@ -8,6 +8,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -78,6 +79,23 @@ func TestSharedRunTaskRate_WithTheDynamoDBStore(t *testing.T) {
 	p, err := makeECSProvider(Config{Store: "dynamodb"}, log)
 	require.NoError(t, err)
 	assert.IsType(t, &ecs.Provider{}, p)
+}
+
+// The ECS provider's metrics are registered with the gateway's.
+func TestRegisterProviderMetrics_TheECSProvidersCollectors(t *testing.T) {
+	setECSEnv(t)
+	p, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, registerProviderMetrics(reg, map[string]providers.Provider{"ecs": p}))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var names []string
+	for _, f := range families {
+		names = append(names, f.GetName())
+	}
+	assert.Subset(t, names, []string{"quarry_ecs_launch_queued", "quarry_ecs_tasks_starting"})
+	assert.Error(t, registerProviderMetrics(reg, map[string]providers.Provider{"ecs": p}), "twice is refused")
 }
 
 func TestMakeECSProvider_BadValueNamesTheVariable(t *testing.T) {

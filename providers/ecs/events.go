@@ -110,6 +110,7 @@ func (w *Watching) Watch(ctx context.Context, events chan<- providers.TaskEvent)
 		for _, ev := range w.events(ctx, msgs) {
 			select {
 			case events <- ev:
+				w.metrics.events.WithLabelValues(eventDelivered).Inc()
 			case <-ctx.Done():
 				return nil // the batch is not deleted: it comes back
 			}
@@ -164,11 +165,13 @@ func (w *Watching) events(ctx context.Context, msgs []sqstypes.Message) []provid
 		body := aws.ToString(m.Body)
 		e, t, ok, err := w.parseEvent(body)
 		if err != nil {
+			w.metrics.events.WithLabelValues(eventMalformed).Inc()
 			w.logger.Warn("events queue: a message that is no ECS task state change event; deleted", "queue", w.url,
 				"message_id", aws.ToString(m.MessageId), "err", err, "body", body[:min(len(body), logBodyBytes)])
 			continue
 		}
 		if !ok {
+			w.metrics.events.WithLabelValues(eventIgnored).Inc()
 			continue
 		}
 		w.watch.offer(e.ID, t)

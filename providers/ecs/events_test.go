@@ -263,6 +263,9 @@ func TestWatching_Watch_DeliversTheStateChangesOfItsTasks(t *testing.T) {
 	batches := q.deleteBatches()
 	require.Len(t, batches, 1, "one DeleteMessageBatch for the received batch")
 	assert.Len(t, batches[0], 8)
+	for outcome, n := range map[string]float64{eventDelivered: 3, eventIgnored: 3, eventMalformed: 2} {
+		assert.Equal(t, n, counterValue(t, w.metrics.events.WithLabelValues(outcome)), outcome)
+	}
 }
 
 // Tasks the provider never saw (another replica launched them) are named

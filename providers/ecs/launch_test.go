@@ -113,6 +113,7 @@ func TestProvider_Launch_QueueBoundRefusesTheRest(t *testing.T) {
 	assert.Equal(t, []string{"q-0", "q-1"}, []string{tasks[0].Name, tasks[1].Name})
 	_, tasksRun, _, _, _, _, _ := f.stats()
 	assert.Equal(t, 2, tasksRun)
+	assert.Equal(t, 3.0, counterValue(t, p.metrics.refused.WithLabelValues("max_queued")), "the refusals show in a metric")
 }
 
 // A Launch whose ctx ends while its names wait in the queue (here for a

@@ -61,6 +61,7 @@ type Provider struct {
 	mu      sync.Mutex
 	taskDef map[string]string // family → task definition ARN
 	names   *nameCache
+	metrics *metrics
 	closed  atomic.Bool
 
 	// The launch queue, its dispatcher and the starting tasks' watcher
@@ -114,7 +115,7 @@ func newProvider(cfg Config, api API, deps Deps) (*Provider, error) {
 	sum := sha256.Sum256([]byte(cfg.GatewayID))
 	life, stop := context.WithCancel(context.Background())
 	l := newLauncher(api, cfg, deps.Rate, logger)
-	return &Provider{
+	p := &Provider{
 		cfg: cfg, api: api, launcher: l, logger: logger,
 		startedBy: "quarry-" + hex.EncodeToString(sum[:8]),
 		taskDef:   map[string]string{},
@@ -122,7 +123,9 @@ func newProvider(cfg Config, api API, deps Deps) (*Provider, error) {
 		queue:     newLaunchQueue(cfg.MaxQueued),
 		watch:     newWatcher(l),
 		life:      life, stop: stop,
-	}, nil
+	}
+	p.metrics = newMetrics(p)
+	return p, nil
 }
 
 // Close makes later Launch calls fail, fails the names still queued and
@@ -219,6 +222,7 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	if refused := p.queue.push(spec.Pool, items); len(refused) > 0 {
 		p.logger.Warn("launch queue full: names refused", "pool", spec.Pool, "refused", len(refused),
 			"limit", "QUARRY_ECS_MAX_QUEUED", "max_queued", p.cfg.MaxQueued)
+		p.metrics.refused.WithLabelValues("max_queued").Add(float64(len(refused)))
 		for _, it := range refused {
 			it.finish(nil, fmt.Errorf("the launch queue holds its limit of %d names (QUARRY_ECS_MAX_QUEUED): %w", p.cfg.MaxQueued, providers.ErrThrottled))
 		}
