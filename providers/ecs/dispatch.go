@@ -8,11 +8,15 @@ import (
 	"github.com/quarryhq/quarry/providers"
 )
 
-// States of a launchItem; the dispatcher and its Launch race to move it
-// out of itemQueued with a compare-and-swap, so exactly one decides it.
+// States of a launchItem. Its Launch (giving up when its ctx ends) and
+// the dispatcher move it on with compare-and-swaps, so exactly one decides
+// each step: queued → dispatched (taken in a batch, waiting for slots and
+// the rate) → running (its RunTask is made); queued or dispatched →
+// abandoned (its Launch returned; the dispatcher drops it).
 const (
 	itemQueued int32 = iota
 	itemDispatched
+	itemRunning
 	itemAbandoned
 )
 
@@ -86,9 +90,13 @@ func (q *launchQueue) push(pool string, items []*launchItem) (refused []*launchI
 	return items[take:]
 }
 
-// abandon takes a queued item out (its Launch's ctx ended) and reports
-// whether it was still queued: false means the dispatcher has it.
+// abandon gives up an item whose Launch's ctx ended and reports whether
+// it was still queued or waiting for its start slot and the rate: false
+// means its RunTask is made, and its result will come.
 func (q *launchQueue) abandon(it *launchItem) bool {
+	if it.state.CompareAndSwap(itemDispatched, itemAbandoned) {
+		return true
+	}
 	if !it.state.CompareAndSwap(itemQueued, itemAbandoned) {
 		return false
 	}

@@ -193,3 +193,53 @@ func TestConfig_MaxStartingDefaultsToTheLaunchRateTimesTheSlowestStart(t *testin
 	assert.Equal(t, 200+50*90, Config{LaunchRate: 50, LaunchBurst: 200}.WithDefaults().MaxStarting)
 	assert.Equal(t, 7, Config{MaxStarting: 7}.WithDefaults().MaxStarting)
 }
+
+// Names of two Launch calls that share a batch waiting for start slots:
+// the one whose ctx ends returns at once, the other keeps waiting.
+func TestProvider_Launch_CancelledInASharedBatchReturnsAtOnce(t *testing.T) {
+	f := newFake()
+	f.neverRun["h0"], f.neverRun["h1"] = true, true
+	cfg := testConfig()
+	cfg.MaxStarting = 2
+	p := newTestProvider(t, cfg, f)
+	go func() { _, _ = p.Launch(testCtx(t), testSpec(), []string{"h0", "h1"}) }() // holds both slots until Close
+	require.Eventually(t, func() bool { _, ok := f.task("h1"); return ok }, waitLong, time.Millisecond)
+
+	type result struct{ err error }
+	launch := func(ctx context.Context, name string) chan result {
+		ch := make(chan result, 1)
+		go func() { _, err := p.Launch(ctx, testSpec(), []string{name}); ch <- result{err} }()
+		return ch
+	}
+	_, pushed := p.queue.counts()
+	cctx, cancelC := context.WithCancel(context.Background())
+	c := launch(cctx, "c") // the dispatcher takes it and waits for a slot
+	require.Eventually(t, func() bool { q, n := p.queue.counts(); return q == 0 && n == pushed+1 }, waitLong, time.Millisecond)
+	actx, cancelA := context.WithCancel(context.Background())
+	bctx, cancelB := context.WithCancel(context.Background())
+	defer cancelB()
+	a, b := launch(actx, "a"), launch(bctx, "b")
+	require.Eventually(t, func() bool { q, n := p.queue.counts(); return q == 2 && n == pushed+3 }, waitLong, time.Millisecond)
+	cancelC() // the dispatcher gives c up and takes a and b as one batch
+	require.ErrorIs(t, (<-c).err, context.Canceled)
+	require.Eventually(t, func() bool { return p.queue.len() == 0 }, waitLong, time.Millisecond)
+
+	cancelA()
+	select {
+	case r := <-a:
+		require.ErrorIs(t, r.err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a launch whose ctx ended waits for another launch of its batch")
+	}
+	select {
+	case r := <-b:
+		t.Fatalf("b returned: %v", r.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancelB()
+	require.ErrorIs(t, (<-b).err, context.Canceled)
+	for _, name := range []string{"a", "b", "c"} {
+		_, ok := f.task(name)
+		assert.False(t, ok, "%s never started", name)
+	}
+}

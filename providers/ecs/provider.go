@@ -245,7 +245,7 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 			if p.queue.abandon(it) {
 				r = launchResult{err: fmt.Errorf("wait in the launch queue: %w", ctx.Err())}
 			} else {
-				r = <-it.done // dispatched: its answer comes promptly (its waits end with ctx)
+				r = <-it.done // its RunTask is made: its answer comes promptly (the waits for its task end with ctx)
 			}
 		}
 		if r.task != nil {
@@ -316,12 +316,15 @@ func (p *Provider) dispatch() {
 		}
 		live := items[:0]
 		for _, it := range items {
-			if err := it.ctx.Err(); err != nil {
+			switch {
+			case !it.state.CompareAndSwap(itemDispatched, itemRunning): // its Launch gave up
 				p.launcher.starting.Release(1)
-				it.finish(nil, fmt.Errorf("wait in the launch queue: %w", err))
-				continue
+			case it.ctx.Err() != nil:
+				p.launcher.starting.Release(1)
+				it.finish(nil, fmt.Errorf("wait in the launch queue: %w", it.ctx.Err()))
+			default:
+				live = append(live, it)
 			}
-			live = append(live, it)
 		}
 		if len(live) == 0 {
 			release()
