@@ -3,6 +3,7 @@ package ecs
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ type fakeECS struct {
 	calls       *rate.Limiter
 	launches    *rate.Limiter
 	runAfter    int
+	startTime   func() time.Duration // set: a task runs this long after its RunTask (instead of runAfter)
 	neverRun    map[string]bool
 	failStart   map[string]string // name → stopped reason
 	runFailures []types.Failure
@@ -58,6 +60,7 @@ type fakeTask struct {
 	name        string
 	clientToken string
 	describe    int
+	runsAt      time.Time // with startTime: when it runs
 }
 
 func newFake() *fakeECS {
@@ -126,6 +129,9 @@ func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ec
 			TaskDefinitionArn: in.TaskDefinition,
 		}
 		f.tasks[arn] = &fakeTask{t: t, name: tagMap(in.Tags)["quarry.task"], clientToken: aws.ToString(in.ClientToken)}
+		if f.startTime != nil {
+			f.tasks[arn].runsAt = now.Add(f.startTime())
+		}
 		f.order = append(f.order, arn)
 		f.tasksRun++
 		f.starting++
@@ -160,7 +166,7 @@ func (f *fakeECS) DescribeTasks(_ context.Context, in *ecs.DescribeTasksInput, _
 				f.starting--
 				ft.t.LastStatus, ft.t.DesiredStatus = aws.String("STOPPED"), aws.String("STOPPED")
 				ft.t.StopCode, ft.t.StoppedReason = types.TaskStopCodeTaskFailedToStart, aws.String(f.failStart[ft.name])
-			case !f.neverRun[ft.name] && ft.describe >= f.runAfter:
+			case !f.neverRun[ft.name] && (f.startTime == nil && ft.describe >= f.runAfter || f.startTime != nil && !time.Now().Before(ft.runsAt)):
 				f.starting--
 				ft.t.LastStatus = aws.String("RUNNING")
 				ft.t.Attachments = []types.Attachment{{Type: aws.String("ElasticNetworkInterface"), Details: []types.KeyValuePair{
@@ -309,6 +315,17 @@ func (f *fakeECS) runPoolOrder() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]string(nil), f.runPools...)
+}
+
+// simulatedFargate makes f start tasks as Fargate does, with every
+// duration divided by scale: a task runs 30-90 s (uniform) after its
+// RunTask.
+func (f *fakeECS) simulatedFargate(scale float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.startTime = func() time.Duration {
+		return time.Duration((30 + 60*rand.Float64()) * float64(time.Second) / scale)
+	}
 }
 
 // stats returns a snapshot of the counters.
