@@ -22,6 +22,12 @@
 // 100 until each runs with a private IP, stops (it is reported with ECS's
 // stopped reason) or passes its deadline (it is stopped).
 //
+// NewWatching makes a provider that also implements providers.Watcher:
+// it drains an SQS queue that an EventBridge rule fills with the cluster's
+// "ECS Task State Change" events (Config.EventsQueueURL) and delivers the
+// state changes of this gateway's tasks, named from what the provider saw
+// (or one DescribeTasks per received batch). New makes one without events.
+//
 // The provider keeps nothing in memory that matters: every task carries
 // the quarry.* tags and a startedBy derived from the gateway id, so List
 // (ListTasks by startedBy, then DescribeTasks) finds the tasks of an
@@ -33,5 +39,6 @@
 // derive the token with agentapi.DeriveToken. docs/ECS.md has the whole
 // story.
 //
-// This package must not import gateway, warmpool or another provider.
+// This package must not import gateway, warmpool or another provider
+// (providers/ecs/ddbrate, its shared rate, imports none of them either).
 package ecs
