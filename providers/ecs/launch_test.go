@@ -2,6 +2,7 @@ package ecs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -242,4 +243,28 @@ func TestProvider_Launch_CancelledInASharedBatchReturnsAtOnce(t *testing.T) {
 		_, ok := f.task(name)
 		assert.False(t, ok, "%s never started", name)
 	}
+}
+
+// rateFunc is a RateLimiter of a function.
+type rateFunc func(ctx context.Context, n int) error
+
+func (f rateFunc) Wait(ctx context.Context, n int) error { return f(ctx, n) }
+
+// A RunTask rate that fails (a shared limiter whose store does not answer)
+// admits no launch, and the launch fails as throttled (retryable), saying
+// why; nothing is started.
+func TestProvider_Launch_AFailingRateLimiterIsThrottled(t *testing.T) {
+	f := newFake()
+	p, err := New(testConfig(), f, Deps{Rate: rateFunc(func(context.Context, int) error {
+		return errors.New("shared run task rate: update rate#ecs-run-task: service unavailable")
+	})})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close(context.Background())) })
+	tasks, err := p.Launch(testCtx(t), testSpec(), names("r", 2))
+	require.Error(t, err)
+	assert.Empty(t, tasks)
+	assert.ErrorIs(t, err, providers.ErrThrottled)
+	assert.Contains(t, err.Error(), "wait for the run task rate: provider throttled the request: shared run task rate")
+	runCalls, _, _, _, _, _, _ := f.stats()
+	assert.Zero(t, runCalls)
 }

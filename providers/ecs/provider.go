@@ -299,13 +299,21 @@ func (p *Provider) dispatch() {
 		n := int64(len(items))
 		if err := p.launcher.starting.Acquire(ctx, n); err != nil {
 			release()
-			p.failAll(items, fmt.Errorf("wait for a start slot: %w", p.waitErr(items[0], err)))
+			if end := p.waitEnded(items[0]); end != nil {
+				err = end
+			}
+			p.failAll(items, fmt.Errorf("wait for a start slot: %w", err))
 			continue
 		}
 		if err := p.launcher.rate.Wait(ctx, len(items)); err != nil {
 			release()
 			p.launcher.starting.Release(n)
-			p.failAll(items, fmt.Errorf("wait for the run task rate: %w", p.waitErr(items[0], err)))
+			if end := p.waitEnded(items[0]); end != nil {
+				err = end
+			} else { // the limiter failed (a shared one's store): no launch is admitted now
+				err = fmt.Errorf("%w: %w", providers.ErrThrottled, err)
+			}
+			p.failAll(items, fmt.Errorf("wait for the run task rate: %w", err))
 			continue
 		}
 		if p.life.Err() != nil {
@@ -339,16 +347,16 @@ func (p *Provider) dispatch() {
 	}
 }
 
-// waitErr says why a wait of a batch ended: its item's or the provider's
-// end, else err.
-func (p *Provider) waitErr(it *launchItem, err error) error {
+// waitEnded says why a wait of a batch ended when it was its item's ctx
+// or the provider's end, else nil.
+func (p *Provider) waitEnded(it *launchItem) error {
 	switch {
 	case it.ctx.Err() != nil:
 		return it.ctx.Err()
 	case p.life.Err() != nil:
 		return errors.New("provider closed")
 	}
-	return err
+	return nil
 }
 
 // failAll fails every item with err.
