@@ -221,7 +221,10 @@ func newID(n int) string {
 }
 
 // put writes chunks, then the meta item if its id is new (ErrConflict; the
-// chunks, under ids of their own, are then deleted).
+// chunks, under ids of their own, are then deleted). A failed condition
+// may be the SDK's retry of this very write after its first attempt
+// succeeded (its answer lost or garbled): when the stored meta item names
+// this write's body id, the write is done, and its body stays.
 func (br *Broker) put(ctx context.Context, action string, it item, chunks []item) error {
 	if br.isClosed() {
 		return fmt.Errorf("%s: %w", action, modelservice.ErrClosed)
@@ -235,7 +238,15 @@ func (br *Broker) put(ctx context.Context, action string, it item, chunks []item
 		TableName: aws.String(br.cfg.Table), Item: it, ConditionExpression: aws.String("attribute_not_exists(pk)"),
 	})
 	if isConditionFailed(err) {
-		br.deleteOrphans(ctx, getS(it, aRID), chunks)
+		rid := getS(it, aRID)
+		cur, gerr := br.getMeta(ctx, rid, requestBody.id, aKeep)
+		switch {
+		case gerr != nil: // unknown: keep the chunks (they expire by TTL)
+			return fmt.Errorf("%s: %w", action, gerr)
+		case cur != nil && getS(cur, requestBody.id) == getS(it, requestBody.id):
+			return nil
+		}
+		br.deleteOrphans(ctx, rid, chunks)
 		return fmt.Errorf("%s: %w", action, modelservice.ErrConflict)
 	}
 	return translate(action, err)
@@ -249,9 +260,9 @@ func (br *Broker) deleteOrphans(ctx context.Context, rid string, chunks []item) 
 	}
 }
 
-// Submit queues req: one PutItem of its body and one of its meta item (the
-// body over 300 KiB: one BatchWriteItem per 25 items of 300 KiB). The meta
-// item enters the queue index on shard fnv32a(id) mod QueueShards.
+// Submit queues req: one BatchWriteItem of its body's items (items of 300
+// KiB, 25 a call), then one PutItem of its meta item, which enters the
+// queue index on shard fnv32a(id) mod QueueShards.
 func (br *Broker) Submit(ctx context.Context, req modelservice.Request) error {
 	ex := modelservice.Exchange{Request: req, State: modelservice.StatePending}
 	ex.Attempt = 0

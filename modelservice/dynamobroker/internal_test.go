@@ -26,6 +26,11 @@ type fakeAPI struct {
 	putItem    func(in *dynamodb.PutItemInput) (*dynamodb.PutItemOutput, error)
 	updateItem func(in *dynamodb.UpdateItemInput) (*dynamodb.UpdateItemOutput, error)
 	query      func(in *dynamodb.QueryInput) (*dynamodb.QueryOutput, error)
+	batchWrite func(in *dynamodb.BatchWriteItemInput) (*dynamodb.BatchWriteItemOutput, error)
+}
+
+func (f *fakeAPI) BatchWriteItem(_ context.Context, in *dynamodb.BatchWriteItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error) {
+	return f.batchWrite(in)
 }
 
 func (f *fakeAPI) GetItem(_ context.Context, in *dynamodb.GetItemInput, _ ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
@@ -245,14 +250,18 @@ func TestQueueMerge_OldestFirstAcrossShardsAndPages(t *testing.T) {
 		fq.parts[p] = append(fq.parts[p], item{aRID: s(rid), aQKey: s(queueKey(at, rid))})
 		want = append(want, queueKey(at, rid))
 	}
-	// Shard 0 holds the 30 oldest (several pages); the others one each,
-	// newer than all of them; and one entry not visible yet.
+	// Shard 0 holds the 30 oldest but one (several pages); shard 2 that
+	// one, between shard 0's 16th and 17th, so that taking the shards in
+	// turn is not the queue's order; the others one each, newer than all
+	// of them; and one entry not visible yet.
 	for i := range 30 {
 		add(0, now.Add(-time.Hour+time.Duration(i)*time.Millisecond), fmt.Sprintf("mrq-a%02d", i))
 	}
+	add(2, now.Add(-time.Hour+15*time.Millisecond), "mrq-m") // sorts after mrq-a15's key, before mrq-a16's
 	for sh := 1; sh < shards; sh++ {
 		add(sh, now.Add(-time.Minute+time.Duration(sh)*time.Millisecond), fmt.Sprintf("mrq-b%d", sh))
 	}
+	sort.Strings(want)
 	p3 := queuePart("o1", 3)
 	fq.parts[p3] = append(fq.parts[p3], item{aRID: s("mrq-later"), aQKey: s(queueKey(now.Add(time.Minute), "mrq-later"))})
 
@@ -287,7 +296,7 @@ func TestQueueMerge_OldestFirstAcrossShardsAndPages(t *testing.T) {
 		n++
 	}
 	assert.Equal(t, maxClaimPages, fq.pages[queuePart("o1", 0)], "the budget")
-	assert.Equal(t, maxClaimPages*6+shards-1, n, "5 pages of shard 0, one entry of each other shard")
+	assert.Equal(t, maxClaimPages*6+shards, n, "5 pages of shard 0, the entries of the other shards")
 
 	// A claim that stops early reads no more than it needs.
 	fq.pages = map[string]int{}
@@ -331,4 +340,65 @@ func TestConfig_Validate_NamesTheVariable(t *testing.T) {
 	d := Config{Recheck: time.Minute}.WithDefaults()
 	assert.Equal(t, DefaultQueueShards, d.QueueShards)
 	assert.Equal(t, time.Minute, d.RecheckMax, "RecheckMax is at least Recheck")
+}
+
+// The SDK retries a PutItem whose answer it lost or could not read (the
+// emulator under load garbles some: "response did not match expected
+// checksum"); the retry of a submit that had succeeded fails its
+// condition. That submit succeeded: it answers no conflict and keeps its
+// body, where it used to delete the body its queued request points to
+// (every later claim of the owner then failed reading it).
+func TestBroker_Submit_RetriedWriteThatHadSucceededKeepsItsBody(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		stored  item
+		deletes int
+	)
+	api := &fakeAPI{
+		batchWrite: func(in *dynamodb.BatchWriteItemInput) (*dynamodb.BatchWriteItemOutput, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range in.RequestItems["t"] {
+				if r.DeleteRequest != nil {
+					deletes++
+				}
+			}
+			return &dynamodb.BatchWriteItemOutput{}, nil
+		},
+		putItem: func(in *dynamodb.PutItemInput) (*dynamodb.PutItemOutput, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if stored == nil { // the first attempt wrote it; its answer was lost
+				stored = in.Item
+			}
+			return nil, &types.ConditionalCheckFailedException{Message: aws.String("The conditional request failed")}
+		},
+		getItem: func(in *dynamodb.GetItemInput) (*dynamodb.GetItemOutput, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			it := item{}
+			for k, v := range stored {
+				it[k] = v
+			}
+			keepOnly(it, in)
+			return &dynamodb.GetItemOutput{Item: it}, nil
+		},
+	}
+	br := New(Config{Table: "t"}, api, nil)
+	t.Cleanup(func() { _ = br.Close(context.Background()) })
+	now := time.Now()
+	req := modelservice.Request{ID: modelservice.NewRequestID(now), LeaseID: "sbx-a", Owner: "o1", Pool: "default",
+		Route: "chat/completions", Body: []byte(`{"n":1}`), ReceivedAt: now, Deadline: now.Add(time.Minute)}
+	require.NoError(t, br.Submit(context.Background(), req))
+	mu.Lock()
+	assert.Zero(t, deletes, "the body of the stored request is kept")
+	mu.Unlock()
+
+	// Another submit of the same id (its own body id) still conflicts, and
+	// its body is deleted.
+	err := br.Submit(context.Background(), req)
+	require.ErrorIs(t, err, modelservice.ErrConflict)
+	mu.Lock()
+	assert.Equal(t, 1, deletes, "the duplicate's own body is deleted")
+	mu.Unlock()
 }
