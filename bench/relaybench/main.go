@@ -83,7 +83,7 @@ func run(ctx context.Context) error {
 	flag.IntVar(&o.sandboxes, "sandboxes", 1000, "sandboxes with one call in flight each")
 	flag.BoolVar(&o.memory, "memory", true, "measure the memory broker and the passthrough")
 	flag.BoolVar(&o.dynamo, "dynamodb", false, "also measure the DynamoDB broker (AWS_ENDPOINT_URL, AWS_REGION, credentials from the environment)")
-	flag.IntVar(&o.dynamoCall, "dynamodb-calls", 300, "sequential calls per DynamoDB latency measurement")
+	flag.IntVar(&o.dynamoCall, "dynamodb-calls", 300, "sequential calls per DynamoDB latency measurement (0: skip the latency rows and their fan-in)")
 	flag.IntVar(&o.dynamoFan, "dynamodb-sandboxes", 100, "sandboxes of the DynamoDB fan-in")
 	flag.IntVar(&o.capFan, "capacity-sandboxes", 200, "sandboxes of the DynamoDB capacity fan-in (0: skip it)")
 	flag.IntVar(&o.capBody, "capacity-body", 5000, "bytes of each request body in the capacity fan-in")
@@ -128,21 +128,23 @@ func run(ctx context.Context) error {
 			b := dynamobroker.New(dynamobroker.Config{Table: table, CallTimeout: 30 * time.Second}, api, nil)
 			return b, func() { _ = b.Close(context.Background()) }, nil
 		}
-		r, err := measureRelay(ctx, "DynamoDB broker, one replica", dyn, nil, o.dynamoCall)
-		if err != nil {
-			return err
+		if o.dynamoCall > 0 {
+			r, err := measureRelay(ctx, "DynamoDB broker, one replica", dyn, nil, o.dynamoCall)
+			if err != nil {
+				return err
+			}
+			add(r)
+			r, err = measureRelay(ctx, "DynamoDB broker, call on A, answer on B", dyn, dyn, o.dynamoCall)
+			if err != nil {
+				return err
+			}
+			add(r)
+			r, err = measureFanIn(ctx, "DynamoDB broker", dyn, nil, min(o.sandboxes, o.dynamoFan), nil)
+			if err != nil {
+				return err
+			}
+			add(r)
 		}
-		add(r)
-		r, err = measureRelay(ctx, "DynamoDB broker, call on A, answer on B", dyn, dyn, o.dynamoCall)
-		if err != nil {
-			return err
-		}
-		add(r)
-		r, err = measureFanIn(ctx, "DynamoDB broker", dyn, nil, min(o.sandboxes, o.dynamoFan), nil)
-		if err != nil {
-			return err
-		}
-		add(r)
 		if o.capFan > 0 {
 			rs, err := measureCapacity(ctx, api, o.capFan, o.capBody)
 			if err != nil {

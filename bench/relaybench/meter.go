@@ -170,15 +170,22 @@ func (m *meter) read(p partition, bytes int, consistent bool) {
 	m.add(p, "r", u)
 }
 
-func (m *meter) PutItem(ctx context.Context, in *dynamodb.PutItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
-	m.count("PutItem")
+// write counts a write call op, makes it (writes serialized) and, when it
+// succeeds, accounts it.
+func write[O any](m *meter, op string, call func() (O, error), account func()) (O, error) {
+	m.count(op)
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
-	out, err := m.Client.PutItem(ctx, in, optFns...)
+	out, err := call()
 	if err == nil {
-		m.put(in.Item)
+		account()
 	}
 	return out, err
+}
+
+func (m *meter) PutItem(ctx context.Context, in *dynamodb.PutItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
+	return write(m, "PutItem", func() (*dynamodb.PutItemOutput, error) { return m.Client.PutItem(ctx, in, optFns...) },
+		func() { m.put(in.Item) })
 }
 
 // put accounts the write of item it (replacing what it had).
@@ -220,14 +227,8 @@ func (m *meter) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, op
 }
 
 func (m *meter) DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error) {
-	m.count("DeleteItem")
-	m.wmu.Lock()
-	defer m.wmu.Unlock()
-	out, err := m.Client.DeleteItem(ctx, in, optFns...)
-	if err == nil {
-		m.deleted(in.Key)
-	}
-	return out, err
+	return write(m, "DeleteItem", func() (*dynamodb.DeleteItemOutput, error) { return m.Client.DeleteItem(ctx, in, optFns...) },
+		func() { m.deleted(in.Key) })
 }
 
 func (m *meter) deleted(key attrs) {
