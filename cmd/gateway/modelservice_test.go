@@ -70,6 +70,18 @@ func TestRelayDynamoConfig_ReadsEveryVariable(t *testing.T) {
 	assert.ErrorContains(t, err, "QUARRY_RELAY_DYNAMODB_QUEUE_SHARDS")
 }
 
+// Every variable the DynamoDB broker reads has a row in docs/CONFIG.md
+// (three of them had none while the gateway copied its settings by hand).
+func TestRelayDynamoConfig_EveryVariableIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "CONFIG.md"))
+	require.NoError(t, err)
+	keys := envKeys(t, &dynamobroker.Config{})
+	require.Contains(t, keys, "QUARRY_RELAY_DYNAMODB_QUEUE_SHARDS")
+	for _, k := range keys {
+		assert.True(t, strings.Contains(string(doc), "| `"+k+"` |"), "docs/CONFIG.md has no row for %s", k)
+	}
+}
+
 func TestSandboxURL_FromTheListenAddress(t *testing.T) {
 	tests := []struct{ addr, want string }{
 		{"127.0.0.1:8080", "http://127.0.0.1:8080"},
