@@ -91,14 +91,20 @@ func storeOpeners() map[string]storeOpener {
 	}
 }
 
+// providerMaker builds one kind of provider.
+type providerMaker func(cfg Config, log *slog.Logger) (providers.Provider, error)
+
 // providerMakers returns the providers by name (QUARRY_PROVIDER and the
-// pools' provider).
-func providerMakers() map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error) {
-	return map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error){
+// pools' provider). A gateway built with the tag benchfarm also has the
+// benchmarks' farm provider (farm.go).
+func providerMakers() map[string]providerMaker {
+	m := map[string]providerMaker{
 		"process": newProcessProvider,
 		"docker":  makeDockerProvider,
 		"ecs":     makeECSProvider,
 	}
+	addBenchProviders(m)
+	return m
 }
 
 // knownProviders lists the provider names for error messages.
