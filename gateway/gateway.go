@@ -120,7 +120,6 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		log:    deps.Logger,
 		clock:  deps.Clock,
 		keys:   newKeyring(cfg.APIKeys),
-		agents: newAgentClients(cfg),
 		routes: make(map[string]bool),
 		conns:  newConnSet(),
 
@@ -129,6 +128,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	g.agents = newAgentClients(cfg, g.log)
 	if g.clock == nil {
 		g.clock = clock.System{}
 	}

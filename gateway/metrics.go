@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -16,6 +17,21 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	handler  fiber.Handler
+}
+
+// logLimit lets a repeated log line through at most once a minute. Safe for
+// concurrent use.
+type logLimit struct{ last atomic.Int64 }
+
+// logEvery is how often a logLimit lets its line through.
+const logEvery = time.Minute
+
+func (l *logLimit) allow(now time.Time) bool {
+	last := l.last.Load()
+	if last != 0 && now.UnixNano()-last < int64(logEvery) {
+		return false
+	}
+	return l.last.CompareAndSwap(last, now.UnixNano())
 }
 
 // newMetrics registers the gateway's metrics on reg. It fails when they are
@@ -37,7 +53,7 @@ func newMetrics(reg *prometheus.Registry, agents *agentClients) (*metrics, error
 		Name: "quarry_gateway_agent_clients",
 		Help: "Agent HTTP clients cached by the gateway (one per agent URL).",
 	}, func() float64 { return float64(agents.len()) })
-	for _, c := range []prometheus.Collector{m.requests, m.duration, clients} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, clients, agents.dropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}
