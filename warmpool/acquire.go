@@ -246,7 +246,7 @@ func (m *Manager) initLease(ctx context.Context, l Lease) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
 	defer cancel()
 	ended, eerr := m.store.EndLease(cctx, l.ID, LeaseEnd{
-		State: LeaseLost, Reason: "the agent's init failed: " + err.Error(), Now: m.clock.Now(), ForgetIdempotencyKey: true,
+		State: LeaseLost, Reason: "the agent's init failed: " + err.Error(), Now: m.clock.Now(), ForgetIdempotencyKey: true, Read: &l,
 	})
 	if eerr != nil {
 		m.log.Warn("end lease of a task whose init failed", "pool", l.Pool, "lease", l.ID, "err", eerr)

@@ -160,16 +160,19 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.started = true
 	m.mu.Unlock()
-	tasks, err := m.store.ListTasks(ctx, "")
-	if err != nil {
-		m.mu.Lock()
-		m.started = false // Start may be tried again
-		m.mu.Unlock()
-		return fmt.Errorf("start warm pool manager: read tasks: %w", err)
+	var c TaskCounts
+	for _, name := range m.names {
+		pc, err := m.store.CountTasks(ctx, name)
+		if err != nil {
+			m.mu.Lock()
+			m.started = false // Start may be tried again
+			m.mu.Unlock()
+			return fmt.Errorf("start warm pool manager: count the tasks of pool %s: %w", name, err)
+		}
+		c.Ready, c.Launching, c.Leased, c.Stopping = c.Ready+pc.Ready, c.Launching+pc.Launching, c.Leased+pc.Leased, c.Stopping+pc.Stopping
 	}
-	c := countTasks(tasks)
-	m.log.Info("warm pools starting", "pools", len(m.pools), "ready", c.ready, "launching", c.launching,
-		"leased", c.leased, "stopping", c.stopping)
+	m.log.Info("warm pools starting", "pools", len(m.pools), "ready", c.Ready, "launching", c.Launching,
+		"leased", c.Leased, "stopping", c.Stopping)
 	for _, name := range m.names {
 		p := m.pools[name]
 		m.goBackground(CallerReconcile, func(ctx context.Context) { m.reconcileLoop(ctx, p) })
@@ -261,40 +264,20 @@ func (m *Manager) Ready(ctx context.Context) error {
 const readinessProbeID = LeaseIDPrefix + "readiness-probe"
 
 // Pools returns every configured pool with its current task counts, in
-// configuration order.
+// configuration order: one counter read per pool (CountTasks), whatever
+// the number of tasks.
 func (m *Manager) Pools(ctx context.Context) ([]PoolStatus, error) {
 	ctx = ContextWithCaller(ctx, CallerPools)
 	out := make([]PoolStatus, 0, len(m.names))
 	for _, name := range m.names {
-		tasks, err := m.store.ListTasks(ctx, name)
+		c, err := m.store.CountTasks(ctx, name)
 		if err != nil {
 			return nil, fmt.Errorf("pool status %s: %w", name, err)
 		}
-		c := countTasks(tasks)
 		out = append(out, PoolStatus{
 			PoolConfig: m.pools[name].cfg,
-			Ready:      c.ready, Launching: c.launching, Leased: c.leased, Stopping: c.stopping,
+			Ready:      c.Ready, Launching: c.Launching, Leased: c.Leased, Stopping: c.Stopping,
 		})
 	}
 	return out, nil
-}
-
-// taskCounts counts a pool's tasks by state.
-type taskCounts struct{ ready, launching, leased, stopping int }
-
-func countTasks(tasks []TaskRecord) taskCounts {
-	var c taskCounts
-	for _, t := range tasks {
-		switch t.State {
-		case TaskReady:
-			c.ready++
-		case TaskLaunching:
-			c.launching++
-		case TaskLeased:
-			c.leased++
-		case TaskStopping:
-			c.stopping++
-		}
-	}
-	return c
 }

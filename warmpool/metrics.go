@@ -93,9 +93,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // setTaskCounts publishes a pool's task counts.
-func (m *metrics) setTaskCounts(pool string, c taskCounts) {
-	m.tasks.WithLabelValues(pool, string(TaskReady)).Set(float64(c.ready))
-	m.tasks.WithLabelValues(pool, string(TaskLaunching)).Set(float64(c.launching))
-	m.tasks.WithLabelValues(pool, string(TaskLeased)).Set(float64(c.leased))
-	m.tasks.WithLabelValues(pool, string(TaskStopping)).Set(float64(c.stopping))
+func (m *metrics) setTaskCounts(pool string, c TaskCounts) {
+	m.tasks.WithLabelValues(pool, string(TaskReady)).Set(float64(c.Ready))
+	m.tasks.WithLabelValues(pool, string(TaskLaunching)).Set(float64(c.Launching))
+	m.tasks.WithLabelValues(pool, string(TaskLeased)).Set(float64(c.Leased))
+	m.tasks.WithLabelValues(pool, string(TaskStopping)).Set(float64(c.Stopping))
 }

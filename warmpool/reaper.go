@@ -37,7 +37,7 @@ func (m *Manager) reap(ctx context.Context) {
 		g.Go(func() error {
 			sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 			done := m.cache.writeLease(l.ID)
-			ended, err := m.store.EndLease(sctx, l.ID, LeaseEnd{State: LeaseExpired, Reason: ReasonNotRenewed, Now: now, OnlyIfExpired: true})
+			ended, err := m.store.EndLease(sctx, l.ID, LeaseEnd{State: LeaseExpired, Reason: ReasonNotRenewed, Now: now, OnlyIfExpired: true, Read: &l})
 			done()
 			cancel()
 			switch {
@@ -180,9 +180,10 @@ func (m *Manager) windDownUnconfigured(ctx context.Context, recs []TaskRecord, n
 		case r.State == TaskStopping:
 			stop = append(stop, r)
 		case r.State == TaskReady || r.State == TaskLaunching && now.After(r.LaunchDeadline):
+			from := r.State
 			r.State, r.Reason, r.UpdatedAt = TaskStopping, "its pool is no longer configured", now
 			sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-			out, err := m.store.UpdateTask(sctx, r)
+			out, err := m.store.UpdateTask(sctx, r, from)
 			cancel()
 			if err == nil {
 				stop = append(stop, out)

@@ -128,12 +128,13 @@ func (m *Manager) listTasks(ctx context.Context, pool string) ([]TaskRecord, err
 // transition moves rec to state with a conditional write. It returns false
 // when the write lost a race (the next pass decides again) or failed.
 func (m *Manager) transition(ctx context.Context, p *pool, rec TaskRecord, state TaskState, reason string) (TaskRecord, bool) {
+	from := rec.State
 	rec.State = state
 	rec.Reason = reason
 	rec.UpdatedAt = m.clock.Now()
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	defer cancel()
-	out, err := m.store.UpdateTask(sctx, rec)
+	out, err := m.store.UpdateTask(sctx, rec, from)
 	if err != nil {
 		if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {
 			p.log.Warn("update task", "task", rec.ID, "state", state, "err", err)
@@ -318,9 +319,9 @@ func (m *Manager) refill(ctx context.Context, p *pool, tasks []TaskRecord) {
 			return
 		}
 	}
-	c := countTasks(tasks)
+	c := CountStates(tasks)
 	m.metrics.setTaskCounts(p.cfg.Name, c)
-	n := min(p.cfg.MinWarm-c.ready-c.launching, p.cfg.MaxTotal-len(tasks))
+	n := min(p.cfg.MinWarm-c.Ready-c.Launching, p.cfg.MaxTotal-len(tasks))
 	if n <= 0 || !p.launchAllowed() {
 		return
 	}
@@ -342,7 +343,7 @@ func (m *Manager) refill(ctx context.Context, p *pool, tasks []TaskRecord) {
 	}
 	if !m.goBackground(CallerReconcile, func(bg context.Context) { m.launchBatch(bg, p, recs) }) {
 		for _, r := range recs { // closed meanwhile: nothing was launched
-			_ = m.store.DeleteTask(context.WithoutCancel(ctx), r.ID)
+			_ = m.store.DeleteTask(context.WithoutCancel(ctx), r)
 		}
 	}
 }
@@ -424,7 +425,7 @@ func (m *Manager) launch(ctx context.Context, p *pool, recs []TaskRecord) ([]Tas
 		rec.ProviderID, rec.AgentURL, rec.AgentToken = t.ID, t.AgentURL, t.AgentToken
 		rec.UpdatedAt = m.clock.Now()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
-		r, err := m.store.UpdateTask(sctx, rec)
+		r, err := m.store.UpdateTask(sctx, rec, rec.State)
 		cancel()
 		if err != nil {
 			m.failLaunch(ctx, p, rec, fmt.Errorf("record the launched task: %w", err))
@@ -465,7 +466,7 @@ func (m *Manager) waitReady(ctx context.Context, p *pool, rec TaskRecord) (TaskR
 			case rec.AgentURL == "" && t.AgentURL != "":
 				rec.AgentURL, rec.AgentToken = t.AgentURL, t.AgentToken
 				sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-				r, err := m.store.UpdateTask(sctx, rec)
+				r, err := m.store.UpdateTask(sctx, rec, rec.State)
 				cancel()
 				if err != nil {
 					return rec, fmt.Errorf("record the agent address: %w", err)
@@ -519,12 +520,13 @@ func (m *Manager) describeOne(ctx context.Context, p *pool, id string) (provider
 // markReady makes a launched (or given back) task claimable and wakes
 // waiting acquires.
 func (m *Manager) markReady(ctx context.Context, p *pool, rec TaskRecord) (TaskRecord, error) {
+	from := rec.State
 	rec.State = TaskReady
 	rec.Reason = ""
 	rec.UpdatedAt = m.clock.Now()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
 	defer cancel()
-	out, err := m.store.UpdateTask(sctx, rec)
+	out, err := m.store.UpdateTask(sctx, rec, from)
 	if err != nil {
 		return rec, fmt.Errorf("mark task %s ready: %w", rec.ID, err)
 	}

@@ -30,7 +30,7 @@ func readyTasks(t *testing.T, s *dynamostore.Store, pool string, n int) {
 	}
 	for _, r := range recs {
 		r.Pool, r.State, r.Version, r.AgentURL = pool, warmpool.TaskReady, 1, "http://127.0.0.1:1"
-		_, err := s.UpdateTask(t.Context(), r)
+		_, err := s.UpdateTask(t.Context(), r, warmpool.TaskLaunching)
 		require.NoError(t, err)
 	}
 }
