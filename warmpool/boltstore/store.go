@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,11 +59,30 @@ type Options struct {
 	NoSync bool
 }
 
-// Store is the embedded lease store. It is safe for concurrent use; all
-// writes are serialized by bbolt's single writer.
+// Store is the embedded lease store. It is safe for concurrent use. Reads
+// run concurrently; writes queue for one writer goroutine, which runs all
+// the writes waiting at once in one transaction (group commit: one commit,
+// and its two fsyncs, for the group).
 type Store struct {
 	db     *bolt.DB
 	closed atomic.Bool
+
+	// wmu guards sending on writes against Close, which closes it.
+	wmu     sync.RWMutex
+	wclosed bool
+	writes  chan *writeOp
+	writer  sync.WaitGroup
+}
+
+// maxGroup bounds the writes of one group commit.
+const maxGroup = 1000
+
+// writeOp is one write waiting for the writer.
+type writeOp struct {
+	ctx    context.Context
+	action string
+	fn     func(*tx) error
+	done   chan error // buffered 1: the write's outcome (fn's error, or the commit's)
 }
 
 var _ warmpool.Store = (*Store)(nil)
@@ -125,7 +145,10 @@ func Open(path string, opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("initialize lease store %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db, writes: make(chan *writeOp, maxGroup)}
+	s.writer.Add(1)
+	go s.write()
+	return s, nil
 }
 
 // Close closes the file. Later calls return warmpool.ErrClosed; closing
@@ -134,6 +157,11 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.wmu.Lock()
+	s.wclosed = true
+	close(s.writes) // the writer commits what was queued, then ends
+	s.wmu.Unlock()
+	s.writer.Wait()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close lease store: %w", err)
 	}
@@ -176,6 +204,7 @@ func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord, from wa
 	if err := warmpool.CheckUpdate(rec, from); err != nil {
 		return warmpool.TaskRecord{}, err
 	}
+	var out warmpool.TaskRecord
 	err := s.update(ctx, "update task", func(t *tx) error {
 		old, ok, err := t.getTask(rec.ID)
 		if err != nil {
@@ -193,13 +222,14 @@ func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord, from wa
 		if rec.Pool != old.Pool {
 			return fmt.Errorf("task %s: pool cannot change from %q to %q", rec.ID, old.Pool, rec.Pool)
 		}
-		rec.Version++
-		return t.putTask(&old, rec)
+		out = rec
+		out.Version++
+		return t.putTask(&old, out)
 	})
 	if err != nil {
 		return warmpool.TaskRecord{}, err
 	}
-	return rec, nil
+	return out, nil
 }
 
 // DeleteTask implements warmpool.TaskStore; deleting an unknown id is a
@@ -605,11 +635,126 @@ func (s *Store) PurgeLeases(ctx context.Context, endedBefore time.Time) (int, er
 	return total, nil
 }
 
-// update runs fn in one read-write transaction. Errors returned by fn are
+// update runs fn in a read-write transaction, with the other writes that
+// wait for the writer at the same time (write). Errors returned by fn are
 // wrapped with action; errors of bbolt itself (I/O, commit) also wrap
-// warmpool.ErrUnavailable: the transaction did not happen.
+// warmpool.ErrUnavailable: the write did not happen.
+//
+// fn must decide every refusal (an error wrapping one of the contract's
+// sentinels, below) before it writes anything, so that a refused write
+// leaves its group alone; any other error rolls the group back. fn may run
+// more than once (a group that rolled back runs its writes again one by
+// one), so it must set what it reports on every run.
 func (s *Store) update(ctx context.Context, action string, fn func(*tx) error) error {
-	return s.run(ctx, action, true, fn)
+	if s.closed.Load() {
+		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", action, err)
+	}
+	op := &writeOp{ctx: ctx, action: action, fn: fn, done: make(chan error, 1)}
+	s.wmu.RLock()
+	if s.wclosed {
+		s.wmu.RUnlock()
+		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
+	}
+	s.writes <- op
+	s.wmu.RUnlock()
+	// The commit is bounded (local I/O); the caller waits for it whatever
+	// its ctx, as it would for bbolt's own Update: a write its caller gave
+	// up on must not be reported as not done.
+	return <-op.done
+}
+
+// write is the writer goroutine: it takes every write waiting (at most
+// maxGroup) and commits them together, until Close closes the queue.
+func (s *Store) write() {
+	defer s.writer.Done()
+	group := make([]*writeOp, 0, maxGroup)
+	for op := range s.writes {
+		group = append(group[:0], op)
+	drain:
+		for len(group) < maxGroup {
+			select {
+			case op, ok := <-s.writes:
+				if !ok {
+					break drain
+				}
+				group = append(group, op)
+			default:
+				break drain
+			}
+		}
+		s.commit(group)
+	}
+}
+
+// errRollback makes a group's transaction roll back.
+var errRollback = errors.New("a write of the group failed")
+
+// commit runs a group of writes in one transaction and tells each its
+// outcome. A refusal is the write's own outcome; any other error of a
+// write rolls the group back, and then each write runs alone (as bbolt's
+// Batch does), so that only the failing one fails.
+func (s *Store) commit(group []*writeOp) {
+	if len(group) == 1 {
+		op := group[0]
+		op.done <- s.run(op.ctx, op.action, true, op.fn)
+		return
+	}
+	errs := make([]error, len(group))
+	err := s.db.Update(func(btx *bolt.Tx) error {
+		t := openTx(btx)
+		for i, op := range group {
+			if err := op.ctx.Err(); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", op.action, err)
+				continue
+			}
+			err := op.fn(t)
+			if err != nil && !isRefusal(err) {
+				return errRollback
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("%s: %w", op.action, err)
+			}
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errRollback):
+		for _, op := range group {
+			op.done <- s.run(op.ctx, op.action, true, op.fn)
+		}
+		return
+	case err != nil:
+		for i, op := range group {
+			errs[i] = s.commitError(op.action, err)
+		}
+	}
+	for i, op := range group {
+		op.done <- errs[i]
+	}
+}
+
+// isRefusal reports whether a write's error is one of the contract's
+// refusals, which every write decides before it writes anything.
+func isRefusal(err error) bool {
+	for _, sentinel := range []error{warmpool.ErrNoCapacity, warmpool.ErrConflict, warmpool.ErrNotFound,
+		warmpool.ErrLeaseEnded, warmpool.ErrLeaseNotHeld} {
+		if errors.Is(err, sentinel) {
+			return true
+		}
+	}
+	return false
+}
+
+// commitError is the error of a write whose transaction bbolt could not
+// run or commit.
+func (s *Store) commitError(action string, err error) error {
+	if errors.Is(err, bolt.ErrDatabaseNotOpen) || s.closed.Load() {
+		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
+	}
+	return fmt.Errorf("%s: %w: %w", action, warmpool.ErrUnavailable, err)
 }
 
 // view runs fn in one read-only transaction, like update.
@@ -640,10 +785,8 @@ func (s *Store) run(ctx context.Context, action string, writable bool, fn func(*
 		return nil
 	case fnErr != nil && err == fnErr:
 		return fmt.Errorf("%s: %w", action, err)
-	case errors.Is(err, bolt.ErrDatabaseNotOpen) || s.closed.Load():
-		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
 	default:
-		return fmt.Errorf("%s: %w: %w", action, warmpool.ErrUnavailable, err)
+		return s.commitError(action, err)
 	}
 }
 
