@@ -52,7 +52,7 @@ func fastConfig() warmpool.Config {
 		ReconcileInterval: 10 * time.Millisecond, ReapInterval: 10 * time.Millisecond,
 		OrphanInterval: 10 * time.Millisecond, OrphanGrace: time.Minute,
 		HealthCheckInterval: time.Hour, AcquireTimeout: waitFor, LaunchBackoff: 10 * time.Millisecond,
-		LaunchBackoffMax: 50 * time.Millisecond,
+		LaunchBackoffMax: 50 * time.Millisecond, SweepInterval: 10 * time.Millisecond,
 	}
 }
 

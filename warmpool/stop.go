@@ -110,11 +110,18 @@ func (m *Manager) stopTask(ctx context.Context, rec TaskRecord, reason string) e
 		return fmt.Errorf("delete task %s: %w", rec.ID, err)
 	}
 	if p := m.pools[rec.Pool]; p != nil {
-		p.forget(rec.ID)
-		p.changed.broadcast()
-		p.poke() // a slot is free: the pool may refill
+		m.freed(p, rec.ID)
 	}
 	return nil
+}
+
+// freed notes that task id of p was deleted: a slot is free, so waiting
+// acquires look again and the pool may refill.
+func (m *Manager) freed(p *pool, id string) {
+	p.forget(id)
+	p.changed.broadcast()
+	p.queue.poll()
+	p.poke()
 }
 
 // stoppedReason says why a provider task stopped.
