@@ -40,6 +40,9 @@ type env struct {
 	pools  []warmpool.PoolConfig
 	// wrap, when set, wraps the store the manager uses (not e.store).
 	wrap func(warmpool.Store) warmpool.Store
+	// provider, when set, is the provider "fake" the manager uses (e.prov
+	// with more capabilities).
+	provider providers.Provider
 }
 
 func testPool(minWarm, maxTotal int) warmpool.PoolConfig {
@@ -89,8 +92,12 @@ func (e *env) start() {
 	if e.wrap != nil {
 		store = e.wrap(s)
 	}
+	var prov providers.Provider = e.prov
+	if e.provider != nil {
+		prov = e.provider
+	}
 	m, err := warmpool.New(e.cfg, warmpool.Deps{
-		Store: store, Providers: map[string]providers.Provider{"fake": e.prov}, Pools: e.pools,
+		Store: store, Providers: map[string]providers.Provider{"fake": prov}, Pools: e.pools,
 		Agents: e.agents, Clock: e.clock, Metrics: e.reg,
 	})
 	require.NoError(t, err)
