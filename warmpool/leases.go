@@ -94,6 +94,18 @@ func (m *Manager) Release(ctx context.Context, id, owner string) (Lease, error) 
 	return ended, nil
 }
 
+// ByKey returns, in any state, the lease that owner's idempotency key
+// names (presented as Get does): one store read of the key and its lease
+// (Store.LeaseByKey), whatever the number of leases. ErrNotFound when the
+// key names none, or its lease's key was forgotten (an init that failed).
+func (m *Manager) ByKey(ctx context.Context, owner, key string) (Lease, error) {
+	l, err := m.store.LeaseByKey(ContextWithCaller(ctx, CallerGet), owner, key)
+	if err != nil {
+		return Lease{}, fmt.Errorf("lease by key: %w", err)
+	}
+	return m.present(l), nil
+}
+
 // List returns leases matching f, newest first, at most Config.MaxListLeases
 // (or f.Limit when lower). Leases are presented as Get does.
 func (m *Manager) List(ctx context.Context, f LeaseFilter) ([]Lease, error) {
