@@ -143,8 +143,12 @@ func startCluster(t *testing.T, n int) *cluster {
 	c := &cluster{t: t, tables: tb, dataDir: t.TempDir(), maxTotal: 10}
 	proxy := startStoreProxy(t, tb.aws.endpoint)
 	for i := range n {
+		// The process provider launches at once, so a reservation needs no
+		// allowance for a queue in front of it: a replica killed between
+		// reserving a task and recording its launch leaves a record that is
+		// given up after 5 s + the startup timeout, not the default 5 min.
 		env := append(tb.gatewayEnv(proxy.url), fmt.Sprintf("QUARRY_REPLICA_ID=replica-%d", i),
-			"QUARRY_LOCK_TTL=2s", "QUARRY_ORPHAN_INTERVAL=1s", "QUARRY_ORPHAN_GRACE=10s")
+			"QUARRY_LOCK_TTL=2s", "QUARRY_ORPHAN_INTERVAL=1s", "QUARRY_ORPHAN_GRACE=10s", "QUARRY_LAUNCH_QUEUE_TIMEOUT=5s")
 		c.gws = append(c.gws, startGateway(t, replicaPools, withDataDir(c.dataDir), withEnv(env...)))
 	}
 	return c

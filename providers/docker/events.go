@@ -94,6 +94,14 @@ func (p *Provider) watchStream(ctx context.Context, since time.Time, ooms map[st
 			if !ok {
 				continue
 			}
+			if m.Action == events.ActionDie {
+				// The reason Describe would give: the limit the OOM killer
+				// enforced and the agent's last words (one inspection and
+				// one log read per container that died).
+				if t, ok := p.stoppedDetail(ctx, e.ID); ok && t.State == providers.TaskStopped && t.Reason != reasonNotFound {
+					e.Reason = t.Reason
+				}
+			}
 			select {
 			case out <- e:
 			case <-ctx.Done():

@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -102,7 +103,9 @@ func TestProvider_Watch_ReportsTheEnginesEvents(t *testing.T) {
 	ev = waitEvent(t, events, "w-killed dies", func(e providers.TaskEvent) bool { return e.ID == killed.ID })
 	assert.Equal(t, providers.TaskStopped, ev.State)
 	assert.Equal(t, "w-killed", ev.Name)
-	assert.Equal(t, "the container exited with code 137 (SIGKILL, e.g. docker kill)", ev.Reason)
+	// The reason Describe gives: the exit, then the agent's last words.
+	assert.True(t, strings.HasPrefix(ev.Reason, "the container exited with code 137 (SIGKILL, e.g. docker kill); its log ends: "), ev.Reason)
+	assert.Contains(t, ev.Reason, "exec agent listening")
 
 	require.NoError(t, p.Stop(context.Background(), stopped.ID, "lease released"))
 	ev = waitEvent(t, events, "w-stopped removed", func(e providers.TaskEvent) bool { return e.ID == stopped.ID && e.Reason == reasonRemoved })

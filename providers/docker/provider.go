@@ -459,15 +459,29 @@ func (p *Provider) Describe(ctx context.Context, ids []string) ([]providers.Task
 		if out[i].State != providers.TaskStopped {
 			continue
 		}
-		if info, err := p.api.ContainerInspect(ctx, id); err == nil {
-			out[i] = p.toTask(fromInspect(info))
-			log, _ := p.logLines(ctx, id, reasonLogLines) // unreadable: the reason without it
-			out[i].Reason += providers.AgentLogTail(log)
-		} else if isNotFound(err) {
-			out[i] = stoppedTask(id, reasonNotFound)
+		if t, ok := p.stoppedDetail(ctx, id); ok {
+			out[i] = t
 		}
 	}
 	return out, nil
+}
+
+// stoppedDetail describes a stopped container as precisely as the engine
+// can: from its inspection (exit code, OOM kill, limits) with the end of
+// its log. ok is false when the engine could not be asked (the caller keeps
+// what it has).
+func (p *Provider) stoppedDetail(ctx context.Context, id string) (providers.Task, bool) {
+	info, err := p.api.ContainerInspect(ctx, id)
+	if err != nil {
+		if isNotFound(err) {
+			return stoppedTask(id, reasonNotFound), true
+		}
+		return providers.Task{}, false
+	}
+	t := p.toTask(fromInspect(info))
+	log, _ := p.logLines(ctx, id, reasonLogLines) // unreadable: the reason without it
+	t.Reason += providers.AgentLogTail(log)
+	return t, true
 }
 
 // List returns the containers of this gateway for pool ("" for every pool),
