@@ -38,7 +38,12 @@ type Server struct {
 	sessions  *sessionTable
 	processes *processTable
 	calls     callTable // requests in flight that carry a call id
-	orphan    *orphanWatch
+	// ckMu: checkpoints hold it shared, a restore exclusively; neither
+	// waits (TryRLock, TryLock): the loser answers 409 busy.
+	ckMu sync.RWMutex
+	// rename is os.Rename; tests of a restore's undo replace it.
+	rename func(oldpath, newpath string) error
+	orphan *orphanWatch
 
 	leaseMu    sync.Mutex
 	generation int64
@@ -100,6 +105,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		ctx:      ctx,
 		cancel:   cancel,
 		orphan:   newOrphanWatch(time.Now()),
+		rename:   os.Rename,
 	}
 	s.sessions = newSessionTable(s)
 	s.processes = newProcessTable(s)
@@ -218,6 +224,8 @@ func (s *Server) routes() http.Handler {
 	fenced("GET "+agentapi.RouteFileArchive, s.handleArchiveDownload)
 	fenced("PUT "+agentapi.RouteFileArchive, s.handleArchiveUpload)
 	fenced("POST "+agentapi.RouteKillAll, s.handleKillAll)
+	fenced("GET "+agentapi.RouteCheckpoint, s.handleCheckpoint)
+	fenced("PUT "+agentapi.RouteCheckpoint, s.handleRestore)
 	// Unknown routes and wrong methods: authenticate first, then answer in
 	// the ErrorBody shape (the mux's own 404/405 are plain text).
 	notFound := s.wrap(func(w http.ResponseWriter, r *http.Request) error {
