@@ -96,6 +96,11 @@ func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request) error 
 	h.Set(agentapi.HeaderFiles, strconv.Itoa(len(walk.entries)))
 	h.Set(agentapi.HeaderSkipped, strconv.Itoa(walk.skipped))
 	h.Set(agentapi.HeaderBytes, strconv.FormatInt(walk.bytes, 10))
+	list, err := json.Marshal(roots) // valid UTF-8 (checkpointRoots); control characters escaped
+	if err != nil {
+		return fmt.Errorf("encode roots: %w", err)
+	}
+	h.Set(agentapi.HeaderRoots, string(list))
 	w.WriteHeader(http.StatusOK)
 	if err := s.writeCheckpoint(w, roots, walk.entries, level); err != nil {
 		// The status is sent: abort the connection so the caller sees a

@@ -187,6 +187,7 @@ func TestCheckpoint_RoundTrip_TreeComesBackExactly(t *testing.T) {
 	assert.Zero(t, info.Skipped)
 	roots, hdrs := readArchive(t, b)
 	assert.Equal(t, []string{a.cfg.Workdir, other}, roots)
+	assert.Equal(t, roots, info.Roots, "the roots header names the archive's roots, resolved")
 	require.Len(t, hdrs, info.Files)
 	assert.Equal(t, strings.TrimPrefix(a.cfg.Workdir, "/")+"/", hdrs[0].Name, "the root's own entry first, under its absolute path")
 	var bytesInFiles int64

@@ -32,13 +32,14 @@ func TestClient_Checkpoint_QueryAndHeaders(t *testing.T) {
 	headers.Set(HeaderFiles, "12")
 	headers.Set(HeaderSkipped, "1")
 	headers.Set(HeaderBytes, "3456")
+	headers.Set(HeaderRoots, `["/a","/w/b"]`)
 	rc, info, err := c.CheckpointLevel(context.Background(), []string{"/a", "b"}, []string{"*.pyc"}, CompressionNone)
 	require.NoError(t, err)
 	b, err := io.ReadAll(rc)
 	require.NoError(t, err)
 	require.NoError(t, rc.Close())
 	assert.Equal(t, "archive", string(b))
-	assert.Equal(t, CheckpointInfo{Format: FormatTarGzip, Files: 12, Skipped: 1, Bytes: 3456}, info)
+	assert.Equal(t, CheckpointInfo{Format: FormatTarGzip, Files: 12, Skipped: 1, Bytes: 3456, Roots: []string{"/a", "/w/b"}}, info)
 	assert.Equal(t, map[string][]string{"path": {"/a", "b"}, "exclude": {"*.pyc"}, "compression": {CompressionNone}}, query)
 
 	_, _, err = c.Checkpoint(context.Background(), nil, nil)
@@ -52,4 +53,10 @@ func TestClient_Checkpoint_QueryAndHeaders(t *testing.T) {
 	headers.Set(HeaderFormat, "tar+zstd")
 	_, _, err = c.Checkpoint(context.Background(), nil, nil)
 	assert.ErrorContains(t, err, `"tar+zstd"`)
+	headers.Set(HeaderFormat, FormatTarGzip)
+	for _, bad := range []string{"", "[]", "/a"} {
+		headers.Set(HeaderRoots, bad)
+		_, _, err = c.Checkpoint(context.Background(), nil, nil)
+		assert.ErrorContains(t, err, HeaderRoots, "roots %q", bad)
+	}
 }

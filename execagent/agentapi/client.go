@@ -446,6 +446,9 @@ func checkpointInfo(h http.Header) (CheckpointInfo, error) {
 		}
 		f.set(n)
 	}
+	if err := json.Unmarshal([]byte(h.Get(HeaderRoots)), &info.Roots); err != nil || len(info.Roots) == 0 {
+		return info, fmt.Errorf("the agent sent %s %q, not a JSON array of paths", HeaderRoots, h.Get(HeaderRoots))
+	}
 	return info, nil
 }
 

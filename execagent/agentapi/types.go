@@ -31,6 +31,11 @@ const (
 	HeaderFiles   = "X-Quarry-Files"
 	HeaderSkipped = "X-Quarry-Skipped"
 	HeaderBytes   = "X-Quarry-Bytes"
+	// HeaderRoots, with the same answer, lists the archive's roots as a
+	// JSON array of absolute paths (the PAXRoots record's value), so that
+	// the caller knows which absolute paths it holds (a relative path or
+	// none, the work dir, resolved) before it reads the body.
+	HeaderRoots = "X-Quarry-Roots"
 )
 
 // FormatTarGzip is the format of a checkpoint archive: a tar stream, gzip
@@ -444,10 +449,11 @@ type WriteResult struct {
 // CheckpointInfo describes a checkpoint archive, from the headers the agent
 // sent before its body.
 type CheckpointInfo struct {
-	Format  string // HeaderFormat: FormatTarGzip
-	Files   int    // HeaderFiles: entries in the archive (directories, files, symlinks)
-	Skipped int    // HeaderSkipped: special files left out
-	Bytes   int64  // HeaderBytes: bytes of regular files, uncompressed
+	Format  string   // HeaderFormat: FormatTarGzip
+	Files   int      // HeaderFiles: entries in the archive (directories, files, symlinks)
+	Skipped int      // HeaderSkipped: special files left out
+	Bytes   int64    // HeaderBytes: bytes of regular files, uncompressed
+	Roots   []string // HeaderRoots: the roots, absolute
 }
 
 // RestoreResult is the answer of PUT RouteCheckpoint: the entries restored,
