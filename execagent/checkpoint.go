@@ -230,7 +230,9 @@ func (s *Server) writeCheckpoint(w io.Writer, roots []string, entries []ckEntry,
 	if err != nil {
 		return fmt.Errorf("encode roots: %w", err)
 	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeXGlobalHeader, PAXRecords: map[string]string{agentapi.PAXRoots: string(list)}}); err != nil {
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeXGlobalHeader, PAXRecords: map[string]string{
+		agentapi.PAXRoots: string(list), agentapi.PAXWorkdir: s.cfg.Workdir,
+	}}); err != nil {
 		return fmt.Errorf("write roots header: %w", err)
 	}
 	buf := make([]byte, copyBufSize)

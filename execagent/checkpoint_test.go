@@ -575,3 +575,33 @@ func TestRestore_ProcessesKeepRunning(t *testing.T) {
 	_, err = a.client.KillProcess(ctx, p.ID)
 	require.NoError(t, err)
 }
+
+// A checkpoint restored by an agent with another work dir (the process
+// provider's sandboxes each have their own) lands below that agent's work
+// dir, never in the work dir it was taken from; a root outside the work
+// dir is restored where it was.
+func TestRestore_AnotherWorkdirIsRebased(t *testing.T) {
+	src, dst := newTestAgent(t, nil), newTestAgent(t, nil)
+	outside := filepath.Join(t.TempDir(), "outside")
+	makeTree(t, src.cfg.Workdir, t.TempDir())
+	write(t, filepath.Join(src.cfg.Workdir, "sub", "x.txt"), "x\n", 0o644)
+	write(t, filepath.Join(outside, "o.txt"), "o\n", 0o644)
+	want := treeState(t, src.cfg.Workdir)
+	wantSub := treeState(t, filepath.Join(src.cfg.Workdir, "sub"))
+
+	b, _, sum := takeCheckpoint(t, src, nil, nil)
+	mess(t, src.cfg.Workdir)
+	messed := treeState(t, src.cfg.Workdir)
+	_, err := restoreArchive(dst, sum, b)
+	require.NoError(t, err)
+	assert.Equal(t, want, treeState(t, dst.cfg.Workdir), "restored below the restoring agent's work dir")
+	assert.Equal(t, messed, treeState(t, src.cfg.Workdir), "the source's work dir is left alone")
+
+	b, _, sum = takeCheckpoint(t, src, []string{"sub", outside}, nil)
+	require.NoError(t, os.RemoveAll(outside))
+	_, err = restoreArchive(dst, sum, b)
+	require.NoError(t, err)
+	assert.Equal(t, wantSub, treeState(t, filepath.Join(dst.cfg.Workdir, "sub")), "a root below the work dir moves with it")
+	_, err = os.Stat(filepath.Join(outside, "o.txt"))
+	assert.NoError(t, err, "a root outside the work dir comes back where it was")
+}

@@ -215,10 +215,27 @@ func (rs *restore) readRoots(tr *tar.Reader) error {
 	if err := checkRoots(roots); err != nil {
 		return invalid("body", "the archive's roots: %s", err.Error())
 	}
-	for _, root := range roots {
-		rs.units = append(rs.units, &restoreUnit{root: root, name: root[1:]})
+	targets := make([]string, len(roots))
+	for i, root := range roots {
+		targets[i] = rebase(root, hdr.PAXRecords[agentapi.PAXWorkdir], rs.s.cfg.Workdir)
+	}
+	if err := checkRoots(targets); err != nil {
+		return invalid("body", "the archive's roots, moved to this work dir: %s", err.Error())
+	}
+	for i, root := range roots {
+		rs.units = append(rs.units, &restoreUnit{root: targets[i], name: root[1:]})
 	}
 	return nil
+}
+
+// rebase returns where root, taken by an agent whose work dir was from,
+// is restored by one whose work dir is to: below to when it was at or
+// below from (agentapi.PAXWorkdir), else where it was.
+func rebase(root, from, to string) string {
+	if from == "" || from == to || !filepath.IsAbs(from) || filepath.Clean(from) != from || !inside(root, from) {
+		return root
+	}
+	return filepath.Join(to, root[len(from):])
 }
 
 // unitOf returns the unit whose root name is, or holds, name (nil: none).

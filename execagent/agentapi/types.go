@@ -49,6 +49,15 @@ const FormatTarGzip = "tar+gzip"
 // another.
 const PAXRoots = "QUARRY.roots"
 
+// PAXWorkdir is the PAX record of a checkpoint archive's global header
+// that names the work dir of the agent that took it. A restore by an
+// agent with another work dir puts the roots at or below that work dir
+// below its own (the process provider gives each sandbox its own work dir;
+// Docker's and ECS's are the same in every sandbox of an image), so a
+// checkpoint restored into another sandbox never writes into the
+// sandbox it was taken from. Roots elsewhere are restored where they were.
+const PAXWorkdir = "QUARRY.workdir"
+
 // Compression levels of a checkpoint (the compression query parameter);
 // every level is plain gzip, FormatTarGzip.
 const (
