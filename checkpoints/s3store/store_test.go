@@ -1,0 +1,156 @@
+package s3store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/checkpoints/checkpointtest"
+	"github.com/quarryhq/quarry/internal/clock"
+	"github.com/quarryhq/quarry/internal/testenv"
+)
+
+var (
+	runID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff)
+	seq   atomic.Int64
+)
+
+// clients returns S3 (path style, as an emulator on 127.0.0.1 needs) and
+// DynamoDB clients from the SDK's default chain, after checking that the
+// endpoint answers. Callers ask testenv.AWS first.
+func clients(t *testing.T) (*s3.Client, *dynamodb.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := config.LoadDefaultConfig(ctx)
+	require.NoError(t, err, "load the AWS SDK config")
+	if cfg.Region == "" {
+		cfg.Region = "us-east-1"
+	}
+	ddb := dynamodb.NewFromConfig(cfg)
+	_, err = ddb.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
+	require.NoError(t, err, "%s=1 but DynamoDB (AWS_ENDPOINT_URL=%q) does not answer", testenv.EnvAWS, os.Getenv("AWS_ENDPOINT_URL"))
+	return s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = true }), ddb
+}
+
+// fixture is one test's bucket (shared by a run, deleted at its end is
+// left to the emulator), table and prefix (its own).
+type fixture struct {
+	s3     *s3.Client
+	ddb    *dynamodb.Client
+	bucket string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	testenv.AWS(t)
+	s3c, ddb := clients(t)
+	f := &fixture{s3: s3c, ddb: ddb, bucket: "quarry-test-checkpoints-" + runID}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := s3c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(f.bucket)})
+	var owned *s3types.BucketAlreadyOwnedByYou
+	if err != nil && !errors.As(err, &owned) {
+		require.NoError(t, err, "create the test bucket")
+	}
+	return f
+}
+
+// store returns a store on a fresh table and prefix, removed when t ends.
+func (f *fixture) store(t *testing.T, clk clock.Clock, cfg Config) harness {
+	t.Helper()
+	n := seq.Add(1)
+	cfg.Table = fmt.Sprintf("quarry-test-checkpoints-%s-%d", runID, n)
+	cfg.Bucket = f.bucket
+	cfg.Prefix = fmt.Sprintf("t%d/", n)
+	cfg.Clock = clk
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, CreateTables(ctx, f.ddb, cfg.Table))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := DeleteTables(ctx, f.ddb, cfg.Table); err != nil {
+			t.Errorf("delete test table: %v", err)
+		}
+	})
+	s, err := New(cfg, f.s3, f.ddb)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return harness{Store: s, f: f}
+}
+
+// harness adds the suite's test interfaces to a Store.
+type harness struct {
+	*Store
+	f *fixture
+}
+
+// Corrupt rewrites the object of id's checkpoint.
+func (h harness) Corrupt(ctx context.Context, id string, mutate func([]byte) []byte) error {
+	out, err := h.f.ddb.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(h.cfg.Table), Key: key(id), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return err
+	}
+	blob := decodeItem(out.Item).Blob
+	if blob == "" {
+		return fmt.Errorf("no checkpoint %s", id)
+	}
+	obj, err := h.f.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(h.cfg.Bucket), Key: aws.String(blob)})
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(obj.Body)
+	_ = obj.Body.Close()
+	if err != nil {
+		return err
+	}
+	_, err = h.f.s3.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(h.cfg.Bucket), Key: aws.String(blob), Body: bytes.NewReader(mutate(b))})
+	return err
+}
+
+// Blobs counts the objects and the incomplete multipart uploads under the
+// store's prefix.
+func (h harness) Blobs(ctx context.Context) (int, error) {
+	n := 0
+	p := s3.NewListObjectsV2Paginator(h.f.s3, &s3.ListObjectsV2Input{Bucket: aws.String(h.cfg.Bucket), Prefix: aws.String(h.cfg.Prefix)})
+	for p.HasMorePages() {
+		out, err := p.NextPage(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n += len(out.Contents)
+	}
+	mu, err := h.f.s3.ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String(h.cfg.Bucket), Prefix: aws.String(h.cfg.Prefix)})
+	if err != nil {
+		return 0, err
+	}
+	return n + len(mu.Uploads), nil
+}
+
+var _ checkpointtest.Corrupter = harness{}
+var _ checkpointtest.BlobCounter = harness{}
+
+// The store passes the conformance suite on the emulator, with the
+// smallest parts S3 allows so that the large archive is a multipart
+// upload of several parts and memory stays within two of them.
+func TestStore_Conformance(t *testing.T) {
+	f := newFixture(t)
+	checkpointtest.Run(t, func(t *testing.T, clk clock.Clock) checkpoints.Store {
+		return f.store(t, clk, Config{PartSize: MinPartSize, UploadConcurrency: 1})
+	}, checkpointtest.Options{MaxBuffered: 16 << 20, LargeBytes: 48 << 20})
+}
