@@ -20,13 +20,12 @@ type metrics struct {
 	handler  fiber.Handler
 
 	// Checkpoints (checkpoints.go): by operation (create, restore), the
-	// bytes moved, the time taken, failures; forks by outcome; purges.
+	// bytes moved, the time taken, failures; forks by outcome.
 	ckOps      *prometheus.CounterVec
 	ckBytes    *prometheus.CounterVec
 	ckDuration *prometheus.HistogramVec
 	ckFailures *prometheus.CounterVec
 	forks      *prometheus.CounterVec
-	ckPurged   prometheus.Counter
 }
 
 // newMetrics registers the gateway's metrics on reg. It fails when they are
@@ -65,15 +64,11 @@ func newMetrics(reg *prometheus.Registry, agents *agentClients) (*metrics, error
 		Name: "quarry_gateway_forks_total",
 		Help: "Forked sandboxes by outcome: ok, or the error code of the fork (no_capacity, ...).",
 	}, []string{"outcome"})
-	m.ckPurged = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "quarry_gateway_checkpoints_purged_total",
-		Help: "Expired checkpoints deleted by the gateway's purge loop.",
-	})
 	clients := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "quarry_gateway_agent_clients",
 		Help: "Agent HTTP clients cached by the gateway (one per agent URL).",
 	}, func() float64 { return float64(agents.len()) })
-	for _, c := range []prometheus.Collector{m.requests, m.duration, clients, m.ckOps, m.ckBytes, m.ckDuration, m.ckFailures, m.forks, m.ckPurged} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, clients, m.ckOps, m.ckBytes, m.ckDuration, m.ckFailures, m.forks} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}

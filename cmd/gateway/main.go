@@ -65,6 +65,7 @@ type Config struct {
 	GatewayConfig
 	ManagerConfig
 	DynamoConfig
+	CheckpointConfig
 }
 
 // The embedded configurations, named so that their fields stay flat for
@@ -137,6 +138,9 @@ func (c Config) Validate() error {
 	}
 	if c.StartTimeout <= 0 {
 		return fmt.Errorf("QUARRY_START_TIMEOUT: must be positive, got %s", c.StartTimeout)
+	}
+	if err := c.CheckpointConfig.Validate(); err != nil {
+		return err
 	}
 	return c.ManagerConfig.WithDefaults().Validate()
 }
@@ -321,7 +325,28 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 		}
 	}
 
-	st.gw, err = gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg, Model: relay, Envs: envReg, RockImages: rockImages})
+	openCtx, cancel = context.WithTimeout(ctx, cfg.StartTimeout)
+	ckStore, err := openCheckpointStore(openCtx, cfg, log)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	st.closers = append(st.closers, func(context.Context) {
+		if err := ckStore.Close(); err != nil {
+			log.Error("close checkpoint store", "err", err)
+		}
+	})
+	if background {
+		p, err := newPurger(ckStore, cfg.CheckpointConfig, log, reg)
+		if err != nil {
+			return nil, err
+		}
+		p.Start(ctx)
+		st.closers = append(st.closers, p.Close)
+	}
+
+	st.gw, err = gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg, Model: relay, Envs: envReg, RockImages: rockImages,
+		Checkpoints: ckStore, CheckpointConfig: cfg.CheckpointConfig.Config})
 	if err != nil {
 		return nil, err
 	}
