@@ -74,6 +74,10 @@ func newCkService(cfg Config, store checkpoints.Store, ckCfg checkpoints.Config)
 			// The agent walks the tree before its answer's headers.
 			ResponseHeaderTimeout: cfg.UploadTimeout,
 			DisableCompression:    true,
+			// Archives stream through: large buffers mean fewer, larger
+			// writes and reads (the default is 4 KiB).
+			WriteBufferSize: 256 << 10,
+			ReadBufferSize:  256 << 10,
 		}},
 	}
 }
