@@ -574,3 +574,52 @@ func TestRestore_ProcessesKeepRunning(t *testing.T) {
 	_, err = a.client.KillProcess(ctx, p.ID)
 	require.NoError(t, err)
 }
+
+// fullDisk is a staged file's writer on a file system that fills up: its
+// writes fail with ENOSPC once left bytes are written (shared by every
+// file of a restore).
+type fullDisk struct {
+	f    *os.File
+	left *int64
+}
+
+func (d fullDisk) Write(p []byte) (int, error) {
+	if int64(len(p)) > *d.left {
+		n, _ := d.f.Write(p[:*d.left])
+		*d.left = 0
+		return n, &fs.PathError{Op: "write", Path: d.f.Name(), Err: syscall.ENOSPC}
+	}
+	*d.left -= int64(len(p))
+	return d.f.Write(p)
+}
+
+// A disk that fills up while a restore stages is 507 insufficient_storage
+// and nothing changes: the staged part is removed (a real full disk: a
+// small tmpfs needs privileges, so the staged files' writer fails as
+// write(2) does on one).
+func TestRestore_DiskFullWhileStagingLeavesTheTreeAsItWas(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	makeWorkspace(t, w, workspace{Files: 40, Bytes: 1 << 20}, 7)
+	makeTree(t, filepath.Join(w, "tree"), t.TempDir())
+	b, _, sum := takeCheckpoint(t, a, nil, nil)
+	mess(t, filepath.Join(w, "tree"))
+	require.NoError(t, os.RemoveAll(filepath.Join(w, "d000")))
+	want := treeState(t, w)
+	for _, room := range []int64{0, 100 << 10, 900 << 10} {
+		left := room
+		a.srv.stagedFile = func(f *os.File) io.Writer { return fullDisk{f: f, left: &left} }
+		_, err := restoreArchive(a, sum, b)
+		ae := apiError(t, err)
+		assert.Equal(t, http.StatusInsufficientStorage, ae.Status, "room %d: %s", room, ae.Message)
+		assert.Equal(t, agentapi.CodeInsufficientStorage, ae.Code)
+		assert.Contains(t, ae.Message, "no space left on device")
+		assert.Equal(t, want, treeState(t, w), "room %d: nothing changed", room)
+		assert.Empty(t, stagingLeft(t, w), "room %d", room)
+	}
+	a.srv.stagedFile = func(f *os.File) io.Writer { return f }
+	_, err := restoreArchive(a, sum, b)
+	require.NoError(t, err, "with room, the same restore works")
+	_, err = os.Stat(filepath.Join(w, "d000"))
+	assert.NoError(t, err)
+}

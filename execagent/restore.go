@@ -273,7 +273,7 @@ func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
 	if err != nil {
 		return fsError("path", u.root, err)
 	}
-	u.x = &extractor{root: root, dir: dir, budget: budget, exact: true}
+	u.x = &extractor{root: root, dir: dir, budget: budget, exact: true, writer: rs.s.stagedFile}
 	if u.inPlace {
 		u.rootHdr = hdr
 	}
