@@ -144,7 +144,7 @@ func makeTree(t testing.TB, dir, outside string) {
 	require.NoError(t, os.Symlink("nowhere/at/all", filepath.Join(dir, "dangling")))
 	require.NoError(t, os.Link(filepath.Join(dir, "README.md"), filepath.Join(dir, "hard-link")))
 	old := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, p := range []string{"README.md", "src/main.py", "src/lib", "empty/deeper", "ro/frozen.txt", "ro", "src"} {
+	for _, p := range []string{"README.md", "src/main.py", "src/lib", "empty/deeper", "ro/frozen.txt", "ro", "src", "."} { // ".": the root's mtime comes back too
 		require.NoError(t, os.Chtimes(filepath.Join(dir, p), old, old))
 	}
 }
@@ -392,6 +392,14 @@ func TestCheckpoint_SpecialFilesSkippedAndCounted(t *testing.T) {
 	assert.Equal(t, []string{strings.TrimPrefix(w, "/") + "/", strings.TrimPrefix(w, "/") + "/file", strings.TrimPrefix(dir, "/") + "/"}, names(hdrs))
 }
 
+// ageRoot gives dir an mtime long past, so that a test sees a change of
+// it (a staging directory made and removed in it) within the second.
+func ageRoot(t testing.TB, dir string) {
+	t.Helper()
+	old := time.Date(2021, 2, 3, 4, 5, 6, 0, time.UTC)
+	require.NoError(t, os.Chtimes(dir, old, old))
+}
+
 // stagingLeft lists staging directories left in dir.
 func stagingLeft(t testing.TB, dir string) []string {
 	t.Helper()
@@ -408,6 +416,7 @@ func TestRestore_BadBodyLeavesTheTreeAsItWas(t *testing.T) {
 	makeTree(t, w, t.TempDir())
 	b, _, sum := takeCheckpoint(t, a, nil, nil)
 	mess(t, w)
+	ageRoot(t, w)
 	want := treeState(t, w)
 
 	flipped := bytes.Clone(b)
@@ -455,6 +464,7 @@ func TestRestore_OverTheLimitLeavesTheTreeAsItWas(t *testing.T) {
 	b, _, sum := takeCheckpoint(t, a, nil, nil)
 	require.NoError(t, os.RemoveAll(filepath.Join(w, "d000", "e1")))
 	write(t, filepath.Join(w, "new"), "new", 0o644)
+	ageRoot(t, w)
 	want := treeState(t, w)
 	_, err := restoreArchive(a, sum, b)
 	ae := apiError(t, err)
@@ -487,6 +497,7 @@ func TestRestore_FailedRenameIsUndone(t *testing.T) {
 		mess(t, w)
 		require.NoError(t, os.RemoveAll(other))
 		write(t, other, "a file now", 0o600)
+		ageRoot(t, w)
 		wantWork, wantOther = treeState(t, w), treeState(t, other)
 		n := 0
 		a.srv.rename = func(from, to string) error {
@@ -605,6 +616,7 @@ func TestRestore_DiskFullWhileStagingLeavesTheTreeAsItWas(t *testing.T) {
 	b, _, sum := takeCheckpoint(t, a, nil, nil)
 	mess(t, filepath.Join(w, "tree"))
 	require.NoError(t, os.RemoveAll(filepath.Join(w, "d000")))
+	ageRoot(t, w)
 	want := treeState(t, w)
 	for _, room := range []int64{0, 100 << 10, 900 << 10} {
 		left := room
