@@ -247,6 +247,9 @@ type extractor struct {
 	// without write permission could not take its entries.
 	exact bool
 	dirs  []dirMeta
+	// writer, when set, is what a regular file's bytes are written to
+	// (Server.stagedFile); nil: the file.
+	writer func(f *os.File) io.Writer
 }
 
 // dirMeta is a directory's mode and mtime from its archive entry.
@@ -387,7 +390,11 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		if err != nil {
 			return fail(err)
 		}
-		n, err := io.CopyN(f, body, hdr.Size)
+		var w io.Writer = f
+		if x.writer != nil {
+			w = x.writer(f)
+		}
+		n, err := io.CopyN(w, body, hdr.Size)
 		cerr := f.Close()
 		x.budget -= n
 		x.bytes += n

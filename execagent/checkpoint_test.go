@@ -144,7 +144,7 @@ func makeTree(t testing.TB, dir, outside string) {
 	require.NoError(t, os.Symlink("nowhere/at/all", filepath.Join(dir, "dangling")))
 	require.NoError(t, os.Link(filepath.Join(dir, "README.md"), filepath.Join(dir, "hard-link")))
 	old := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, p := range []string{"README.md", "src/main.py", "src/lib", "empty/deeper", "ro/frozen.txt", "ro", "src"} {
+	for _, p := range []string{"README.md", "src/main.py", "src/lib", "empty/deeper", "ro/frozen.txt", "ro", "src", "."} { // ".": the root's mtime comes back too
 		require.NoError(t, os.Chtimes(filepath.Join(dir, p), old, old))
 	}
 }
@@ -393,6 +393,14 @@ func TestCheckpoint_SpecialFilesSkippedAndCounted(t *testing.T) {
 	assert.Equal(t, []string{strings.TrimPrefix(w, "/") + "/", strings.TrimPrefix(w, "/") + "/file", strings.TrimPrefix(dir, "/") + "/"}, names(hdrs))
 }
 
+// ageRoot gives dir an mtime long past, so that a test sees a change of
+// it (a staging directory made and removed in it) within the second.
+func ageRoot(t testing.TB, dir string) {
+	t.Helper()
+	old := time.Date(2021, 2, 3, 4, 5, 6, 0, time.UTC)
+	require.NoError(t, os.Chtimes(dir, old, old))
+}
+
 // stagingLeft lists staging directories left in dir.
 func stagingLeft(t testing.TB, dir string) []string {
 	t.Helper()
@@ -409,6 +417,7 @@ func TestRestore_BadBodyLeavesTheTreeAsItWas(t *testing.T) {
 	makeTree(t, w, t.TempDir())
 	b, _, sum := takeCheckpoint(t, a, nil, nil)
 	mess(t, w)
+	ageRoot(t, w)
 	want := treeState(t, w)
 
 	flipped := bytes.Clone(b)
@@ -456,6 +465,7 @@ func TestRestore_OverTheLimitLeavesTheTreeAsItWas(t *testing.T) {
 	b, _, sum := takeCheckpoint(t, a, nil, nil)
 	require.NoError(t, os.RemoveAll(filepath.Join(w, "d000", "e1")))
 	write(t, filepath.Join(w, "new"), "new", 0o644)
+	ageRoot(t, w)
 	want := treeState(t, w)
 	_, err := restoreArchive(a, sum, b)
 	ae := apiError(t, err)
@@ -488,6 +498,7 @@ func TestRestore_FailedRenameIsUndone(t *testing.T) {
 		mess(t, w)
 		require.NoError(t, os.RemoveAll(other))
 		write(t, other, "a file now", 0o600)
+		ageRoot(t, w)
 		wantWork, wantOther = treeState(t, w), treeState(t, other)
 		n := 0
 		a.srv.rename = func(from, to string) error {
@@ -604,4 +615,54 @@ func TestRestore_AnotherWorkdirIsRebased(t *testing.T) {
 	assert.Equal(t, wantSub, treeState(t, filepath.Join(dst.cfg.Workdir, "sub")), "a root below the work dir moves with it")
 	_, err = os.Stat(filepath.Join(outside, "o.txt"))
 	assert.NoError(t, err, "a root outside the work dir comes back where it was")
+}
+
+// fullDisk is a staged file's writer on a file system that fills up: its
+// writes fail with ENOSPC once left bytes are written (shared by every
+// file of a restore).
+type fullDisk struct {
+	f    *os.File
+	left *int64
+}
+
+func (d fullDisk) Write(p []byte) (int, error) {
+	if int64(len(p)) > *d.left {
+		n, _ := d.f.Write(p[:*d.left])
+		*d.left = 0
+		return n, &fs.PathError{Op: "write", Path: d.f.Name(), Err: syscall.ENOSPC}
+	}
+	*d.left -= int64(len(p))
+	return d.f.Write(p)
+}
+
+// A disk that fills up while a restore stages is 507 insufficient_storage
+// and nothing changes: the staged part is removed (a real full disk: a
+// small tmpfs needs privileges, so the staged files' writer fails as
+// write(2) does on one).
+func TestRestore_DiskFullWhileStagingLeavesTheTreeAsItWas(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	makeWorkspace(t, w, workspace{Files: 40, Bytes: 1 << 20}, 7)
+	makeTree(t, filepath.Join(w, "tree"), t.TempDir())
+	b, _, sum := takeCheckpoint(t, a, nil, nil)
+	mess(t, filepath.Join(w, "tree"))
+	require.NoError(t, os.RemoveAll(filepath.Join(w, "d000")))
+	ageRoot(t, w)
+	want := treeState(t, w)
+	for _, room := range []int64{0, 100 << 10, 900 << 10} {
+		left := room
+		a.srv.stagedFile = func(f *os.File) io.Writer { return fullDisk{f: f, left: &left} }
+		_, err := restoreArchive(a, sum, b)
+		ae := apiError(t, err)
+		assert.Equal(t, http.StatusInsufficientStorage, ae.Status, "room %d: %s", room, ae.Message)
+		assert.Equal(t, agentapi.CodeInsufficientStorage, ae.Code)
+		assert.Contains(t, ae.Message, "no space left on device")
+		assert.Equal(t, want, treeState(t, w), "room %d: nothing changed", room)
+		assert.Empty(t, stagingLeft(t, w), "room %d", room)
+	}
+	a.srv.stagedFile = func(f *os.File) io.Writer { return f }
+	_, err := restoreArchive(a, sum, b)
+	require.NoError(t, err, "with room, the same restore works")
+	_, err = os.Stat(filepath.Join(w, "d000"))
+	assert.NoError(t, err)
 }

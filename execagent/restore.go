@@ -35,7 +35,10 @@ type restoreUnit struct {
 	stage   string     // the staging directory: in the root (inPlace) or in its parent
 	x       *extractor // extracts into stage/new
 	rootHdr *tar.Header
-	created []string // directories made to stage beside, outermost first
+	// rootMTime is an inPlace root's mtime before its staging directory
+	// was made in it: making and removing that directory changes it.
+	rootMTime time.Time
+	created   []string // directories made to stage beside, outermost first
 	// kept: an undo failed and the staging directory holds old entries.
 	kept bool
 }
@@ -270,7 +273,9 @@ func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
 	}
 	u.inPlace = err == nil && fi.IsDir() && hdr.Typeflag == tar.TypeDir
 	dir := u.root
-	if !u.inPlace {
+	if u.inPlace {
+		u.rootMTime = fi.ModTime()
+	} else {
 		dir = filepath.Dir(u.root)
 		if u.created, err = mkdirs(dir); err != nil {
 			return fsError("path", dir, err)
@@ -290,7 +295,7 @@ func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
 	if err != nil {
 		return fsError("path", u.root, err)
 	}
-	u.x = &extractor{root: root, dir: dir, budget: budget, exact: true}
+	u.x = &extractor{root: root, dir: dir, budget: budget, exact: true, writer: rs.s.stagedFile}
 	if u.inPlace {
 		u.rootHdr = hdr
 	}
@@ -462,6 +467,8 @@ func (rs *restore) discard() {
 		}
 		if err := removeTree(u.stage); err != nil {
 			rs.s.log.Warn("restore: remove staging", "path", u.stage, "err", err)
+		} else if u.inPlace {
+			rs.setRootMTime(u, u.rootMTime)
 		}
 		for j := len(u.created) - 1; j >= 0; j-- {
 			_ = os.Remove(u.created[j]) // only when empty: another root may use it
@@ -476,7 +483,18 @@ func (rs *restore) cleanup() {
 		_ = u.x.root.Close()
 		if err := removeTree(u.stage); err != nil {
 			rs.s.log.Warn("restore: remove the old entries", "path", u.stage, "err", err)
+		} else if u.inPlace {
+			rs.setRootMTime(u, u.rootHdr.ModTime)
 		}
+	}
+}
+
+// setRootMTime gives an inPlace root mtime again once its staging
+// directory is gone (its atime is left alone); a failure is logged: the
+// root's entries are right, only its mtime is not.
+func (rs *restore) setRootMTime(u *restoreUnit, mtime time.Time) {
+	if err := os.Chtimes(u.root, time.Time{}, mtime); err != nil {
+		rs.s.log.Warn("restore: set the root's mtime", "path", u.root, "err", err)
 	}
 }
 

@@ -43,7 +43,10 @@ type Server struct {
 	ckMu sync.RWMutex
 	// rename is os.Rename; tests of a restore's undo replace it.
 	rename func(oldpath, newpath string) error
-	orphan *orphanWatch
+	// stagedFile is the writer of a file a restore stages: the file
+	// itself; tests of a full disk during staging wrap it.
+	stagedFile func(f *os.File) io.Writer
+	orphan     *orphanWatch
 
 	leaseMu    sync.Mutex
 	generation int64
@@ -95,17 +98,18 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		cfg:      cfg,
-		log:      log,
-		children: newChildTable(log),
-		shell:    sh,
-		started:  time.Now(),
-		authHdr:  []byte("Bearer " + cfg.Token),
-		ownsDir:  ownsDir,
-		ctx:      ctx,
-		cancel:   cancel,
-		orphan:   newOrphanWatch(time.Now()),
-		rename:   os.Rename,
+		cfg:        cfg,
+		log:        log,
+		children:   newChildTable(log),
+		shell:      sh,
+		started:    time.Now(),
+		authHdr:    []byte("Bearer " + cfg.Token),
+		ownsDir:    ownsDir,
+		ctx:        ctx,
+		cancel:     cancel,
+		orphan:     newOrphanWatch(time.Now()),
+		rename:     os.Rename,
+		stagedFile: func(f *os.File) io.Writer { return f },
 	}
 	s.sessions = newSessionTable(s)
 	s.processes = newProcessTable(s)
