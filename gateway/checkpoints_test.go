@@ -21,6 +21,7 @@ import (
 	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/checkpoints/filestore"
+	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -496,4 +497,44 @@ func gatherCounter(t *testing.T, reg *prometheus.Registry, name, label, value st
 		}
 	}
 	return 0
+}
+
+// The env API: POST /v1/envs from_checkpoint restores before the program
+// starts; reset with options.checkpoint restores first and passes the
+// other options on.
+func TestCheckpoints_EnvAPI(t *testing.T) {
+	// "files" answers a reset with the work dir's names and the options it got.
+	reg, err := envs.NewRegistry([]envs.Spec{{ID: "files", Pool: "default", Command: []string{"bash", "-c",
+		`while read -r l; do printf '{"observation": "%s", "info": {"request": %s}}\n' "$(ls | tr '\n' ' ')" "$l"; done`}}})
+	require.NoError(t, err)
+	agent := startAgent(t)
+	store, err := filestore.Open(filestore.Config{Dir: t.TempDir(), NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, store.Close()) })
+	mgr := newFakeManager(agent.URL)
+	mgr.addLease("sbx-1", testKey, agent.URL, 1)
+	gw := startGatewayDeps(t, mgr, nil, Deps{Envs: reg, Checkpoints: store})
+	e := &ckEnv{gw: gw, mgr: mgr, agent: agent, store: store}
+	require.NoError(t, os.WriteFile(filepath.Join(agent.Workdir, "task.txt"), []byte("task"), 0o644))
+	ck := e.checkpoint(t, "sbx-1", api.CreateCheckpointRequest{})
+	require.NoError(t, os.Remove(filepath.Join(agent.Workdir, "task.txt")))
+	require.NoError(t, os.WriteFile(filepath.Join(agent.Workdir, "later.txt"), []byte("x"), 0o644))
+
+	resp, body := callJSON(t, http.MethodPost, gw.URL+"/v1/envs", testKey, map[string]any{"env_id": "files", "from_checkpoint": ck.ID})
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	id := decode[madeEnv](t, body).SandboxID
+	_, err = os.Stat(filepath.Join(agent.Workdir, "task.txt"))
+	assert.NoError(t, err, "restored before the env program started")
+
+	require.NoError(t, os.WriteFile(filepath.Join(agent.Workdir, "step.txt"), []byte("x"), 0o644))
+	resp, body = callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+id+"/env/reset", testKey,
+		map[string]any{"options": map[string]any{"checkpoint": ck.ID, "level": 2}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	res := decode[envs.ResetResult](t, body)
+	assert.JSONEq(t, `"task.txt "`, string(res.Observation), "the program saw the restored work dir")
+	assert.JSONEq(t, `{"request": {"op": "reset", "options": {"level": 2}}}`, string(res.Info), "the checkpoint is taken out of the options")
+
+	resp, body = callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+id+"/env/reset", testKey,
+		map[string]any{"options": map[string]any{"checkpoint": checkpoints.NewID()}})
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "unknown checkpoint: %s", body)
 }
