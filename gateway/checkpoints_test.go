@@ -5,14 +5,18 @@ import (
 	"crypto/rand"
 
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -537,4 +541,46 @@ func TestCheckpoints_EnvAPI(t *testing.T) {
 	resp, body = callJSON(t, http.MethodPost, gw.URL+"/v1/sandboxes/"+id+"/env/reset", testKey,
 		map[string]any{"options": map[string]any{"checkpoint": checkpoints.NewID()}})
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "unknown checkpoint: %s", body)
+}
+
+// A checkpoint streams: 64 MiB of incompressible files go into the store
+// and back while the process's live heap (gateway and in-process agent
+// together) stays far below the archive's size.
+func TestCheckpoints_StreamNotHeldInMemory(t *testing.T) {
+	e := startCkEnv(t, checkpoints.Config{})
+	const size = 64 << 20
+	f, err := os.Create(filepath.Join(e.agent.Workdir, "big.bin"))
+	require.NoError(t, err)
+	_, err = io.CopyN(f, rand.Reader, size)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.HeapAlloc > peak.Load() {
+				peak.Store(ms.HeapAlloc)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	runtime.GC()
+	ck := e.checkpoint(t, "sbx-1", api.CreateCheckpointRequest{})
+	require.Greater(t, ck.SizeBytes, int64(size))
+	resp, body := callJSON(t, http.MethodPost, e.gw.URL+"/v1/sandboxes/sbx-1/restore", testKey, api.RestoreRequest{Checkpoint: ck.ID})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	close(stop)
+	wg.Wait()
+	t.Logf("peak live heap %d MiB for a %d MiB archive", peak.Load()>>20, ck.SizeBytes>>20)
+	assert.Less(t, peak.Load(), uint64(size/2), "the archive is not held whole")
 }
