@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -10,12 +11,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/checkpoints/s3store"
+	"github.com/quarryhq/quarry/internal/testenv"
 )
 
 func TestCheckpointStore_EmbeddedUnderTheDataDir(t *testing.T) {
@@ -74,4 +80,51 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	var m dto.Metric
 	require.NoError(t, c.Write(&m))
 	return m.GetCounter().GetValue()
+}
+
+// With QUARRY_CHECKPOINT_STORE=s3 the gateway's store is s3store on the
+// SDK's configuration (path style for an endpoint): a checkpoint goes in
+// and comes back (the AWS emulator).
+func TestCheckpointStore_S3OnTheEmulator(t *testing.T) {
+	testenv.AWS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	awsCfg, err := loadAWS(ctx, DynamoConfig{})
+	require.NoError(t, err)
+	run := fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff)
+	bucket, table := "quarry-test-gw-checkpoints-"+run, "quarry-test-gw-checkpoints-"+run
+	s3c := s3.NewFromConfig(awsCfg, func(o *s3.Options) { o.UsePathStyle = true })
+	_, err = s3c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)})
+	require.NoError(t, err)
+	ddb := dynamodb.NewFromConfig(awsCfg)
+	require.NoError(t, s3store.CreateTables(ctx, ddb, table))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		assert.NoError(t, s3store.DeleteTables(ctx, ddb, table))
+	})
+	t.Setenv("QUARRY_CHECKPOINT_BUCKET", bucket)
+	t.Setenv("QUARRY_CHECKPOINT_TABLE", table)
+
+	cfg := Config{DataDir: t.TempDir()}
+	cfg.CheckpointConfig.Store = checkpoints.StoreS3
+	st, err := openCheckpointStore(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, st.Close()) })
+	now := time.Now()
+	ck, err := st.Put(ctx, checkpoints.Checkpoint{ID: checkpoints.NewID(), Owner: "o", Format: "tar+gzip", Paths: []string{"/w"},
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour)}, strings.NewReader("archive bytes"), 1<<20)
+	require.NoError(t, err)
+	rc, _, err := st.Open(ctx, ck.ID, "o")
+	require.NoError(t, err)
+	b, err := io.ReadAll(rc)
+	require.NoError(t, err)
+	require.NoError(t, rc.Close())
+	assert.Equal(t, "archive bytes", string(b))
+	_, err = os.Stat(filepath.Join(cfg.DataDir, "checkpoints"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing embedded")
+
+	t.Setenv("QUARRY_CHECKPOINT_BUCKET", "")
+	_, err = openCheckpointStore(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	assert.ErrorContains(t, err, "QUARRY_CHECKPOINT_BUCKET")
 }
