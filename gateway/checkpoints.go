@@ -202,7 +202,7 @@ func (g *Gateway) takeCheckpoint(ctx context.Context, lease warmpool.Lease, req 
 	ctx, cancel := g.ckTimeout(ctx)
 	defer cancel()
 	start := time.Now()
-	body, info, err := g.ckAgent(lease).Checkpoint(ctx, req.Paths, req.Exclude)
+	body, info, err := g.ckAgent(lease).CheckpointLevel(ctx, req.Paths, req.Exclude, g.cfg.CheckpointCompression)
 	if err != nil {
 		return checkpoints.Checkpoint{}, g.ckAgentFailed(ctx, lease, err)
 	}

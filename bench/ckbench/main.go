@@ -20,31 +20,24 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
 
-	dockertypes "github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	dockerclient "github.com/docker/docker/client"
 
+	"github.com/quarryhq/quarry/bench/internal/dockergw"
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
-	"github.com/quarryhq/quarry/internal/stats"
-	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/docker"
 )
 
@@ -73,6 +66,7 @@ type options struct {
 	runs     int
 	forkRuns int
 	bigForks int
+	level    string
 	wait     time.Duration
 }
 
@@ -99,6 +93,7 @@ func run(ctx context.Context) error {
 	flag.IntVar(&o.runs, "runs", 15, "runs of checkpoint, restore and from_checkpoint per workspace (100 MB: a third)")
 	flag.IntVar(&o.forkRuns, "fork-runs", 5, "runs of each fork measurement (x64 and 100 MB: fewer, see the code)")
 	flag.IntVar(&o.bigForks, "forks", 64, "the larger fork's count (10 MB workspace only)")
+	flag.StringVar(&o.level, "compression", "", "QUARRY_CHECKPOINT_COMPRESSION of the gateway: fast, none or small (\"\": the default, fast)")
 	flag.DurationVar(&o.wait, "wait", 5*time.Minute, "bound of each wait (a pool filling)")
 	flag.Parse()
 
@@ -106,13 +101,13 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gwID := "ckbench-" + randomHex(5)
+	gwID := "ckbench-" + dockergw.RandomHex(5)
 	cli, err := dockerclient.NewClientWithOpts(dockerclient.WithHost(docker.DefaultHost), dockerclient.WithAPIVersionNegotiation())
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	defer removeAll(cli, gwID)
+	defer dockergw.RemoveAll(cli, gwID, "ckbench")
 
 	tmp, err := os.MkdirTemp("", "ckbench-")
 	if err != nil {
@@ -123,8 +118,8 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer g.stop()
-	fmt.Printf("Docker provider, image %s, gateway id %s, warm pool of %d\n", o.image, gwID, g.warm)
+	defer g.Stop()
+	fmt.Printf("Docker provider, image %s, gateway id %s, warm pool of %d, compression %q\n", o.image, gwID, g.warm, o.level)
 
 	var results []result
 	for _, ws := range []workspace{{"10MB-1k", 1000, 10 << 20}, {"100MB-10k", 10000, 100 << 20}} {
@@ -159,18 +154,18 @@ func measure(ctx context.Context, o options, g *gateway, ws workspace, dir strin
 	}
 	report := func(name string, ds []time.Duration) {
 		res.Ops[name] = summary(ds)
-		fmt.Printf("  %-34s %s\n", name, line(ds))
+		fmt.Printf("  %-34s %s\n", name, dockergw.Line(ds))
 	}
 
 	if err := g.waitReady(ctx, warmPool, g.warm, o.wait); err != nil {
 		return res, err
 	}
-	src, err := g.c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: warmPool, LeaseSeconds: 3600})
+	src, err := g.C.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: warmPool, LeaseSeconds: 3600})
 	if err != nil {
 		return res, err
 	}
-	defer func() { _, _ = g.c.DeleteSandbox(context.WithoutCancel(ctx), src.ID) }()
-	if err := upload(ctx, g.c, src.ID, dir); err != nil {
+	defer func() { _, _ = g.C.DeleteSandbox(context.WithoutCancel(ctx), src.ID) }()
+	if err := upload(ctx, g.C, src.ID, dir); err != nil {
 		return res, fmt.Errorf("seed the source sandbox: %w", err)
 	}
 
@@ -179,30 +174,30 @@ func measure(ctx context.Context, o options, g *gateway, ws workspace, dir strin
 	var ck client.Checkpoint
 	for i := range runs {
 		start := time.Now()
-		c, err := g.c.CreateCheckpoint(ctx, src.ID, client.CreateCheckpointRequest{})
+		c, err := g.C.CreateCheckpoint(ctx, src.ID, client.CreateCheckpointRequest{})
 		if err != nil {
 			return res, fmt.Errorf("checkpoint: %w", err)
 		}
 		cks = append(cks, time.Since(start))
 		if i < runs-1 {
-			if err := g.c.DeleteCheckpoint(ctx, c.ID); err != nil {
+			if err := g.C.DeleteCheckpoint(ctx, c.ID); err != nil {
 				return res, err
 			}
 		}
 		ck = c
 	}
 	res.ArchiveBytes = ck.SizeBytes
-	fmt.Printf("  archive: %d entries, %.1f MB stored (tar+gzip, Huffman only)\n", ck.Files, float64(ck.SizeBytes)/(1<<20))
+	fmt.Printf("  archive: %d entries, %.1f MB stored (tar+gzip)\n", ck.Files, float64(ck.SizeBytes)/(1<<20))
 	report("checkpoint", cks)
 
 	// 2. restore in place (each after a change to the tree).
 	var rs, agentRs []time.Duration
 	for range runs {
-		if _, err := g.c.Exec(ctx, src.ID, agentapi.ExecRequest{Command: "echo changed > d00/s00/f0000.txt; echo new > new.txt"}); err != nil {
+		if _, err := g.C.Exec(ctx, src.ID, agentapi.ExecRequest{Command: "echo changed > d00/s00/f0000.txt; echo new > new.txt"}); err != nil {
 			return res, err
 		}
 		start := time.Now()
-		rr, err := g.c.RestoreSandbox(ctx, src.ID, ck.ID)
+		rr, err := g.C.RestoreSandbox(ctx, src.ID, ck.ID)
 		if err != nil {
 			return res, fmt.Errorf("restore: %w", err)
 		}
@@ -219,15 +214,15 @@ func measure(ctx context.Context, o options, g *gateway, ws workspace, dir strin
 			return res, err
 		}
 		start := time.Now()
-		sb, err := g.c.CreateSandbox(ctx, client.CreateSandboxRequest{FromCheckpoint: ck.ID})
+		sb, err := g.C.CreateSandbox(ctx, client.CreateSandboxRequest{FromCheckpoint: ck.ID})
 		if err == nil {
-			_, err = g.c.Exec(ctx, sb.ID, agentapi.ExecRequest{Command: "true"})
+			_, err = g.C.Exec(ctx, sb.ID, agentapi.ExecRequest{Command: "true"})
 		}
 		if err != nil {
 			return res, fmt.Errorf("from_checkpoint: %w", err)
 		}
 		fc = append(fc, time.Since(start))
-		if _, err := g.c.DeleteSandbox(ctx, sb.ID); err != nil {
+		if _, err := g.C.DeleteSandbox(ctx, sb.ID); err != nil {
 			return res, err
 		}
 	}
@@ -257,23 +252,23 @@ func measure(ctx context.Context, o options, g *gateway, ws workspace, dir strin
 			return res, err
 		}
 		start := time.Now()
-		sb, err := g.c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: coldPool})
+		sb, err := g.C.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: coldPool})
 		if err == nil {
-			err = upload(ctx, g.c, sb.ID, dir)
+			err = upload(ctx, g.C, sb.ID, dir)
 		}
 		if err == nil {
-			_, err = g.c.Exec(ctx, sb.ID, agentapi.ExecRequest{Command: "true"})
+			_, err = g.C.Exec(ctx, sb.ID, agentapi.ExecRequest{Command: "true"})
 		}
 		if err != nil {
 			return res, fmt.Errorf("cold start + upload: %w", err)
 		}
 		base = append(base, time.Since(start))
-		if _, err := g.c.DeleteSandbox(ctx, sb.ID); err != nil {
+		if _, err := g.C.DeleteSandbox(ctx, sb.ID); err != nil {
 			return res, err
 		}
 	}
 	report("baseline: cold start + upload", base)
-	if err := g.c.DeleteCheckpoint(ctx, ck.ID); err != nil {
+	if err := g.C.DeleteCheckpoint(ctx, ck.ID); err != nil {
 		return res, err
 	}
 	return res, nil
@@ -295,7 +290,7 @@ func (g *gateway) fork(ctx context.Context, o options, src string, n int) (time.
 		return 0, err
 	}
 	start := time.Now()
-	fr, err := g.c.ForkSandbox(ctx, src, client.ForkRequest{Count: n})
+	fr, err := g.C.ForkSandbox(ctx, src, client.ForkRequest{Count: n})
 	if err != nil {
 		return 0, err
 	}
@@ -312,7 +307,7 @@ func (g *gateway) fork(ctx context.Context, o options, src string, n int) (time.
 		wg.Add(1)
 		go func(id string) {
 			defer wg.Done()
-			if _, err := g.c.Exec(ctx, id, agentapi.ExecRequest{Command: "true"}); err != nil {
+			if _, err := g.C.Exec(ctx, id, agentapi.ExecRequest{Command: "true"}); err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
@@ -323,7 +318,7 @@ func (g *gateway) fork(ctx context.Context, o options, src string, n int) (time.
 	took := time.Since(start)
 	for _, f := range fr.Forks {
 		if f.Sandbox != nil {
-			if _, err := g.c.DeleteSandbox(ctx, f.Sandbox.ID); err != nil {
+			if _, err := g.C.DeleteSandbox(ctx, f.Sandbox.ID); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -384,19 +379,13 @@ func upload(ctx context.Context, c *client.Client, id, dir string) error {
 	return err
 }
 
+// gateway is a bin/gateway process on the Docker provider; warm is its warm pool's size.
 type gateway struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	c    *client.Client
-	dir  string
+	*dockergw.Gateway
 	warm int
 }
 
 func startGateway(ctx context.Context, o options, bin, gwID, tmp string) (*gateway, error) {
-	dir := filepath.Join(tmp, "gateway")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
 	warm := max(o.bigForks, 8) + 2 // the forks, the source, one spare
 	pools := fmt.Sprintf(`pools:
   - name: %s
@@ -414,127 +403,37 @@ func startGateway(ctx context.Context, o options, bin, gwID, tmp string) (*gatew
     min_warm: 0
     max_total: 2
 `, warmPool, o.image, warm, warm+2, coldPool, o.image)
-	if err := os.WriteFile(filepath.Join(dir, "pools.yaml"), []byte(pools), 0o644); err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	gw, err := dockergw.Start(dockergw.Options{Bin: bin, Dir: filepath.Join(tmp, "gateway"), Key: benchKey, GatewayID: gwID,
+		Pools: pools, Env: []string{"QUARRY_CREATE_TIMEOUT=5m", "QUARRY_CHECKPOINT_COMPRESSION=" + o.level}})
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	logf, err := os.Create(filepath.Join(dir, "gateway.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	cmd := exec.Command(filepath.Join(bin, "gateway"))
-	cmd.Env = append(os.Environ(),
-		"QUARRY_ADDR="+addr, "QUARRY_API_KEYS="+benchKey, "QUARRY_DATA_DIR="+dir,
-		"QUARRY_POOLS_FILE="+filepath.Join(dir, "pools.yaml"), "QUARRY_PROVIDER=docker",
-		"QUARRY_AGENT_BINARY="+filepath.Join(bin, "execagent"), "QUARRY_GATEWAY_ID="+gwID,
-		"QUARRY_LOG_LEVEL=warn", "QUARRY_CREATE_TIMEOUT=5m",
-	)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	g := &gateway{cmd: cmd, done: make(chan struct{}), c: client.New("http://"+addr, benchKey), dir: dir, warm: warm}
-	go func() { _ = cmd.Wait(); close(g.done) }()
+	g := &gateway{Gateway: gw, warm: warm}
 	if err := g.waitReady(ctx, warmPool, warm, o.wait); err != nil {
-		b, _ := os.ReadFile(filepath.Join(dir, "gateway.log"))
-		g.stop()
-		return nil, fmt.Errorf("%w; gateway log:\n%s", err, tail(b, 4<<10))
+		log := g.LogTail()
+		g.Stop()
+		return nil, fmt.Errorf("%w; gateway log:\n%s", err, log)
 	}
 	return g, nil
 }
 
-func (g *gateway) stop() {
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.done:
-	case <-time.After(30 * time.Second):
-		_ = g.cmd.Process.Kill()
-		<-g.done
-	}
-}
-
 // waitReady waits until pool has n ready tasks and none launching or stopping.
 func (g *gateway) waitReady(ctx context.Context, pool string, n int, limit time.Duration) error {
-	return g.waitPool(ctx, pool, limit, func(p client.Pool) bool {
+	return g.WaitPool(ctx, pool, limit, func(p client.Pool) bool {
 		return p.Ready >= n && p.Launching == 0 && p.Stopping == 0
 	})
 }
 
 // waitIdle waits until pool has nothing leased, launching or stopping.
 func (g *gateway) waitIdle(ctx context.Context, pool string, limit time.Duration) error {
-	return g.waitPool(ctx, pool, limit, func(p client.Pool) bool {
+	return g.WaitPool(ctx, pool, limit, func(p client.Pool) bool {
 		return p.Leased == 0 && p.Launching == 0 && p.Stopping == 0
 	})
 }
 
-func (g *gateway) waitPool(ctx context.Context, pool string, limit time.Duration, ok func(client.Pool) bool) error {
-	deadline := time.Now().Add(limit)
-	for {
-		select {
-		case <-g.done:
-			return errors.New("the gateway exited")
-		default:
-		}
-		ps, err := g.c.Pools(ctx)
-		if err == nil {
-			for _, p := range ps {
-				if p.Name == pool && ok(p) {
-					return nil
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pool %s: not ready within %s (last error %v)", pool, limit, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// removeAll removes every container of the benchmark's gateway id.
-func removeAll(cli *dockerclient.Client, gwID string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	list, err := cli.ContainerList(ctx, dockertypes.ListOptions{All: true,
-		Filters: filters.NewArgs(filters.Arg("label", providers.LabelGateway+"="+gwID))})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ckbench: clean up:", err)
-		return
-	}
-	for _, c := range list {
-		if err := cli.ContainerRemove(ctx, c.ID, dockertypes.RemoveOptions{Force: true}); err != nil {
-			fmt.Fprintln(os.Stderr, "ckbench: clean up:", err)
-		}
-	}
-}
-
+// summary is dockergw.Summary with the count.
 func summary(ds []time.Duration) map[string]float64 {
-	return map[string]float64{"n": float64(len(ds)), "p50": ms(stats.Percentile(ds, 50)), "p99": ms(stats.Percentile(ds, 99)),
-		"min": ms(stats.Percentile(ds, 0)), "max": ms(stats.Percentile(ds, 100))}
-}
-
-func line(ds []time.Duration) string {
-	r := func(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
-	return fmt.Sprintf("n=%d p50 %s p99 %s (min %s, max %s)", len(ds), r(stats.Percentile(ds, 50)),
-		r(stats.Percentile(ds, 99)), r(stats.Percentile(ds, 0)), r(stats.Percentile(ds, 100)))
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
+	m := dockergw.Summary(ds)
+	m["n"] = float64(len(ds))
+	return m
 }
