@@ -143,6 +143,14 @@ func (h harness) Blobs(ctx context.Context) (int, error) {
 	return n + len(mu.Uploads), nil
 }
 
+// requireNoItem fails t when the table holds an item for id.
+func (h harness) requireNoItem(t *testing.T, id, msg string) {
+	t.Helper()
+	out, err := h.f.ddb.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: aws.String(h.cfg.Table), Key: key(id), ConsistentRead: aws.Bool(true)})
+	require.NoError(t, err)
+	require.Empty(t, out.Item, msg)
+}
+
 var _ checkpointtest.Corrupter = harness{}
 var _ checkpointtest.BlobCounter = harness{}
 
@@ -207,9 +215,7 @@ func TestPut_OutlivingItsGraceFailsAndKeepsNothing(t *testing.T) {
 	n, err := h.Blobs(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "the late upload's object is deleted")
-	out, err := f.ddb.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(h.cfg.Table), Key: key(m.ID), ConsistentRead: aws.Bool(true)})
-	require.NoError(t, err)
-	require.Empty(t, out.Item, "no item is left")
+	h.requireNoItem(t, m.ID, "no item is left")
 }
 
 // A removal that stopped after marking the item deleting (a crash before
@@ -240,7 +246,5 @@ func TestPurge_FinishesAHalfDoneDelete(t *testing.T) {
 	blobs, err := h.Blobs(ctx)
 	require.NoError(t, err)
 	require.Zero(t, blobs, "its object is gone")
-	out, err := f.ddb.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(h.cfg.Table), Key: key(m.ID), ConsistentRead: aws.Bool(true)})
-	require.NoError(t, err)
-	require.Empty(t, out.Item, "its item is gone")
+	h.requireNoItem(t, m.ID, "its item is gone")
 }
