@@ -48,8 +48,8 @@ func clients(t *testing.T) (*s3.Client, *dynamodb.Client) {
 	return s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = true }), ddb
 }
 
-// fixture is one test's bucket (shared by a run, deleted at its end is
-// left to the emulator), table and prefix (its own).
+// fixture is one test's bucket, emptied and deleted when the test ends;
+// each store on it has a table and a key prefix of its own.
 type fixture struct {
 	s3     *s3.Client
 	ddb    *dynamodb.Client
@@ -60,7 +60,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	testenv.AWS(t)
 	s3c, ddb := clients(t)
-	f := &fixture{s3: s3c, ddb: ddb, bucket: "quarry-test-checkpoints-" + runID}
+	f := &fixture{s3: s3c, ddb: ddb, bucket: fmt.Sprintf("quarry-test-checkpoints-%s-%d", runID, seq.Add(1))}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := s3c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(f.bucket)})
@@ -68,7 +68,43 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil && !errors.As(err, &owned) {
 		require.NoError(t, err, "create the test bucket")
 	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := f.removeBucket(ctx); err != nil {
+			t.Errorf("remove test bucket %s: %v", f.bucket, err)
+		}
+	})
 	return f
+}
+
+// removeBucket deletes what the bucket holds (objects, incomplete
+// multipart uploads), then the bucket.
+func (f *fixture) removeBucket(ctx context.Context) error {
+	b := aws.String(f.bucket)
+	p := s3.NewListObjectsV2Paginator(f.s3, &s3.ListObjectsV2Input{Bucket: b})
+	for p.HasMorePages() {
+		out, err := p.NextPage(ctx)
+		if err != nil {
+			return err
+		}
+		for _, o := range out.Contents {
+			if _, err := f.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: b, Key: o.Key}); err != nil {
+				return err
+			}
+		}
+	}
+	mu, err := f.s3.ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: b})
+	if err != nil {
+		return err
+	}
+	for _, u := range mu.Uploads {
+		if _, err := f.s3.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: b, Key: u.Key, UploadId: u.UploadId}); err != nil {
+			return err
+		}
+	}
+	_, err = f.s3.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: b})
+	return err
 }
 
 // store returns a store on a fresh table and prefix, removed when t ends.
