@@ -2,7 +2,6 @@ package s3store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"time"
@@ -10,6 +9,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/quarryhq/quarry/internal/ddbtable"
 )
 
 // Shards is how many index keys spread one owner's checkpoints (by-owner)
@@ -71,49 +72,20 @@ func TableDefinition(table string) *dynamodb.CreateTableInput {
 
 // TableAPI is what CreateTables and DeleteTables call; *dynamodb.Client
 // satisfies it.
-type TableAPI interface {
-	CreateTable(ctx context.Context, in *dynamodb.CreateTableInput, optFns ...func(*dynamodb.Options)) (*dynamodb.CreateTableOutput, error)
-	DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
-	DeleteTable(ctx context.Context, in *dynamodb.DeleteTableInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DeleteTableOutput, error)
-}
-
-var _ TableAPI = (*dynamodb.Client)(nil)
+type TableAPI = ddbtable.API
 
 // CreateTables creates the checkpoint table (TableDefinition) and waits
 // until it is active (bounded by ctx). A table that exists already is left
 // as it is. The bucket is not created here: it belongs to the deployment
 // (infra/), with its lifecycle rule.
 func CreateTables(ctx context.Context, api TableAPI, table string) error {
-	_, err := api.CreateTable(ctx, TableDefinition(table))
-	var inUse *types.ResourceInUseException
-	if err != nil && !errors.As(err, &inUse) {
-		return fmt.Errorf("create table %s: %w", table, err)
-	}
-	for {
-		out, err := api.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
-		if err != nil {
-			return fmt.Errorf("describe table %s: %w", table, err)
-		}
-		if out.Table != nil && out.Table.TableStatus == types.TableStatusActive {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("wait for table %s: %w", table, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return ddbtable.Create(ctx, api, TableDefinition(table))
 }
 
 // DeleteTables deletes the checkpoint table. A missing table is not an
 // error.
 func DeleteTables(ctx context.Context, api TableAPI, table string) error {
-	_, err := api.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
-	var rnf *types.ResourceNotFoundException
-	if err != nil && !errors.As(err, &rnf) {
-		return fmt.Errorf("delete table %s: %w", table, err)
-	}
-	return nil
+	return ddbtable.Delete(ctx, api, table)
 }
 
 // shard is id's shard of the index keys.

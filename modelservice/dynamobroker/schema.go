@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -12,6 +11,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/quarryhq/quarry/internal/awserr"
+	"github.com/quarryhq/quarry/internal/ddbtable"
 	"github.com/quarryhq/quarry/modelservice"
 )
 
@@ -81,26 +81,10 @@ func TableDefinition(table string) *dynamodb.CreateTableInput {
 // and waits until it is active (bounded by ctx). A table that exists
 // already is left as it is.
 func CreateTables(ctx context.Context, api API, table string) error {
-	_, err := api.CreateTable(ctx, TableDefinition(table))
-	var inUse *types.ResourceInUseException
-	if err != nil && !errors.As(err, &inUse) {
-		return fmt.Errorf("create table %s: %w", table, err)
+	if err := ddbtable.Create(ctx, api, TableDefinition(table)); err != nil {
+		return err
 	}
-	for {
-		out, err := api.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
-		if err != nil {
-			return fmt.Errorf("describe table %s: %w", table, err)
-		}
-		if out.Table != nil && out.Table.TableStatus == types.TableStatusActive {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("wait for table %s: %w", table, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	_, err = api.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
+	_, err := api.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName:               aws.String(table),
 		TimeToLiveSpecification: &types.TimeToLiveSpecification{AttributeName: aws.String(attrTTL), Enabled: aws.Bool(true)},
 	})
@@ -113,12 +97,7 @@ func CreateTables(ctx context.Context, api API, table string) error {
 
 // DeleteTables deletes the relay's table. A missing table is not an error.
 func DeleteTables(ctx context.Context, api API, table string) error {
-	_, err := api.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
-	var rnf *types.ResourceNotFoundException
-	if err != nil && !errors.As(err, &rnf) {
-		return fmt.Errorf("delete table %s: %w", table, err)
-	}
-	return nil
+	return ddbtable.Delete(ctx, api, table)
 }
 
 // translate turns an SDK error into the contract's terms: throttling,
