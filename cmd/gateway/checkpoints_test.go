@@ -96,6 +96,12 @@ func TestCheckpointStore_S3OnTheEmulator(t *testing.T) {
 	s3c := s3.NewFromConfig(awsCfg, func(o *s3.Options) { o.UsePathStyle = true })
 	_, err = s3c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)})
 	require.NoError(t, err)
+	t.Cleanup(func() { // after the checkpoint's Delete below emptied it
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := s3c.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(bucket)})
+		assert.NoError(t, err, "the bucket is empty: the checkpoint's object was deleted")
+	})
 	ddb := dynamodb.NewFromConfig(awsCfg)
 	require.NoError(t, s3store.CreateTables(ctx, ddb, table))
 	t.Cleanup(func() {
@@ -121,6 +127,7 @@ func TestCheckpointStore_S3OnTheEmulator(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, rc.Close())
 	assert.Equal(t, "archive bytes", string(b))
+	require.NoError(t, st.Delete(ctx, ck.ID, "o"))
 	_, err = os.Stat(filepath.Join(cfg.DataDir, "checkpoints"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "nothing embedded")
 
