@@ -253,6 +253,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		}
 	}
 	g.agents.closeIdle()
+	g.ck.http.CloseIdleConnections()
 	g.rock.CloseIdle()
 	if err != nil {
 		return fmt.Errorf("shut down gateway: %w", err)
