@@ -199,8 +199,9 @@ type stack struct {
 	cfg       Config
 	gw        *gateway.Gateway
 	mgr       *warmpool.Manager
-	keySource string // where the API key comes from, for the start-up line
-	relayDir  string // the relay socket's directory, when a provider mounts it ("": no socket)
+	keySource string  // where the API key comes from, for the start-up line
+	relayDir  string  // the relay socket's directory, when a provider mounts it ("": no socket)
+	purge     *purger // deletes expired checkpoints (started with background)
 	log       *slog.Logger
 	closers   []func(ctx context.Context) // run in reverse order by close
 }
@@ -336,13 +337,12 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 			log.Error("close checkpoint store", "err", err)
 		}
 	})
-	if background {
-		p, err := newPurger(ckStore, cfg.CheckpointConfig, log, reg)
-		if err != nil {
-			return nil, err
-		}
-		p.Start(ctx)
-		st.closers = append(st.closers, p.Close)
+	if st.purge, err = newPurger(ckStore, cfg.CheckpointConfig, log, reg); err != nil {
+		return nil, err
+	}
+	if background { // Lambda runs a pass per scheduled invocation instead (lambda.go)
+		st.purge.Start(ctx)
+		st.closers = append(st.closers, st.purge.Close)
 	}
 
 	st.gw, err = gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg, Model: relay, Envs: envReg, RockImages: rockImages,
