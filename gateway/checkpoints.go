@@ -32,7 +32,7 @@ import (
 // MaxForks is the most sandboxes one fork makes.
 const MaxForks = 100
 
-// ErrCheckpointsOff: the gateway has no checkpoint store (Deps.Checkpoints);
+// errCheckpointsOff: the gateway has no checkpoint store (Deps.Checkpoints);
 // its checkpoint routes answer 404.
 var errCheckpointsOff = errclass.New(http.StatusNotFound, agentapi.CodeNotFound,
 	"checkpoints are off on this gateway (it has no checkpoint store)")
@@ -74,10 +74,11 @@ func newCkService(cfg Config, store checkpoints.Store, ckCfg checkpoints.Config)
 			// The agent walks the tree before its answer's headers.
 			ResponseHeaderTimeout: cfg.UploadTimeout,
 			DisableCompression:    true,
-			// Archives stream through: large buffers mean fewer, larger
-			// writes and reads (the default is 4 KiB).
-			WriteBufferSize: 256 << 10,
-			ReadBufferSize:  256 << 10,
+			// Archives stream through: larger buffers mean fewer writes
+			// and reads (the default is 4 KiB); 128 KiB per connection, so
+			// a fork of 100 holds 12.5 MiB of them while it restores.
+			WriteBufferSize: 64 << 10,
+			ReadBufferSize:  64 << 10,
 		}},
 	}
 }
@@ -92,7 +93,8 @@ func (s *ckService) on() (checkpoints.Store, error) {
 
 // poolImage returns pool's image. Images are read from Manager.Pools once,
 // and again (at most every imagesRefresh) when a pool is missing, so that a
-// request does not list every pool's tasks.
+// request does not list every pool's tasks; a read holds the others
+// waiting (bounded by ManagerTimeout). An unknown pool is bad input.
 func (g *Gateway) poolImage(ctx context.Context, pool string) (string, error) {
 	s := g.ck
 	s.mu.Lock()
@@ -119,7 +121,7 @@ func (g *Gateway) poolImage(ctx context.Context, pool string) (string, error) {
 	return img, nil
 }
 
-// agent returns a client of lease's agent for the streaming checkpoint
+// ckAgent returns a client of lease's agent for the streaming checkpoint
 // routes.
 func (g *Gateway) ckAgent(lease warmpool.Lease) *agentapi.Client {
 	return agentapi.New(lease.AgentURL, lease.AgentToken, g.ck.http).WithGeneration(lease.Generation)
