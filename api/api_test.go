@@ -52,6 +52,8 @@ var wireTests = []struct {
 	{name: "SandboxList/empty", v: api.SandboxList{Sandboxes: []api.Sandbox{}}, json: `{"sandboxes":[]}`},
 	{name: "CreateSandboxRequest", v: api.CreateSandboxRequest{Pool: "p", LeaseSeconds: 5, Env: map[string]string{"A": "1"}, Labels: map[string]string{"k": "v"}},
 		json: `{"pool":"p","lease_seconds":5,"env":{"A":"1"},"labels":{"k":"v"}}`},
+	{name: "CreateSandboxRequest/from checkpoint", v: api.CreateSandboxRequest{Pool: "p", FromCheckpoint: "ckp-a"},
+		json: `{"pool":"p","from_checkpoint":"ckp-a"}`},
 	{name: "CreateSandboxRequest/zero", v: api.CreateSandboxRequest{}, json: `{}`},
 	{name: "CreateSandboxRequest/explicit zeros", v: api.CreateSandboxRequest{},
 		json: `{"pool":"","lease_seconds":0,"env":null,"labels":null}`, decodeOnly: true},
@@ -76,6 +78,28 @@ var wireTests = []struct {
 	{name: "Exchange/pending", v: api.Exchange{ModelRequest: api.ModelRequest{ID: "r2", Labels: map[string]string{}}, State: "pending", Request: json.RawMessage(`"not json"`)},
 		json: `{"id":"r2","sandbox_id":"","pool":"","labels":{},"route":"","stream":false,"attempt":0,"received_at":"0001-01-01T00:00:00Z","deadline":"0001-01-01T00:00:00Z","state":"pending","request":"not json"}`},
 	{name: "ExchangeResponse/zero", v: api.ExchangeResponse{}, json: `{"status":0,"content_type":"","answered_at":"0001-01-01T00:00:00Z"}`},
+	{name: "Checkpoint", v: api.Checkpoint{ID: "ckp-a", Pool: "default", Image: "img:1", Sandbox: "sbx-1", Paths: []string{"/w", "/etc/x"},
+		Exclude: []string{"*.pyc"}, Labels: map[string]string{"step": "3"}, Format: "tar+gzip", SizeBytes: 1234, Files: 12,
+		SHA256: "ab12", CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)},
+		json: `{"id":"ckp-a","pool":"default","image":"img:1","sandbox":"sbx-1","paths":["/w","/etc/x"],"exclude":["*.pyc"],"labels":{"step":"3"},"format":"tar+gzip","size_bytes":1234,"files":12,"sha256":"ab12","created_at":"2025-03-04T05:06:07.89Z","expires_at":"2025-03-04T06:06:07.89Z"}`},
+	{name: "Checkpoint/zero", v: api.Checkpoint{},
+		json: `{"id":"","pool":"","image":"","sandbox":"","paths":null,"format":"","size_bytes":0,"files":0,"sha256":"","created_at":"0001-01-01T00:00:00Z","expires_at":"0001-01-01T00:00:00Z"}`},
+	{name: "CheckpointList", v: api.CheckpointList{Checkpoints: []api.Checkpoint{}}, json: `{"checkpoints":[]}`},
+	{name: "CreateCheckpointRequest", v: api.CreateCheckpointRequest{Paths: []string{"."}, Exclude: []string{".git"}, Labels: map[string]string{"k": "v"}},
+		json: `{"paths":["."],"exclude":[".git"],"labels":{"k":"v"}}`},
+	{name: "CreateCheckpointRequest/zero", v: api.CreateCheckpointRequest{}, json: `{}`},
+	{name: "RestoreRequest", v: api.RestoreRequest{Checkpoint: "ckp-a"}, json: `{"checkpoint":"ckp-a"}`},
+	{name: "RestoreResult", v: api.RestoreResult{SandboxID: "sbx-1", Checkpoint: "ckp-a", Files: 3, Bytes: 40, DurationMS: 7},
+		json: `{"sandbox_id":"sbx-1","checkpoint":"ckp-a","files":3,"bytes":40,"duration_ms":7}`},
+	{name: "ForkRequest", v: api.ForkRequest{Count: 8, LeaseSeconds: 60, Paths: []string{"/w"}, Exclude: []string{"x"}, Labels: map[string]string{"g": "1"}, KeepCheckpoint: true},
+		json: `{"count":8,"lease_seconds":60,"paths":["/w"],"exclude":["x"],"labels":{"g":"1"},"keep_checkpoint":true}`},
+	{name: "ForkRequest/zero", v: api.ForkRequest{}, json: `{"count":0}`},
+	{name: "ForkResult", v: api.ForkResult{Checkpoint: api.Checkpoint{ID: "ckp-a", CreatedAt: t0, ExpiresAt: t0}, Forks: []api.Fork{
+		{Sandbox: &api.Sandbox{ID: "sbx-2", State: api.StateActive, CreatedAt: t0, ExpiresAt: t0}},
+		{Error: &api.ForkError{Status: 503, Code: "no_capacity", Message: "full"}}}},
+		json: `{"checkpoint":{"id":"ckp-a","pool":"","image":"","sandbox":"","paths":null,"format":"","size_bytes":0,"files":0,"sha256":"","created_at":"2025-03-04T05:06:07.89Z","expires_at":"2025-03-04T05:06:07.89Z"},"forks":[{"sandbox":{"id":"sbx-2","pool":"","state":"active","generation":0,"created_at":"2025-03-04T05:06:07.89Z","expires_at":"2025-03-04T05:06:07.89Z","lease_seconds":0}},{"error":{"status":503,"code":"no_capacity","message":"full"}}]}`},
+	{name: "Fork/zero", v: api.Fork{}, json: `{}`},
+	{name: "ForkError/zero", v: api.ForkError{}, json: `{"status":0,"code":"","message":""}`},
 	{name: "Transcript", v: api.Transcript{SandboxID: "sbx-1", Exchanges: []api.Exchange{}, NextAfter: "r1"},
 		json: `{"sandbox_id":"sbx-1","exchanges":[],"next_after":"r1"}`},
 	{name: "Transcript/last page", v: api.Transcript{SandboxID: "sbx-1", Exchanges: []api.Exchange{}},
@@ -125,5 +149,5 @@ func TestWire_EveryTypeIsPinned(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, 11, declared, "the package's types")
+	assert.Equal(t, 20, declared, "the package's types")
 }

@@ -1,5 +1,6 @@
 // Package api holds the wire types of the gateway's own REST API
-// (docs/API.md): sandboxes and pools, and the trainer side of the model
+// (docs/API.md): sandboxes and pools, checkpoints (restore and fork), and
+// the trainer side of the model
 // relay. The gateway answers with them and the Go client (client), the
 // test doubles (modelservice/modeltest) and the tests decode them, so the
 // JSON of each route is declared once. The calls into a sandbox (exec,

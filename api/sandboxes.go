@@ -40,6 +40,10 @@ type CreateSandboxRequest struct {
 	LeaseSeconds int               `json:"lease_seconds,omitempty"`
 	Env          map[string]string `json:"env,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
+	// FromCheckpoint, when set, is a checkpoint (of this API key) that is
+	// restored into the sandbox before it is handed out; Pool "" then
+	// means the checkpoint's pool, and a pool of another image is refused.
+	FromCheckpoint string `json:"from_checkpoint,omitempty"`
 	// IdempotencyKey travels as the Idempotency-Key header, not in the
 	// body: a retried create with the same key returns the same sandbox.
 	IdempotencyKey string `json:"-"`

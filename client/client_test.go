@@ -137,6 +137,31 @@ func TestClient_Routes_SendDocumentedRequests(t *testing.T) {
 			}
 			return err
 		}, seen{method: "GET", path: "/v1/sandboxes/sbx-1/files/archive", query: "gzip=true&path=%2Fdir", accept: "application/octet-stream"}, false},
+		{"create checkpoint", func(ctx context.Context, c *Client) error {
+			_, err := c.CreateCheckpoint(ctx, "sbx-1", CreateCheckpointRequest{Paths: []string{"."}, Exclude: []string{".git"}, Labels: map[string]string{"s": "1"}})
+			return err
+		}, seen{method: "POST", path: "/v1/sandboxes/sbx-1/checkpoints", body: `{"paths":["."],"exclude":[".git"],"labels":{"s":"1"}}`}, false},
+		{"list checkpoints", func(ctx context.Context, c *Client) error {
+			_, err := c.ListCheckpoints(ctx, map[string]string{"b": "2", "a": "1"}, 5)
+			return err
+		}, seen{method: "GET", path: "/v1/checkpoints", query: "label=a%3D1&label=b%3D2&limit=5"}, false},
+		{"get checkpoint", func(ctx context.Context, c *Client) error { _, err := c.GetCheckpoint(ctx, "ckp-1"); return err },
+			seen{method: "GET", path: "/v1/checkpoints/ckp-1"}, false},
+		{"delete checkpoint", func(ctx context.Context, c *Client) error { return c.DeleteCheckpoint(ctx, "ckp-1") },
+			seen{method: "DELETE", path: "/v1/checkpoints/ckp-1"}, false},
+		{"restore", func(ctx context.Context, c *Client) error {
+			_, err := c.RestoreSandbox(ctx, "sbx-1", "ckp-1")
+			return err
+		},
+			seen{method: "POST", path: "/v1/sandboxes/sbx-1/restore", body: `{"checkpoint":"ckp-1"}`}, false},
+		{"fork", func(ctx context.Context, c *Client) error {
+			_, err := c.ForkSandbox(ctx, "sbx-1", ForkRequest{Count: 8, LeaseSeconds: 60})
+			return err
+		}, seen{method: "POST", path: "/v1/sandboxes/sbx-1/fork", body: `{"count":8,"lease_seconds":60}`}, false},
+		{"create from checkpoint", func(ctx context.Context, c *Client) error {
+			_, err := c.CreateSandbox(ctx, CreateSandboxRequest{FromCheckpoint: "ckp-1"})
+			return err
+		}, seen{method: "POST", path: "/v1/sandboxes", body: `{"from_checkpoint":"ckp-1"}`}, false},
 		{"id is escaped", func(ctx context.Context, c *Client) error { _, err := c.GetSandbox(ctx, "a/b c"); return err },
 			seen{method: "GET", path: "/v1/sandboxes/a%2Fb%20c"}, false},
 		{"health", func(ctx context.Context, c *Client) error { return c.Health(ctx) },
@@ -193,6 +218,7 @@ func TestClient_EmptyIDs_RefusedNamingTheField(t *testing.T) {
 		{"process", func(ctx context.Context, c *Client) error { return c.KillProcess(ctx, "sbx-1", "") }, "process id"},
 		{"sandbox before process", func(ctx context.Context, c *Client) error { return c.KillProcess(ctx, "", "") }, "sandbox id"},
 		{"file path", func(ctx context.Context, c *Client) error { _, err := c.Stat(ctx, "sbx-1", ""); return err }, "path"},
+		{"checkpoint", func(ctx context.Context, c *Client) error { return c.DeleteCheckpoint(ctx, "") }, "checkpoint id"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

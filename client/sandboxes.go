@@ -66,17 +66,22 @@ func (c *Client) ListSandboxes(ctx context.Context, req ListSandboxesRequest) ([
 	if req.State != "" {
 		q.Set("state", req.State)
 	}
-	keys := make([]string, 0, len(req.Labels))
-	for k := range req.Labels {
+	addLabels(q, req.Labels)
+	var out api.SandboxList
+	err := c.do(ctx, call{method: http.MethodGet, route: route{path: "/v1/sandboxes"}, query: q}, &out)
+	return out.Sandboxes, err
+}
+
+// addLabels adds one label=k=v to q per label, in key order.
+func addLabels(q url.Values, labels map[string]string) {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		q.Add("label", k+"="+req.Labels[k])
+		q.Add("label", k+"="+labels[k])
 	}
-	var out api.SandboxList
-	err := c.do(ctx, call{method: http.MethodGet, route: route{path: "/v1/sandboxes"}, query: q}, &out)
-	return out.Sandboxes, err
 }
 
 // Heartbeat renews a sandbox's lease and returns it with the new ExpiresAt.

@@ -38,6 +38,10 @@ type AcquireRequest struct {
 	Env            map[string]string
 	Labels         map[string]string
 	IdempotencyKey string
+	// FromCheckpoint, when set, is a checkpoint of Owner's that Acquire
+	// restores into the sandbox before it returns (the env program starts
+	// on the restored files).
+	FromCheckpoint string
 }
 
 // Sandboxes is what the Service needs of the lease side. The gateway
@@ -79,6 +83,9 @@ type MakeOptions struct {
 	Labels map[string]string
 	// IdempotencyKey makes a retried Make return the same sandbox.
 	IdempotencyKey string
+	// FromCheckpoint restores a checkpoint into the sandbox before the env
+	// program starts (AcquireRequest.FromCheckpoint).
+	FromCheckpoint string
 }
 
 // Service serves the env API. It keeps no state between calls: the env of
@@ -124,7 +131,7 @@ func (s *Service) Make(ctx context.Context, owner, envID string, opts MakeOption
 	}
 	id, err := s.sb.Acquire(ctx, AcquireRequest{
 		Pool: spec.Pool, Owner: owner, LeaseSeconds: lease, Env: opts.Env, Labels: labels,
-		IdempotencyKey: opts.IdempotencyKey,
+		IdempotencyKey: opts.IdempotencyKey, FromCheckpoint: opts.FromCheckpoint,
 	})
 	if err != nil {
 		return "", fmt.Errorf("acquire sandbox for env %s: %w", envID, err)

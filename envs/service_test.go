@@ -107,6 +107,11 @@ func TestService_Make_LabelsAndStartsTheProgram(t *testing.T) {
 	require.Len(t, ag.starts, 1)
 	assert.Equal(t, agentapi.ProcessStartRequest{Argv: []string{"python3", "game.py"}, Name: ProcessName, RPC: true}, ag.starts[0])
 
+	_, err = svc.Make(context.Background(), "owner-1", "game", MakeOptions{FromCheckpoint: "ckp-x"})
+	require.NoError(t, err)
+	require.Len(t, sb.acquired, 2)
+	assert.Equal(t, "ckp-x", sb.acquired[1].FromCheckpoint, "the checkpoint goes to Acquire, which restores it before the program starts")
+
 	_, err = svc.Make(context.Background(), "owner-1", "nope", MakeOptions{})
 	var ve *badinput.Error
 	require.ErrorAs(t, err, &ve)

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
@@ -94,9 +95,12 @@ func (s *Server) handleArchiveDownload(w http.ResponseWriter, r *http.Request) e
 
 // walkTree visits p (described by fi) and, when it is a directory, its
 // descendants in lexical order without following symlinks, until visit
-// returns an error.
+// returns an error. A visit of a directory that returns fs.SkipDir leaves
+// its descendants out.
 func walkTree(p string, fi fs.FileInfo, visit func(string, fs.FileInfo) error) error {
-	if err := visit(p, fi); err != nil {
+	if err := visit(p, fi); errors.Is(err, fs.SkipDir) && fi.IsDir() {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	if !fi.IsDir() {
@@ -238,6 +242,37 @@ type extractor struct {
 	budget  int64  // extracted bytes left
 	bytes   int64
 	entries int
+	// exact (a restore) keeps every directory's mode and mtime in dirs,
+	// for finish: extracting into a directory changes its mtime, and one
+	// without write permission could not take its entries.
+	exact bool
+	dirs  []dirMeta
+	// writer, when set, is what a regular file's bytes are written to
+	// (Server.stagedFile); nil: the file.
+	writer func(f *os.File) io.Writer
+}
+
+// dirMeta is a directory's mode and mtime from its archive entry.
+type dirMeta struct {
+	name  string
+	mode  fs.FileMode
+	mtime time.Time
+}
+
+// finish gives the directories extracted exactly their archive's modes
+// and mtimes, deepest first (an archive lists a directory before its
+// entries).
+func (x *extractor) finish() error {
+	for i := len(x.dirs) - 1; i >= 0; i-- {
+		d := x.dirs[i]
+		if err := x.root.Chmod(d.name, d.mode); err != nil {
+			return fmt.Errorf("set the mode of %q: %w", filepath.Join(x.dir, d.name), err)
+		}
+		if err := x.root.Chtimes(d.name, d.mtime, d.mtime); err != nil {
+			return fmt.Errorf("set the mtime of %q: %w", filepath.Join(x.dir, d.name), err)
+		}
+	}
+	return nil
 }
 
 // entryName validates a tar entry name and returns it cleaned and relative.
@@ -341,6 +376,9 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		if err := x.root.Chmod(name, mode|0o700); err != nil { // stay writable for later entries
 			return fail(err)
 		}
+		if x.exact {
+			x.dirs = append(x.dirs, dirMeta{name: name, mode: mode, mtime: hdr.ModTime})
+		}
 	case tar.TypeReg:
 		if hdr.Size > x.budget {
 			return fmt.Errorf("archive extracts to more than the upload limit: %w", errTooLarge)
@@ -352,7 +390,11 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		if err != nil {
 			return fail(err)
 		}
-		n, err := io.CopyN(f, body, hdr.Size)
+		var w io.Writer = f
+		if x.writer != nil {
+			w = x.writer(f)
+		}
+		n, err := io.CopyN(w, body, hdr.Size)
 		cerr := f.Close()
 		x.budget -= n
 		x.bytes += n

@@ -1,12 +1,22 @@
 package execagent
 
 import (
+	"bytes"
+	stdgzip "compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/stretchr/testify/require"
 
@@ -153,3 +163,166 @@ func BenchmarkSessionExec_NoHTTP(b *testing.B) {
 	}
 	lat.report(b)
 }
+
+// BenchmarkCheckpoint measures GET /v1/checkpoint of the issue's
+// workspaces (10 MB in 1k files, 100 MB in 10k files: makeWorkspace) over
+// loopback HTTP, read to the end by the client, at each compression level,
+// with the work dir on tmpfs (/dev/shm, like Docker's work dir) and on
+// disk (the system's temporary directory). Reported: p50/p99 of the whole
+// transfer, MB/s of the files, and the archive's size per file byte.
+func BenchmarkCheckpoint(b *testing.B) {
+	for _, fsys := range benchFileSystems() {
+		for _, ws := range benchWorkspaces() {
+			for _, level := range []string{agentapi.CompressionFast, agentapi.CompressionNone, agentapi.CompressionSmall} {
+				b.Run(fsys.name+"/"+ws.name+"/"+level, func(b *testing.B) {
+					a := benchAgent(b, fsys.dir, ws.w)
+					var lat latencies
+					var size int64
+					for b.Loop() {
+						t0 := time.Now()
+						rc, _, err := a.client.CheckpointLevel(context.Background(), nil, nil, level)
+						if err != nil {
+							b.Fatal(err)
+						}
+						n, err := io.Copy(io.Discard, rc)
+						_ = rc.Close()
+						if err != nil {
+							b.Fatal(err)
+						}
+						lat.add(time.Since(t0))
+						size = n
+					}
+					b.SetBytes(ws.w.Bytes)
+					b.ReportMetric(float64(size)/float64(ws.w.Bytes), "archive/byte")
+					lat.report(b)
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkRestore measures PUT /v1/checkpoint of the same workspaces in
+// place (the tree is the checkpoint's plus one file created since, which
+// the restore removes), of archives taken at the default compression
+// (fast) and without (none): decompressing is most of a restore's CPU.
+func BenchmarkRestore(b *testing.B) {
+	for _, fsys := range benchFileSystems() {
+		for _, ws := range benchWorkspaces() {
+			for _, level := range []string{agentapi.CompressionFast, agentapi.CompressionNone} {
+				b.Run(fsys.name+"/"+ws.name+"/"+level, func(b *testing.B) {
+					benchRestore(b, fsys.dir, ws.w, level)
+				})
+			}
+		}
+	}
+}
+
+// benchRestore restores, again and again, a checkpoint at level of w in a
+// work dir below base.
+func benchRestore(b *testing.B, base string, w workspace, level string) {
+	a := benchAgent(b, base, w)
+	rc, _, err := a.client.CheckpointLevel(context.Background(), nil, nil, level)
+	require.NoError(b, err)
+	archive, err := io.ReadAll(rc)
+	require.NoError(b, err)
+	require.NoError(b, rc.Close())
+	sum := sha256.Sum256(archive)
+	hexSum := hex.EncodeToString(sum[:])
+	var lat latencies
+	for b.Loop() {
+		b.StopTimer()
+		require.NoError(b, os.WriteFile(filepath.Join(a.cfg.Workdir, "created-since"), []byte("x"), 0o644))
+		b.StartTimer()
+		t0 := time.Now()
+		if _, err := a.client.Restore(context.Background(), hexSum, bytes.NewReader(archive)); err != nil {
+			b.Fatal(err)
+		}
+		lat.add(time.Since(t0))
+	}
+	b.SetBytes(w.Bytes)
+	lat.report(b)
+}
+
+type benchFS struct{ name, dir string }
+
+// benchFileSystems are where the benchmark work dirs live: tmpfs and disk.
+func benchFileSystems() []benchFS {
+	return []benchFS{{"shm", "/dev/shm"}, {"disk", os.TempDir()}}
+}
+
+type benchWorkspace struct {
+	name string
+	w    workspace
+}
+
+func benchWorkspaces() []benchWorkspace {
+	return []benchWorkspace{{"10MB", workspace10MB}, {"100MB", workspace100MB}}
+}
+
+// benchAgent starts an agent whose work dir, below base, holds w.
+func benchAgent(b *testing.B, base string, w workspace) *testAgent {
+	dir, err := os.MkdirTemp(base, "quarry-ckbench-")
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = os.RemoveAll(dir) })
+	makeWorkspace(b, dir, w, 1)
+	return newTestAgent(b, func(c *Config) { c.Workdir = dir })
+}
+
+// BenchmarkCompressors compares, in memory, the compressors a checkpoint
+// could use on the tar stream of the 100 MB workspace: klauspost's gzip
+// Huffman-only (compression=fast) and fastest deflate (compression=small),
+// the standard library's fastest deflate, and zstd's fastest level on one
+// core and on all. Reported: MB/s of the tar stream and output size per
+// input byte. It is what chose the levels (docs/BENCHMARKS.md,
+// "Checkpoints").
+func BenchmarkCompressors(b *testing.B) {
+	a := benchAgent(b, "/dev/shm", workspace100MB)
+	rc, _, err := a.client.CheckpointLevel(context.Background(), nil, nil, agentapi.CompressionNone)
+	require.NoError(b, err)
+	zr, err := gzip.NewReader(rc)
+	require.NoError(b, err)
+	stream, err := io.ReadAll(zr)
+	require.NoError(b, err)
+	require.NoError(b, rc.Close())
+	gz := func(level int) func(io.Writer) io.WriteCloser {
+		return func(w io.Writer) io.WriteCloser { z, _ := gzip.NewWriterLevel(w, level); return z }
+	}
+	zst := func(conc int) func(io.Writer) io.WriteCloser {
+		return func(w io.Writer) io.WriteCloser {
+			z, _ := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(conc))
+			return z
+		}
+	}
+	tests := []struct {
+		name string
+		new  func(io.Writer) io.WriteCloser
+	}{
+		{"gzip-huffman", gz(gzip.HuffmanOnly)},
+		{"gzip-bestspeed", gz(gzip.BestSpeed)},
+		{"stdlib-gzip-bestspeed", func(w io.Writer) io.WriteCloser { z, _ := stdgzip.NewWriterLevel(w, stdgzip.BestSpeed); return z }},
+		{"zstd-fastest-1core", zst(1)},
+		{"zstd-fastest-allcores", zst(0)},
+	}
+	for _, tt := range tests {
+		b.Run(tt.name, func(b *testing.B) {
+			var out countWriter
+			for b.Loop() {
+				out = 0
+				z := tt.new(&out)
+				if _, err := z.Write(stream); err != nil {
+					b.Fatal(err)
+				}
+				if err := z.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(int64(len(stream)))
+			b.ReportMetric(float64(out)/float64(len(stream)), "out/byte")
+		})
+	}
+}
+
+// countWriter counts the bytes written to it.
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }

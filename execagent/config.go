@@ -44,10 +44,15 @@ type Config struct {
 	// MaxUploadBytes bounds a file write, an archive upload (compressed and
 	// extracted), and a process stdin write (default 1 GiB).
 	MaxUploadBytes int64 `split_words:"true"`
-	// MaxReadBytes bounds one file read and one archive download (default 1 GiB).
+	// MaxReadBytes bounds one file read, one archive download and the
+	// files of one checkpoint (default 1 GiB).
 	MaxReadBytes int64 `split_words:"true"`
 	// MaxListEntries bounds a directory listing (default 100000).
 	MaxListEntries int `split_words:"true"`
+	// MaxCheckpointEntries bounds the entries of one checkpoint (default
+	// 1000000): the agent holds about 100 bytes and the path of each
+	// entry from its walk until it is sent.
+	MaxCheckpointEntries int `split_words:"true"`
 	// DefaultTimeout applies to exec and session runs that name none (300 s);
 	// MaxTimeout bounds what a request may ask for (24 h).
 	DefaultTimeout time.Duration `split_words:"true"`
@@ -105,24 +110,25 @@ type Config struct {
 // DefaultConfig returns the defaults; Token, Workdir and Env are left empty.
 func DefaultConfig() Config {
 	return Config{
-		MaxJSONBody:        8 << 20,
-		MaxUploadBytes:     1 << 30,
-		MaxReadBytes:       1 << 30,
-		MaxListEntries:     100000,
-		DefaultTimeout:     300 * time.Second,
-		MaxTimeout:         24 * time.Hour,
-		DefaultOutputBytes: 1 << 20,
-		MaxOutputBytes:     64 << 20,
-		ProcessOutputBytes: 4 << 20,
-		MaxSessions:        64,
-		MaxProcesses:       256,
-		KeepAlive:          15 * time.Second,
-		InterruptGrace:     5 * time.Second,
-		DrainTimeout:       2 * time.Second,
-		StdinTimeout:       60 * time.Second,
-		ReapInterval:       time.Second,
-		OwnerCheckInterval: 5 * time.Second,
-		IdleExit:           time.Hour,
+		MaxJSONBody:          8 << 20,
+		MaxUploadBytes:       1 << 30,
+		MaxReadBytes:         1 << 30,
+		MaxListEntries:       100000,
+		MaxCheckpointEntries: 1000000,
+		DefaultTimeout:       300 * time.Second,
+		MaxTimeout:           24 * time.Hour,
+		DefaultOutputBytes:   1 << 20,
+		MaxOutputBytes:       64 << 20,
+		ProcessOutputBytes:   4 << 20,
+		MaxSessions:          64,
+		MaxProcesses:         256,
+		KeepAlive:            15 * time.Second,
+		InterruptGrace:       5 * time.Second,
+		DrainTimeout:         2 * time.Second,
+		StdinTimeout:         60 * time.Second,
+		ReapInterval:         time.Second,
+		OwnerCheckInterval:   5 * time.Second,
+		IdleExit:             time.Hour,
 	}
 }
 
@@ -133,6 +139,7 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.MaxUploadBytes, d.MaxUploadBytes)
 	defaults.Set(&c.MaxReadBytes, d.MaxReadBytes)
 	defaults.Set(&c.MaxListEntries, d.MaxListEntries)
+	defaults.Set(&c.MaxCheckpointEntries, d.MaxCheckpointEntries)
 	defaults.Set(&c.DefaultTimeout, d.DefaultTimeout)
 	defaults.Set(&c.MaxTimeout, d.MaxTimeout)
 	defaults.Set(&c.DefaultOutputBytes, d.DefaultOutputBytes)
@@ -188,6 +195,7 @@ func (c Config) Validate() error {
 		{"QUARRY_AGENT_MAX_UPLOAD_BYTES", c.MaxUploadBytes},
 		{"QUARRY_AGENT_MAX_READ_BYTES", c.MaxReadBytes},
 		{"QUARRY_AGENT_MAX_LIST_ENTRIES", int64(c.MaxListEntries)},
+		{"QUARRY_AGENT_MAX_CHECKPOINT_ENTRIES", int64(c.MaxCheckpointEntries)},
 		{"QUARRY_AGENT_DEFAULT_TIMEOUT", int64(c.DefaultTimeout)},
 		{"QUARRY_AGENT_MAX_TIMEOUT", int64(c.MaxTimeout)},
 		{"QUARRY_AGENT_DEFAULT_OUTPUT_BYTES", c.DefaultOutputBytes},

@@ -38,7 +38,15 @@ type Server struct {
 	sessions  *sessionTable
 	processes *processTable
 	calls     callTable // requests in flight that carry a call id
-	orphan    *orphanWatch
+	// ckMu: checkpoints hold it shared, a restore exclusively; neither
+	// waits (TryRLock, TryLock): the loser answers 409 busy.
+	ckMu sync.RWMutex
+	// rename is os.Rename; tests of a restore's undo replace it.
+	rename func(oldpath, newpath string) error
+	// stagedFile is the writer of a file a restore stages: the file
+	// itself; tests of a full disk during staging wrap it.
+	stagedFile func(f *os.File) io.Writer
+	orphan     *orphanWatch
 
 	leaseMu    sync.Mutex
 	generation int64
@@ -90,16 +98,18 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		cfg:      cfg,
-		log:      log,
-		children: newChildTable(log),
-		shell:    sh,
-		started:  time.Now(),
-		authHdr:  []byte("Bearer " + cfg.Token),
-		ownsDir:  ownsDir,
-		ctx:      ctx,
-		cancel:   cancel,
-		orphan:   newOrphanWatch(time.Now()),
+		cfg:        cfg,
+		log:        log,
+		children:   newChildTable(log),
+		shell:      sh,
+		started:    time.Now(),
+		authHdr:    []byte("Bearer " + cfg.Token),
+		ownsDir:    ownsDir,
+		ctx:        ctx,
+		cancel:     cancel,
+		orphan:     newOrphanWatch(time.Now()),
+		rename:     os.Rename,
+		stagedFile: func(f *os.File) io.Writer { return f },
 	}
 	s.sessions = newSessionTable(s)
 	s.processes = newProcessTable(s)
@@ -218,6 +228,8 @@ func (s *Server) routes() http.Handler {
 	fenced("GET "+agentapi.RouteFileArchive, s.handleArchiveDownload)
 	fenced("PUT "+agentapi.RouteFileArchive, s.handleArchiveUpload)
 	fenced("POST "+agentapi.RouteKillAll, s.handleKillAll)
+	fenced("GET "+agentapi.RouteCheckpoint, s.handleCheckpoint)
+	fenced("PUT "+agentapi.RouteCheckpoint, s.handleRestore)
 	// Unknown routes and wrong methods: authenticate first, then answer in
 	// the ErrorBody shape (the mux's own 404/405 are plain text).
 	notFound := s.wrap(func(w http.ResponseWriter, r *http.Request) error {

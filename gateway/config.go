@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/defaults"
 )
 
@@ -70,6 +71,10 @@ type Config struct {
 	MaxAgentClients int `envconfig:"QUARRY_MAX_AGENT_CLIENTS"`
 	// RetryAfter is the Retry-After of 503 answers (default 2s).
 	RetryAfter time.Duration `envconfig:"QUARRY_RETRY_AFTER"`
+	// CheckpointCompression is the level agents compress checkpoints at:
+	// "fast" (the default: Huffman only), "none" (gzip's stored blocks:
+	// faster, larger archives) or "small" (deflate's fastest level).
+	CheckpointCompression string `envconfig:"QUARRY_CHECKPOINT_COMPRESSION"`
 }
 
 // Defaults of Config's zero fields.
@@ -114,6 +119,12 @@ func (c Config) Validate() error {
 		if err := checkName(c.DefaultPool); err != nil {
 			return fmt.Errorf("QUARRY_DEFAULT_POOL: %w", err)
 		}
+	}
+	switch c.CheckpointCompression {
+	case "", agentapi.CompressionFast, agentapi.CompressionNone, agentapi.CompressionSmall:
+	default:
+		return fmt.Errorf("QUARRY_CHECKPOINT_COMPRESSION: want %s, %s or %s, got %q",
+			agentapi.CompressionFast, agentapi.CompressionNone, agentapi.CompressionSmall, c.CheckpointCompression)
 	}
 	sizes := []struct {
 		name string

@@ -24,6 +24,8 @@ func TestConfig_ValidateNamesTheVariable(t *testing.T) {
 		{name: "bad default pool", mutate: func(c *Config) { c.DefaultPool = "a b" }, want: "QUARRY_DEFAULT_POOL"},
 		{name: "negative size", mutate: func(c *Config) { c.MaxJSONBody = -1 }, want: "QUARRY_MAX_JSON_BODY"},
 		{name: "negative duration", mutate: func(c *Config) { c.IdleTimeout = -time.Second }, want: "QUARRY_IDLE_TIMEOUT"},
+		{name: "checkpoint compression none", mutate: func(c *Config) { c.CheckpointCompression = "none" }},
+		{name: "bad checkpoint compression", mutate: func(c *Config) { c.CheckpointCompression = "zstd" }, want: "QUARRY_CHECKPOINT_COMPRESSION"},
 		{name: "upload below json", mutate: func(c *Config) { c.MaxJSONBody = 1000; c.MaxUploadBody = 10 }, want: "QUARRY_MAX_UPLOAD_BODY"},
 	}
 	for _, tt := range tests {

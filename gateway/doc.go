@@ -7,7 +7,10 @@
 // /healthz, /readyz, /metrics and the embedded OpenAPI document, and the
 // model relay's routes (model.go, over a *modelservice.Service: OpenAI
 // calls from sandboxes authenticated by their relay token, and the
-// trainer's claims, answers and transcripts authenticated by API key).
+// trainer's claims, answers and transcripts authenticated by API key),
+// and the checkpoint routes (checkpoints.go, over a checkpoints.Store:
+// archives stream from an agent into the store and back, never whole in
+// memory; restore, from_checkpoint and fork).
 //
 // The gateway keeps no state that matters: leases live in the lease store
 // behind the Manager interface; the only cache (HTTP clients per agent URL)
@@ -17,9 +20,10 @@
 // Its answers on sandboxes, pools and the relay's trainer side are the wire
 // types of package api, which the Go client (client) decodes.
 //
-// It depends on the warmpool, providers, agentapi and modelservice
-// contracts, the wire types (api) and the envs service (envs.go: the env
+// It depends on the warmpool, providers, agentapi, modelservice and
+// checkpoints contracts, the wire types (api) and the envs service (envs.go: the env
 // API's routes, with envs.Sandboxes implemented over the gateway's own
 // lease checks) only. It must not import a concrete provider
-// (providers/...), a concrete store (warmpool/boltstore, ...) or cmd/.
+// (providers/...), a concrete store (warmpool/boltstore,
+// checkpoints/filestore, ...) or cmd/; its tests use the embedded stores.
 package gateway

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/api"
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
@@ -27,9 +28,12 @@ type makeEnvRequest struct {
 	LeaseSeconds int               `json:"lease_seconds"`
 	Env          map[string]string `json:"env"`
 	Labels       map[string]string `json:"labels"`
+	// FromCheckpoint restores a checkpoint into the sandbox before the env
+	// program starts.
+	FromCheckpoint string `json:"from_checkpoint"`
 }
 
-var makeEnvFields = []string{"env_id", "lease_seconds", "env", "labels"}
+var makeEnvFields = []string{"env_id", "lease_seconds", "env", "labels", "from_checkpoint"}
 
 // madeEnv is the answer of POST /v1/envs.
 type madeEnv struct {
@@ -111,6 +115,7 @@ func (g *Gateway) makeEnv(c *fiber.Ctx) error {
 	defer cancel()
 	id, err := g.envs.Make(ctx, ownerOf(c), req.EnvID, envs.MakeOptions{
 		LeaseSeconds: req.LeaseSeconds, Env: req.Env, Labels: req.Labels, IdempotencyKey: idem,
+		FromCheckpoint: req.FromCheckpoint,
 	})
 	if err != nil {
 		return err
@@ -124,14 +129,21 @@ func (g *Gateway) envSandboxID(c *fiber.Ctx, req any, fields []string) (string, 
 	if g.envs == nil {
 		return "", envs.ErrOff
 	}
+	if fields == nil {
+		return pathID(c, "id")
+	}
+	return g.sandboxBody(c, req, fields)
+}
+
+// sandboxBody returns the sandbox id of a route into a sandbox and decodes
+// its JSON body strictly into req.
+func (g *Gateway) sandboxBody(c *fiber.Ctx, req any, fields []string) (string, error) {
 	id, err := pathID(c, "id")
 	if err != nil {
 		return "", err
 	}
-	if fields != nil {
-		if err := g.decodeEnvBody(c, req, fields); err != nil {
-			return "", err
-		}
+	if err := g.decodeEnvBody(c, req, fields); err != nil {
+		return "", err
 	}
 	return id, nil
 }
@@ -143,11 +155,43 @@ func (g *Gateway) resetEnv(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	res, err := g.envs.Reset(c.UserContext(), ownerOf(c), id, req.Seed, req.Options)
+	options, ckID, err := resetCheckpoint(req.Options)
+	if err != nil {
+		return err
+	}
+	if ckID != "" {
+		if _, err := g.restoreChecked(c, id, ckID); err != nil {
+			return err
+		}
+	}
+	res, err := g.envs.Reset(c.UserContext(), ownerOf(c), id, req.Seed, options)
 	if err != nil {
 		return errclass.Sandbox(id, err)
 	}
 	return c.JSON(res)
+}
+
+// resetCheckpoint takes options.checkpoint out of a reset's options: the
+// checkpoint the gateway restores before the env program's reset, which
+// gets the other options (none left: the env's defaults).
+func resetCheckpoint(options json.RawMessage) (json.RawMessage, string, error) {
+	var fields map[string]json.RawMessage
+	if len(options) == 0 || json.Unmarshal(options, &fields) != nil || fields["checkpoint"] == nil {
+		return options, "", nil // not an object with a checkpoint: the program's to judge
+	}
+	var id string
+	if err := json.Unmarshal(fields["checkpoint"], &id); err != nil || id == "" {
+		return nil, "", badinput.New("options.checkpoint", "must be the id of a checkpoint (ckp-...)")
+	}
+	delete(fields, "checkpoint")
+	if len(fields) == 0 {
+		return nil, id, nil
+	}
+	rest, err := json.Marshal(fields)
+	if err != nil {
+		return nil, "", fmt.Errorf("encode reset options: %w", err)
+	}
+	return rest, id, nil
 }
 
 // stepEnv handles POST /v1/sandboxes/{id}/env/step.
@@ -195,16 +239,30 @@ type envSandboxes struct{ g *Gateway }
 
 var _ envs.Sandboxes = envSandboxes{}
 
-// Acquire leases a sandbox as POST /v1/sandboxes does.
+// Acquire leases a sandbox as POST /v1/sandboxes does, from_checkpoint
+// included (the env's pool must run the checkpoint's image).
 func (e envSandboxes) Acquire(ctx context.Context, req envs.AcquireRequest) (string, error) {
 	cr := api.CreateSandboxRequest{Pool: req.Pool, LeaseSeconds: req.LeaseSeconds, Env: req.Env, Labels: req.Labels}
 	if err := validateCreate(&cr); err != nil {
 		return "", err
 	}
-	lease, _, err := e.g.mgr.Acquire(ctx, warmpool.AcquireRequest{
+	areq := warmpool.AcquireRequest{
 		Pool: req.Pool, Owner: req.Owner, LeaseSeconds: req.LeaseSeconds,
 		Env: req.Env, Labels: req.Labels, IdempotencyKey: req.IdempotencyKey,
-	})
+	}
+	var (
+		lease warmpool.Lease
+		err   error
+	)
+	if req.FromCheckpoint != "" {
+		var ck checkpoints.Checkpoint
+		if ck, _, err = e.g.fromCheckpoint(ctx, req.Owner, req.FromCheckpoint, req.Pool); err != nil {
+			return "", err
+		}
+		lease, _, err = e.g.acquireRestored(ctx, areq, ck)
+	} else {
+		lease, _, err = e.g.mgr.Acquire(ctx, areq)
+	}
 	if errors.Is(err, warmpool.ErrNotFound) {
 		return "", badinput.New("env_id", "the env's pool %q does not exist on this gateway", req.Pool)
 	}

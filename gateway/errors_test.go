@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
@@ -65,6 +66,11 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 		{name: "command failed", err: &errclass.CommandError{Message: "exit code 2"}, status: 422, code: "command_failed", rockCode: 6000, message: "exit code 2"},
 		{name: "bad image", err: &providers.LaunchError{Pool: "default", Image: "nope", Reason: "image not found", Err: providers.ErrInvalidSpec},
 			status: 500, code: "internal", rockCode: 5000, message: "image not found"},
+		{name: "checkpoint not found", err: fmt.Errorf("from checkpoint: %w", checkpoints.ErrNotFound), status: 404, code: "not_found", rockCode: 4000, message: "checkpoint not found"},
+		{name: "checkpoint corrupt", err: fmt.Errorf("restore: %w", checkpoints.ErrCorrupt), status: 500, code: errclass.CodeCheckpointCorrupt, rockCode: 5000,
+			message: "take a new checkpoint"},
+		{name: "checkpoint store unavailable", err: fmt.Errorf("open: %w", checkpoints.ErrUnavailable), status: 503, code: "unavailable", retryable: true, rockCode: 5000,
+			message: "the checkpoint store is unavailable; retry later"},
 		{name: "unknown error hides details", err: errors.New("disk on fire at /var/secret"), status: 500, code: "internal", rockCode: 5000, message: "internal error"},
 	}
 	reg, err := envs.NewRegistry([]envs.Spec{{ID: "game", Pool: "default", Command: []string{"true"}}})

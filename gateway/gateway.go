@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/modelservice"
@@ -72,6 +73,12 @@ type Deps struct {
 	// Envs is the env registry of the env API (docs/ENVS.md); nil: its
 	// routes answer 404.
 	Envs *envs.Registry
+	// Checkpoints is the checkpoint store (checkpoints.go, docs/API.md
+	// "Checkpoints"); nil: the checkpoint routes answer 404.
+	Checkpoints checkpoints.Store
+	// CheckpointConfig holds the checkpoints' retention and size limit
+	// (zero fields: the defaults).
+	CheckpointConfig checkpoints.Config
 	// RockImages maps ROCK image names to pools for ROCK's routes
 	// (docs/ROCK.md); nil: images map to pools by name or image.
 	RockImages map[string]string
@@ -103,6 +110,7 @@ type Gateway struct {
 	drainOnce sync.Once
 
 	rock *rockcompat.Service // ROCK's routes (rock.go)
+	ck   *ckService          // checkpoints (checkpoints.go)
 }
 
 // New validates cfg, applies its defaults and builds the gateway's app. It
@@ -144,6 +152,10 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	if err := deps.CheckpointConfig.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g.ck = newCkService(cfg, deps.Checkpoints, deps.CheckpointConfig)
 	if g.rock, err = g.newRock(deps.RockImages); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -274,6 +286,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		}
 	}
 	g.agents.closeIdle()
+	g.ck.http.CloseIdleConnections()
 	g.rock.CloseIdle()
 	if err != nil {
 		return fmt.Errorf("shut down gateway: %w", err)
@@ -329,6 +342,14 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodGet, path: sbx + "/files/archive", auth: true, proxy: kindDownload},
 		{method: fiber.MethodPut, path: sbx + "/files/archive", auth: true, proxy: kindUpload},
 		{method: fiber.MethodPost, path: sbx + "/kill-all", auth: true, proxy: kindJSON},
+
+		// Checkpoints (checkpoints.go).
+		{method: fiber.MethodPost, path: sbx + "/checkpoints", auth: true, handler: g.createCheckpoint},
+		{method: fiber.MethodPost, path: sbx + "/restore", auth: true, handler: g.restoreSandbox},
+		{method: fiber.MethodPost, path: sbx + "/fork", auth: true, handler: g.forkSandbox},
+		{method: fiber.MethodGet, path: "/v1/checkpoints", auth: true, handler: g.listCheckpoints},
+		{method: fiber.MethodGet, path: "/v1/checkpoints/:id", auth: true, handler: g.getCheckpoint},
+		{method: fiber.MethodDelete, path: "/v1/checkpoints/:id", auth: true, handler: g.deleteCheckpoint},
 
 		// The model relay: the sandbox side authenticates with the lease's
 		// relay token (model.go), the trainer side with an API key.

@@ -10,6 +10,8 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/quarryhq/quarry/api"
 )
 
 // metrics are the gateway's Prometheus metrics and the /metrics handler.
@@ -19,6 +21,14 @@ type metrics struct {
 	acceptRetries prometheus.Counter
 	acceptLog     logLimit
 	handler       fiber.Handler
+
+	// Checkpoints (checkpoints.go): by operation (create, restore), the
+	// bytes moved, the time taken, failures; forks by outcome.
+	ckOps      *prometheus.CounterVec
+	ckBytes    *prometheus.CounterVec
+	ckDuration *prometheus.HistogramVec
+	ckFailures *prometheus.CounterVec
+	forks      *prometheus.CounterVec
 }
 
 // logLimit lets a repeated log line through at most once a minute. Safe for
@@ -55,11 +65,32 @@ func newMetrics(reg *prometheus.Registry, agents *agentClients) (*metrics, error
 			Help: "Client connections the gateway could not accept at once for want of file descriptors (RLIMIT_NOFILE); the accept is retried.",
 		}),
 	}
+	m.ckOps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quarry_gateway_checkpoint_operations_total",
+		Help: "Checkpoints taken (op=create) and restored (op=restore) by the gateway.",
+	}, []string{"op"})
+	m.ckBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quarry_gateway_checkpoint_bytes_total",
+		Help: "Archive bytes streamed from agents into the checkpoint store (op=create) and back (op=restore).",
+	}, []string{"op"})
+	m.ckDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "quarry_gateway_checkpoint_duration_seconds",
+		Help:    "Time to take (op=create) or restore (op=restore) one checkpoint, agent and store included.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10),
+	}, []string{"op"})
+	m.ckFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quarry_gateway_checkpoint_failures_total",
+		Help: "Checkpoints that could not be taken (op=create) or restored (op=restore).",
+	}, []string{"op"})
+	m.forks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quarry_gateway_forks_total",
+		Help: "Forked sandboxes by outcome: ok, or the error code of the fork (no_capacity, ...).",
+	}, []string{"outcome"})
 	clients := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "quarry_gateway_agent_clients",
 		Help: "Agent HTTP clients cached by the gateway (one per agent URL).",
 	}, func() float64 { return float64(agents.len()) })
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.acceptRetries, clients, agents.dropped} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.acceptRetries, clients, agents.dropped, m.ckOps, m.ckBytes, m.ckDuration, m.ckFailures, m.forks} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}
@@ -88,4 +119,30 @@ func methodLabel(m []byte) string {
 		}
 	}
 	return "other"
+}
+
+// checkpointTaken records a checkpoint taken: its archive's bytes and how
+// long it took.
+func (m *metrics) checkpointTaken(bytes int64, d time.Duration) { m.checkpointDone("create", bytes, d) }
+
+// checkpointRestored records a checkpoint restored.
+func (m *metrics) checkpointRestored(bytes int64, d time.Duration) {
+	m.checkpointDone("restore", bytes, d)
+}
+
+func (m *metrics) checkpointDone(op string, bytes int64, d time.Duration) {
+	m.ckOps.WithLabelValues(op).Inc()
+	m.ckBytes.WithLabelValues(op).Add(float64(bytes))
+	m.ckDuration.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// checkpointFailed records a checkpoint operation (create, restore) that
+// failed.
+func (m *metrics) checkpointFailed(op string) { m.ckFailures.WithLabelValues(op).Inc() }
+
+// forked records the outcomes of one fork.
+func (m *metrics) forked(forks []api.Fork) {
+	for outcome, n := range forkOutcomes(forks) {
+		m.forks.WithLabelValues(outcome).Add(float64(n))
+	}
 }

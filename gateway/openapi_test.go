@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/checkpoints/filestore"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/modelservice"
@@ -160,7 +162,10 @@ func startFullGateway(t *testing.T, mgr *fakeManager) *fullGateway {
 	relay := newRelayService(t, mgr, nil, modelservice.Config{})
 	reg, err := envs.NewRegistry([]envs.Spec{{ID: "game", Pool: "default", Command: []string{"true"}}})
 	require.NoError(t, err)
-	gw := startGatewayDeps(t, mgr, nil, Deps{Model: relay, Envs: reg, RockImages: map[string]string{"rock-image": "default"}})
+	store, err := filestore.Open(filestore.Config{Dir: t.TempDir(), NoSync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, store.Close()) })
+	gw := startGatewayDeps(t, mgr, nil, Deps{Model: relay, Envs: reg, RockImages: map[string]string{"rock-image": "default"}, Checkpoints: store})
 	return &fullGateway{testGateway: gw, mgr: mgr, relay: relay}
 }
 
@@ -331,8 +336,13 @@ func sweep(t *testing.T, gw *fullGateway, doc apiDoc, name, id string, over map[
 		case "relayToken":
 			tc.key = gw.relay.LeaseEnv(id, "")["OPENAI_API_KEY"]
 		}
-		if strings.HasSuffix(o.Path, "/env/step") {
+		switch {
+		case strings.HasSuffix(o.Path, "/env/step"):
 			tc.body = `{"action": 1}` // a step without an action is refused before the lease is read
+		case strings.HasSuffix(o.Path, "/restore"):
+			tc.body = `{"checkpoint": "` + checkpoints.NewID() + `"}` // as is a restore without a checkpoint
+		case strings.HasSuffix(o.Path, "/fork"):
+			tc.body = `{"count": 2}` // and a fork without a count
 		}
 		cases = append(cases, tc)
 	}
@@ -432,6 +442,22 @@ func TestOpenAPI_DeclaresWhatTheServerAnswers(t *testing.T) {
 		{name: "step without action", method: "POST", url: "/v1/sandboxes/sbx-live/env/step", key: testKey, body: `{}`, status: 400},
 		{name: "reset of a sandbox that is no env", method: "POST", url: "/v1/sandboxes/sbx-live/env/reset", key: testKey, status: 409},
 		{name: "agent down", method: "GET", url: "/v1/sandboxes/sbx-live/sessions", key: testKey, status: 502},
+		{name: "checkpoint agent down", method: "POST", url: "/v1/sandboxes/sbx-live/checkpoints", key: testKey, body: `{}`, status: 502},
+		{name: "checkpoint bad label", method: "POST", url: "/v1/sandboxes/sbx-live/checkpoints", key: testKey, body: `{"labels": {"a=b": "c"}}`, status: 400},
+		{name: "restore without checkpoint", method: "POST", url: "/v1/sandboxes/sbx-live/restore", key: testKey, body: `{}`, status: 400},
+		{name: "restore unknown checkpoint", method: "POST", url: "/v1/sandboxes/sbx-live/restore", key: testKey, body: `{"checkpoint": "ckp-x"}`, status: 404},
+		{name: "fork count 0", method: "POST", url: "/v1/sandboxes/sbx-live/fork", key: testKey, body: `{"count": 0}`, status: 400},
+		{name: "fork count 101", method: "POST", url: "/v1/sandboxes/sbx-live/fork", key: testKey, body: `{"count": 101}`, status: 400},
+		{name: "fork agent down", method: "POST", url: "/v1/sandboxes/sbx-live/fork", key: testKey, body: `{"count": 1}`, status: 502},
+		{name: "checkpoints", method: "GET", url: "/v1/checkpoints?label=a=1&limit=5", key: testKey, status: 200},
+		{name: "checkpoints limit 0", method: "GET", url: "/v1/checkpoints?limit=0", key: testKey, status: 400},
+		{name: "checkpoints limit 1001", method: "GET", url: "/v1/checkpoints?limit=1001", key: testKey, status: 400},
+		{name: "checkpoints bad label", method: "GET", url: "/v1/checkpoints?label=novalue", key: testKey, status: 400},
+		{name: "checkpoint unknown", method: "GET", url: "/v1/checkpoints/" + checkpoints.NewID(), key: testKey, status: 404},
+		{name: "checkpoint bad id", method: "GET", url: "/v1/checkpoints/.x", key: testKey, status: 400},
+		{name: "checkpoint delete unknown", method: "DELETE", url: "/v1/checkpoints/" + checkpoints.NewID(), key: testKey, status: 204},
+		{name: "create from unknown checkpoint", method: "POST", url: "/v1/sandboxes", key: testKey, body: `{"from_checkpoint": "` + checkpoints.NewID() + `"}`, status: 404},
+		{name: "make env from unknown checkpoint", method: "POST", url: "/v1/envs", key: testKey, body: `{"env_id": "game", "from_checkpoint": "` + checkpoints.NewID() + `"}`, status: 404},
 
 		// ROCK answers its failures as HTTP 200 (status Failed), except read_file.
 		{name: "rock get_status bad id", method: "GET", url: "/apis/envs/sandbox/v1/get_status?sandbox_id=a%20b", key: testKey, status: 200},

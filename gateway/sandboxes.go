@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/bytebufferpool"
 
 	"github.com/quarryhq/quarry/api"
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
@@ -39,10 +40,12 @@ func (g *Gateway) toSandbox(l warmpool.Lease) api.Sandbox {
 
 // createFields are the JSON fields of api.CreateSandboxRequest, the body
 // of POST /v1/sandboxes.
-var createFields = []string{"pool", "lease_seconds", "env", "labels"}
+var createFields = []string{"pool", "lease_seconds", "env", "labels", "from_checkpoint"}
 
 // createSandbox handles POST /v1/sandboxes: 201 with a new sandbox, 200 when
-// the Idempotency-Key was used before by the same key.
+// the Idempotency-Key was used before by the same key. With
+// from_checkpoint, the sandbox is claimed, then the checkpoint restored
+// into it, then it is handed out (acquireRestored).
 func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	idem := string(c.Request().Header.Peek("Idempotency-Key"))
 	if len(idem) > maxIdempotencyLen || !badinput.Printable(idem) {
@@ -58,18 +61,33 @@ func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.CreateTimeout)
+	defer cancel()
+	var ck checkpoints.Checkpoint
+	if req.FromCheckpoint != "" {
+		if ck, req.Pool, err = g.fromCheckpoint(ctx, ownerOf(c), req.FromCheckpoint, req.Pool); err != nil {
+			return err
+		}
+	}
 	if req.Pool == "" {
 		req.Pool = g.cfg.DefaultPool
 	}
 	if err := validateCreate(&req); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.CreateTimeout)
-	defer cancel()
-	lease, replayed, err := g.mgr.Acquire(ctx, warmpool.AcquireRequest{
+	areq := warmpool.AcquireRequest{
 		Pool: req.Pool, Owner: ownerOf(c), LeaseSeconds: req.LeaseSeconds,
 		Env: req.Env, Labels: req.Labels, IdempotencyKey: idem,
-	})
+	}
+	var (
+		lease    warmpool.Lease
+		replayed bool
+	)
+	if ck.ID != "" {
+		lease, replayed, err = g.acquireRestored(ctx, areq, ck)
+	} else {
+		lease, replayed, err = g.mgr.Acquire(ctx, areq)
+	}
 	if errors.Is(err, warmpool.ErrNotFound) {
 		return badinput.New("pool", "unknown pool %q", req.Pool)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/zclconf/go-cty/cty/gocty"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
 
+	"github.com/quarryhq/quarry/checkpoints/s3store"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 )
@@ -244,12 +245,40 @@ func TestModule_TablesMatchTheGoStores(t *testing.T) {
 		"tasks":       fromGo(defs[0], ttlFor(aws.ToString(defs[0].TableName), dynamostore.TTLTable(storeCfg), dynamostore.TTLAttribute)),
 		"leases":      fromGo(defs[1], ttlFor(aws.ToString(defs[1].TableName), dynamostore.TTLTable(storeCfg), dynamostore.TTLAttribute)),
 		"model_relay": fromGo(dynamobroker.TableDefinition(dynamobroker.DefaultTable), dynamobroker.TTLAttribute),
+		"checkpoints": fromGo(s3store.TableDefinition(s3store.DefaultTable), ""),
 	}
 	require.Equal(t, slices.Sorted(maps(want)), slices.Sorted(maps(got)), "the module's tables")
 	for name, w := range want {
 		t.Run(name, func(t *testing.T) {
 			assert.Equal(t, w, fromHCL(t, ctx, got[name]))
 		})
+	}
+}
+
+// The checkpoint store's bucket aborts the multipart uploads a gateway
+// that died mid-Put left (the store relies on it: docs/ARCHITECTURE.md),
+// and the gateways get the bucket and the table the module made.
+func TestModule_CheckpointBucketAbortsIncompleteUploads(t *testing.T) {
+	require.Contains(t, resources(t, "aws_s3_bucket"), "checkpoints")
+	lc := resources(t, "aws_s3_bucket_lifecycle_configuration")
+	require.Contains(t, lc, "checkpoints")
+	var abort *hclsyntax.Block
+	for _, rule := range lc["checkpoints"].Body.Blocks {
+		for _, b := range rule.Body.Blocks {
+			if rule.Type == "rule" && b.Type == "abort_incomplete_multipart_upload" {
+				abort = b
+			}
+		}
+	}
+	require.NotNil(t, abort, "a rule with abort_incomplete_multipart_upload")
+	locals, err := os.ReadFile(filepath.Join("modules", "quarry", "locals.tf"))
+	require.NoError(t, err)
+	for _, want := range []string{
+		`QUARRY_CHECKPOINT_STORE\s*=\s*"s3"\n`,
+		`QUARRY_CHECKPOINT_BUCKET\s*=\s*aws_s3_bucket\.checkpoints\.id\n`,
+		`QUARRY_CHECKPOINT_TABLE\s*=\s*aws_dynamodb_table\.checkpoints\.name\n`,
+	} {
+		assert.Regexp(t, want, string(locals))
 	}
 }
 

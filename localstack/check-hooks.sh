@@ -2,7 +2,7 @@
 # Runs LocalStack's init hooks (localstack/init/ready.d/*.sh, in order, twice: they must be
 # idempotent) against the AWS endpoint in AWS_ENDPOINT_URL (the local emulator under make test, or
 # LocalStack), with `awslocal` standing for `aws --endpoint-url $AWS_ENDPOINT_URL`, then checks
-# that what they promise exists: the three DynamoDB tables with TTL and the schema item, the ECS
+# that what they promise exists: the four DynamoDB tables (TTL on two) and the schema item, the checkpoint bucket, the ECS
 # cluster with both Fargate capacity providers, the agent token key secret, the task definition.
 # The aws CLI is installed into .cache/awscli-venv (pinned) when the venv lacks it.
 set -euo pipefail
@@ -34,7 +34,7 @@ for round in 1 2; do
 done
 [ "$(revision)" = "$first" ] || fail "the second run registered the unchanged task definition again (revision $first -> $(revision))"
 
-for table in quarry-tasks quarry-leases quarry-model-relay; do
+for table in quarry-tasks quarry-leases quarry-model-relay quarry-checkpoints; do
   [ "$(awslocal dynamodb describe-table --table-name "$table" --query Table.TableStatus --output text)" = ACTIVE ] ||
     fail "table $table is not ACTIVE"
 done
@@ -48,4 +48,7 @@ providers="$(awslocal ecs describe-clusters --clusters quarry --query 'clusters[
 [[ "$providers" == *FARGATE* && "$providers" == *FARGATE_SPOT* ]] || fail "cluster quarry lacks FARGATE/FARGATE_SPOT: $providers"
 awslocal secretsmanager describe-secret --secret-id quarry/agent-token-key >/dev/null || fail "no agent token key secret"
 awslocal ecs describe-task-definition --task-definition quarry-default >/dev/null || fail "no task definition quarry-default"
-echo "== LocalStack init hooks: ok (idempotent; tables, TTL, schema item, cluster, secret, task definition)"
+awslocal s3api head-bucket --bucket quarry-checkpoints >/dev/null || fail "no checkpoint bucket quarry-checkpoints"
+[ "$(awslocal s3api get-bucket-lifecycle-configuration --bucket quarry-checkpoints --query 'Rules[0].AbortIncompleteMultipartUpload.DaysAfterInitiation' --output text)" = 1 ] ||
+  fail "the checkpoint bucket does not abort incomplete multipart uploads"
+echo "== LocalStack init hooks: ok (idempotent; tables, TTL, schema item, bucket, cluster, secret, task definition)"

@@ -3,6 +3,8 @@
 #  1. quarrybench: real gateway, real agents (process provider), embedded store, over loopback
 #  2. quarrybench -suite replicas: three gateways on DynamoDB (the local emulator, or AWS_ENDPOINT_URL)
 #  3. dockerbench: the Docker provider (cold and warm starts, refill of a pool of 50)
+#  3b. ckbench: checkpoints on Docker with a warm pool (checkpoint, restore in place,
+#     from_checkpoint, fork x8 and x64, beside a cold start + upload), 10 MB and 100 MB workspaces
 #  4. relaybench: the model relay (memory and DynamoDB brokers, passthrough, 1,000 sandboxes)
 #  5. envbench: the env API (episodes of reset + 20 steps + close on the terminal task, 1 and 64
 #     clients, step overhead over a session run)
@@ -40,6 +42,7 @@ run() { # run NAME CMD...: print a header, tee the output to $out/NAME.txt
 run quarrybench go run ./bench/quarrybench -bin bin -json "$out/quarrybench.json"
 run replicas go run ./bench/quarrybench -bin bin -suite replicas -json "$out/replicas.json"
 run dockerbench go run ./bench/dockerbench -bin bin -json "$out/dockerbench.json"
+run ckbench go run ./bench/ckbench -bin bin -json "$out/ckbench.json"
 run relaybench go run ./bench/relaybench -dynamodb -json "$out/relaybench.json"
 run envbench go run ./bench/envbench -bin bin -json "$out/envbench.json"
 run ecs go test -run '^$' -bench . -benchtime 50x ./providers/ecs/

@@ -60,7 +60,7 @@ export QUARRY_TEST_STRICT=1
 run_tmp="$(mktemp -d "${TMPDIR:-/tmp}/quarry-make-test.XXXXXX")"
 export TMPDIR="$run_tmp"
 # The AWS suites run on their own, one package at a time (the emulator answers one request at a time).
-aws_pkgs=(warmpool/dynamostore modelservice/dynamobroker providers/ecs cmd/gateway)
+aws_pkgs=(warmpool/dynamostore modelservice/dynamobroker checkpoints/s3store providers/ecs cmd/gateway)
 
 echo "== go vet"
 go vet ./...
@@ -71,7 +71,7 @@ module="$(go list -m)"
 mapfile -t other_pkgs < <(go list ./... | grep -vxF -f <(printf "$module/%s\n" "${aws_pkgs[@]}"))
 go test -race -count=1 "${other_pkgs[@]}"
 
-echo "== AWS suites: DynamoDB lease store and relay broker (conformance, 10,000-claim race), ECS provider, Lambda mode"
+echo "== AWS suites: DynamoDB lease store and relay broker (conformance, 10,000-claim race), S3 checkpoint store, ECS provider, Lambda mode"
 go test -race -count=1 -p 1 -timeout 30m "${aws_pkgs[@]/#/./}"
 
 echo "== LocalStack init hooks against the emulator (tables, ECS cluster, secret, task definition; idempotent)"

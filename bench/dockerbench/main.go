@@ -16,14 +16,11 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -33,13 +30,11 @@ import (
 	"syscall"
 	"time"
 
-	dockertypes "github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	dockerclient "github.com/docker/docker/client"
 
+	"github.com/quarryhq/quarry/bench/internal/dockergw"
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
-	"github.com/quarryhq/quarry/internal/stats"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/docker"
 )
@@ -102,13 +97,13 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gwID := "bench-" + randomHex(5)
+	gwID := "bench-" + dockergw.RandomHex(5)
 	cli, err := dockerclient.NewClientWithOpts(dockerclient.WithHost(docker.DefaultHost), dockerclient.WithAPIVersionNegotiation())
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	defer removeAll(cli, gwID)
+	defer dockergw.RemoveAll(cli, gwID, "dockerbench")
 
 	res := results{Image: o.image, ColdRuns: o.coldRuns, WarmRuns: o.warmRuns, ChurnRuns: o.churnRuns}
 	fmt.Printf("image %s, gateway id %s\n\n", o.image, gwID)
@@ -117,38 +112,38 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cold starts: %w", err)
 	}
-	res.ColdMS, res.DockerRunMS = summary(cold), summary(plain)
-	fmt.Printf("cold create -> first exec (provider)   %s\n", line(cold))
-	fmt.Printf("plain docker run --rm IMAGE true        %s\n", line(plain))
+	res.ColdMS, res.DockerRunMS = dockergw.Summary(cold), dockergw.Summary(plain)
+	fmt.Printf("cold create -> first exec (provider)   %s\n", dockergw.Line(cold))
+	fmt.Printf("plain docker run --rm IMAGE true        %s\n", dockergw.Line(plain))
 	fmt.Printf("ratio of p50s: %.2f\n\n", res.ColdMS["p50"]/res.DockerRunMS["p50"])
 
 	g, err := startGateway(ctx, o, bin, gwID)
 	if err != nil {
 		return err
 	}
-	defer g.stop()
+	defer g.Stop()
 
 	warm, err := warmAcquires(ctx, o, g, o.warmRuns, true)
 	if err != nil {
 		return fmt.Errorf("warm acquires: %w", err)
 	}
-	res.WarmMS = summary(warm)
-	fmt.Printf("warm acquire -> first exec, quiet pool  %s\n", line(warm))
+	res.WarmMS = dockergw.Summary(warm)
+	fmt.Printf("warm acquire -> first exec, quiet pool  %s\n", dockergw.Line(warm))
 	churn, err := warmAcquires(ctx, o, g, o.churnRuns, false)
 	if err != nil {
 		return fmt.Errorf("warm acquires during refill: %w", err)
 	}
-	res.ChurnMS = summary(churn)
-	fmt.Printf("warm acquire -> first exec, refilling   %s\n\n", line(churn))
+	res.ChurnMS = dockergw.Summary(churn)
+	fmt.Printf("warm acquire -> first exec, refilling   %s\n\n", dockergw.Line(churn))
 
 	if !o.skipPool {
 		burst, total, refill, launched, err := burstAndRefill(ctx, o, g, cli, gwID)
 		if err != nil {
 			return fmt.Errorf("burst and refill: %w", err)
 		}
-		res.PoolSize, res.BurstMS, res.BurstTotalMS = o.poolSize, summary(burst), ms(total)
-		res.RefillMS, res.RefillLaunched = ms(refill), launched
-		fmt.Printf("burst of %d acquires -> first exec      %s, all done in %s\n", o.poolSize, line(burst), total.Round(time.Millisecond))
+		res.PoolSize, res.BurstMS, res.BurstTotalMS = o.poolSize, dockergw.Summary(burst), dockergw.MS(total)
+		res.RefillMS, res.RefillLaunched = dockergw.MS(refill), launched
+		fmt.Printf("burst of %d acquires -> first exec      %s, all done in %s\n", o.poolSize, dockergw.Line(burst), total.Round(time.Millisecond))
 		fmt.Printf("refill to %d ready after the burst      %s (%d containers launched)\n", o.poolSize, refill.Round(time.Millisecond), launched)
 	}
 	if o.out != "" {
@@ -226,12 +221,7 @@ func firstExec(ctx context.Context, limit time.Duration, f func(context.Context)
 }
 
 // gateway is a bin/gateway process on the Docker provider.
-type gateway struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	c    *client.Client
-	dir  string
-}
+type gateway struct{ *dockergw.Gateway }
 
 const benchPool = "bench"
 
@@ -243,88 +233,38 @@ func startGateway(ctx context.Context, o options, bin, gwID string) (*gateway, e
 	size := max(o.poolSize, 2)
 	pools := fmt.Sprintf("pools:\n  - name: %s\n    image: %s\n    cpu: 1\n    memory: 256Mi\n    min_warm: %d\n    max_total: %d\n",
 		benchPool, o.image, size, 2*size)
-	if err := os.WriteFile(filepath.Join(dir, "pools.yaml"), []byte(pools), 0o644); err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	gw, err := dockergw.Start(dockergw.Options{Bin: bin, Dir: dir, Key: benchKey, GatewayID: gwID, Pools: pools})
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	logf, err := os.Create(filepath.Join(dir, "gateway.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	cmd := exec.Command(filepath.Join(bin, "gateway"))
-	cmd.Env = append(os.Environ(),
-		"QUARRY_ADDR="+addr, "QUARRY_API_KEYS="+benchKey, "QUARRY_DATA_DIR="+dir,
-		"QUARRY_POOLS_FILE="+filepath.Join(dir, "pools.yaml"), "QUARRY_PROVIDER=docker",
-		"QUARRY_AGENT_BINARY="+filepath.Join(bin, "execagent"), "QUARRY_GATEWAY_ID="+gwID,
-		"QUARRY_LOG_LEVEL=warn",
-	)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	g := &gateway{cmd: cmd, done: make(chan struct{}), c: client.New("http://"+addr, benchKey), dir: dir}
-	go func() { _ = cmd.Wait(); close(g.done) }()
+	g := &gateway{gw}
 	if err := g.waitReady(ctx, size, false, o.waitLimit); err != nil {
-		b, _ := os.ReadFile(filepath.Join(dir, "gateway.log")) // before stop removes dir
-		g.stop()
-		return nil, fmt.Errorf("%w; gateway log:\n%s", err, tail(b, 4<<10))
+		log := g.LogTail() // before Stop removes dir
+		g.Stop()
+		return nil, fmt.Errorf("%w; gateway log:\n%s", err, log)
 	}
 	return g, nil
-}
-
-func (g *gateway) stop() {
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.done:
-	case <-time.After(30 * time.Second):
-		_ = g.cmd.Process.Kill()
-		<-g.done
-	}
-	_ = os.RemoveAll(g.dir)
 }
 
 // waitReady waits until the pool has n ready tasks (and, if idle, none launching or
 // stopping).
 func (g *gateway) waitReady(ctx context.Context, n int, idle bool, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		select {
-		case <-g.done:
-			return errors.New("the gateway exited")
-		default:
-		}
-		ps, err := g.c.Pools(ctx)
-		if err == nil {
-			for _, p := range ps {
-				if p.Name == benchPool && p.Ready >= n && (!idle || p.Launching == 0 && p.Stopping == 0) {
-					return nil
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pool %s: %d ready tasks not reached within %s (last error %v)", benchPool, n, limit, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return g.WaitPool(ctx, benchPool, limit, func(p client.Pool) bool {
+		return p.Ready >= n && (!idle || p.Launching == 0 && p.Stopping == 0)
+	})
 }
 
 // acquireExec creates a sandbox, runs its first command and releases it; it returns the
 // time from the create request to the command's answer.
 func (g *gateway) acquireExec(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
-	sbx, err := g.c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: benchPool})
+	sbx, err := g.C.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: benchPool})
 	if err != nil {
 		return 0, err
 	}
-	_, err = g.c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "true"})
+	_, err = g.C.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "true"})
 	took := time.Since(start)
-	if _, rerr := g.c.DeleteSandbox(ctx, sbx.ID); err == nil {
+	if _, rerr := g.C.DeleteSandbox(ctx, sbx.ID); err == nil {
 		err = rerr
 	}
 	return took, err
@@ -358,7 +298,7 @@ func burstAndRefill(ctx context.Context, o options, g *gateway, cli *dockerclien
 	if err := g.waitReady(ctx, o.poolSize, true, o.waitLimit); err != nil {
 		return nil, 0, 0, 0, err
 	}
-	before, err := containerIDs(ctx, cli, gwID)
+	before, err := dockergw.ContainerIDs(ctx, cli, gwID)
 	if err != nil {
 		return nil, 0, 0, 0, err
 	}
@@ -378,7 +318,7 @@ func burstAndRefill(ctx context.Context, o options, g *gateway, cli *dockerclien
 		return nil, 0, 0, 0, err
 	}
 	refill = time.Since(start)
-	after, err := containerIDs(ctx, cli, gwID)
+	after, err := dockergw.ContainerIDs(ctx, cli, gwID)
 	if err != nil {
 		return nil, 0, 0, 0, err
 	}
@@ -388,59 +328,4 @@ func burstAndRefill(ctx context.Context, o options, g *gateway, cli *dockerclien
 		}
 	}
 	return durs, total, refill, launched, nil
-}
-
-func containerIDs(ctx context.Context, cli *dockerclient.Client, gwID string) (map[string]bool, error) {
-	list, err := cli.ContainerList(ctx, dockertypes.ListOptions{All: true,
-		Filters: filters.NewArgs(filters.Arg("label", providers.LabelGateway+"="+gwID))})
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]bool, len(list))
-	for _, c := range list {
-		out[c.ID] = true
-	}
-	return out, nil
-}
-
-// removeAll removes every container of the benchmark's gateway id.
-func removeAll(cli *dockerclient.Client, gwID string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	ids, err := containerIDs(ctx, cli, gwID)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dockerbench: clean up:", err)
-		return
-	}
-	for id := range ids {
-		if err := cli.ContainerRemove(ctx, id, dockertypes.RemoveOptions{Force: true}); err != nil {
-			fmt.Fprintln(os.Stderr, "dockerbench: clean up:", err)
-		}
-	}
-}
-
-func summary(ds []time.Duration) map[string]float64 {
-	return map[string]float64{"p50": ms(stats.Percentile(ds, 50)), "p99": ms(stats.Percentile(ds, 99)), "min": ms(stats.Percentile(ds, 0)), "max": ms(stats.Percentile(ds, 100))}
-}
-
-func line(ds []time.Duration) string {
-	return fmt.Sprintf("n=%d p50 %s p99 %s (min %s, max %s)", len(ds), stats.Percentile(ds, 50).Round(100*time.Microsecond),
-		stats.Percentile(ds, 99).Round(100*time.Microsecond), stats.Percentile(ds, 0).Round(100*time.Microsecond), stats.Percentile(ds, 100).Round(100*time.Microsecond))
-}
-
-// pct returns the p-th percentile (nearest rank) of ds.
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -45,8 +46,9 @@ func inLambda(getenv func(string) string) bool {
 }
 
 // validateLambda checks what Lambda mode needs beyond Config.Validate:
-// every instance of the function must share the leases, the relay state
-// and the API keys, and nothing on an instance's disk outlives it.
+// every instance of the function must share the leases, the relay state,
+// the checkpoints and the API keys, and nothing on an instance's disk
+// outlives it.
 func validateLambda(cfg Config, relayBroker string) error {
 	switch {
 	case cfg.Store != "dynamodb":
@@ -55,6 +57,9 @@ func validateLambda(cfg Config, relayBroker string) error {
 		return fmt.Errorf("QUARRY_RELAY_BROKER: %q in AWS Lambda; want dynamodb (instances must share the relay)", relayBroker)
 	case len(cfg.APIKeys) == 0:
 		return errors.New("QUARRY_API_KEYS: required in AWS Lambda (a generated key would differ on every instance)")
+	case cfg.CheckpointConfig.WithDefaults().Store != checkpoints.StoreS3:
+		return fmt.Errorf("QUARRY_CHECKPOINT_STORE: %q in AWS Lambda; want %s (each function instance would have its own embedded checkpoints)",
+			cfg.CheckpointConfig.WithDefaults().Store, checkpoints.StoreS3)
 	}
 	return nil
 }
@@ -92,6 +97,7 @@ func runLambda(ctx context.Context, cfg Config, log *slog.Logger) error {
 type lambdaHandler struct {
 	handler fasthttp.RequestHandler
 	mgr     *warmpool.Manager
+	purge   *purger // one pass of expired checkpoints per scheduled invocation
 	log     *slog.Logger
 }
 
@@ -102,7 +108,7 @@ func newLambdaHandler(ctx context.Context, cfg Config, log *slog.Logger) (*lambd
 	if err != nil {
 		return nil, nil, err
 	}
-	return &lambdaHandler{handler: st.gw.App().Handler(), mgr: st.mgr, log: log}, st.close, nil
+	return &lambdaHandler{handler: st.gw.App().Handler(), mgr: st.mgr, purge: st.purge, log: log}, st.close, nil
 }
 
 // lambdaEvent holds the fields that tell the kinds of invocation apart.
@@ -147,8 +153,9 @@ func (h *lambdaHandler) Invoke(ctx context.Context, payload json.RawMessage) (an
 	}
 }
 
-// reconcile runs the warm pool's background work once, bounded by the
-// invocation's deadline less a margin to answer in.
+// reconcile runs the warm pool's background work once, then one purge pass
+// of expired checkpoints, bounded by the invocation's deadline less a
+// margin to answer in.
 func (h *lambdaHandler) reconcile(ctx context.Context) (reconcileResult, error) {
 	start := time.Now()
 	var cancel context.CancelFunc
@@ -160,6 +167,9 @@ func (h *lambdaHandler) reconcile(ctx context.Context) (reconcileResult, error) 
 	defer cancel()
 	if err := h.mgr.RunOnce(ctx); err != nil {
 		return reconcileResult{}, err
+	}
+	if h.purge != nil {
+		h.purge.pass(ctx) // its failures are logged and counted; the next schedule retries
 	}
 	elapsed := time.Since(start).Round(time.Millisecond)
 	h.log.Info("scheduled background pass done", "elapsed", elapsed)

@@ -21,10 +21,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/checkpoints/s3store"
 	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
@@ -154,10 +157,16 @@ func (e *lambdaEnv) lifecycle() {
 	t := e.t
 	ctx, cancel := context.WithTimeout(t.Context(), deadline)
 	defer cancel()
+	// An expired checkpoint, for the scheduled pass's purge.
+	now := time.Now()
+	_, err := e.h.purge.store.Put(ctx, checkpoints.Checkpoint{ID: checkpoints.NewID(), Owner: "o", Format: "tar+gzip",
+		Paths: []string{"/w"}, CreatedAt: now.Add(-2 * time.Hour), ExpiresAt: now.Add(-time.Hour)}, strings.NewReader("old"), 1<<20)
+	require.NoError(t, err)
 	out, err := e.h.Invoke(ctx, fixture(t, "schedule", nil))
 	require.NoError(t, err)
 	assert.Equal(t, true, out.(reconcileResult).Reconciled)
 	assert.Equal(t, 1, e.poolReady(), "the scheduled pass launched min_warm and waited for it")
+	assert.Equal(t, 1.0, counterValue(t, e.h.purge.purged), "the scheduled pass purged the expired checkpoint")
 
 	key := map[string]string{"KEY": lambdaTestKey}
 	resp, body := e.invokeHTTP("create", key)
@@ -246,11 +255,19 @@ func TestLambda_Invoke_SandboxLifecycleDynamoDB(t *testing.T) {
 	relayTable := prefix + "-relay"
 	require.NoError(t, dynamostore.CreateTables(ctx, client, storeCfg))
 	require.NoError(t, dynamobroker.CreateTables(ctx, client, relayTable))
+	ckTable, ckBucket := prefix+"-checkpoints", prefix+"-checkpoints"
+	require.NoError(t, s3store.CreateTables(ctx, client, ckTable))
+	s3c := s3.NewFromConfig(testAWSConfig(ctx, t), func(o *s3.Options) { o.UsePathStyle = true })
+	_, err = s3c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(ckBucket)})
+	require.NoError(t, err)
 	t.Cleanup(func() {
 		cctx, cancel := context.WithTimeout(context.Background(), deadline)
 		defer cancel()
 		assert.NoError(t, dynamostore.DeleteTables(cctx, client, storeCfg))
 		assert.NoError(t, dynamobroker.DeleteTables(cctx, client, relayTable))
+		assert.NoError(t, s3store.DeleteTables(cctx, client, ckTable))
+		_, err := s3c.DeleteBucket(cctx, &s3.DeleteBucketInput{Bucket: aws.String(ckBucket)})
+		assert.NoError(t, err, "the purge emptied the checkpoint bucket")
 	})
 
 	vars := map[string]string{
@@ -260,6 +277,9 @@ func TestLambda_Invoke_SandboxLifecycleDynamoDB(t *testing.T) {
 		"QUARRY_RELAY_BROKER":          "dynamodb",
 		"QUARRY_RELAY_DYNAMODB_TABLE":  relayTable,
 		"QUARRY_RELAY_SECRET":          "lambda-test-relay-secret-0123456789abcdef",
+		"QUARRY_CHECKPOINT_STORE":      "s3",
+		"QUARRY_CHECKPOINT_BUCKET":     ckBucket,
+		"QUARRY_CHECKPOINT_TABLE":      ckTable,
 	}
 	e := newLambdaEnv(t, vars)
 	cfg, _, err := loadConfig()
@@ -424,7 +444,8 @@ func TestFromFastHTTP_ConvertsTheAnswer(t *testing.T) {
 }
 
 func TestValidateLambda_NamesTheVariable(t *testing.T) {
-	valid := Config{Store: "dynamodb", GatewayConfig: GatewayConfig{APIKeys: []string{lambdaTestKey}}}
+	valid := Config{Store: "dynamodb", GatewayConfig: GatewayConfig{APIKeys: []string{lambdaTestKey}},
+		CheckpointConfig: CheckpointConfig{Config: checkpoints.Config{Store: checkpoints.StoreS3}}}
 	tests := []struct {
 		name   string
 		mutate func(*Config)
@@ -435,6 +456,7 @@ func TestValidateLambda_NamesTheVariable(t *testing.T) {
 		{name: "embedded store", mutate: func(c *Config) { c.Store = "embedded" }, broker: "dynamodb", want: "QUARRY_STORE"},
 		{name: "memory relay", mutate: func(*Config) {}, broker: "memory", want: "QUARRY_RELAY_BROKER"},
 		{name: "no API keys", mutate: func(c *Config) { c.APIKeys = nil }, broker: "dynamodb", want: "QUARRY_API_KEYS"},
+		{name: "embedded checkpoint store", mutate: func(c *Config) { c.CheckpointConfig.Store = "" }, broker: "dynamodb", want: "QUARRY_CHECKPOINT_STORE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -508,6 +530,7 @@ func TestRun_InLambdaRefusesPerInstanceState(t *testing.T) {
 		{name: "embedded store", env: map[string]string{"QUARRY_STORE": "embedded"}, want: "QUARRY_STORE"},
 		{name: "memory relay", env: map[string]string{"QUARRY_STORE": "dynamodb", "QUARRY_RELAY_BROKER": "memory"}, want: "QUARRY_RELAY_BROKER"},
 		{name: "no API keys", env: map[string]string{"QUARRY_STORE": "dynamodb", "QUARRY_RELAY_BROKER": "dynamodb", "QUARRY_API_KEYS": ""}, want: "QUARRY_API_KEYS"},
+		{name: "embedded checkpoint store", env: map[string]string{"QUARRY_STORE": "dynamodb", "QUARRY_RELAY_BROKER": "dynamodb"}, want: "QUARRY_CHECKPOINT_STORE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -65,6 +65,7 @@ type Config struct {
 	GatewayConfig
 	ManagerConfig
 	DynamoConfig
+	CheckpointConfig
 }
 
 // The embedded configurations, named so that their fields stay flat for
@@ -144,6 +145,9 @@ func (c Config) Validate() error {
 	if c.StartTimeout <= 0 {
 		return fmt.Errorf("QUARRY_START_TIMEOUT: must be positive, got %s", c.StartTimeout)
 	}
+	if err := c.CheckpointConfig.Validate(); err != nil {
+		return err
+	}
 	return c.ManagerConfig.WithDefaults().Validate()
 }
 
@@ -202,8 +206,9 @@ type stack struct {
 	cfg       Config
 	gw        *gateway.Gateway
 	mgr       *warmpool.Manager
-	keySource string // where the API key comes from, for the start-up line
-	relayDir  string // the relay socket's directory, when a provider mounts it ("": no socket)
+	keySource string  // where the API key comes from, for the start-up line
+	relayDir  string  // the relay socket's directory, when a provider mounts it ("": no socket)
+	purge     *purger // deletes expired checkpoints (started with background)
 	log       *slog.Logger
 	closers   []func(ctx context.Context) // run in reverse order by close
 }
@@ -329,7 +334,27 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 		}
 	}
 
-	st.gw, err = gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg, Model: relay, Envs: envReg, RockImages: rockImages})
+	openCtx, cancel = context.WithTimeout(ctx, cfg.StartTimeout)
+	ckStore, err := openCheckpointStore(openCtx, cfg, log)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	st.closers = append(st.closers, func(context.Context) {
+		if err := ckStore.Close(); err != nil {
+			log.Error("close checkpoint store", "err", err)
+		}
+	})
+	if st.purge, err = newPurger(ckStore, cfg.CheckpointConfig, log, reg); err != nil {
+		return nil, err
+	}
+	if background { // Lambda runs a pass per scheduled invocation instead (lambda.go)
+		st.purge.Start(ctx)
+		st.closers = append(st.closers, st.purge.Close)
+	}
+
+	st.gw, err = gateway.New(cfg.GatewayConfig, gateway.Deps{Manager: mgr, Logger: log, Metrics: reg, Model: relay, Envs: envReg, RockImages: rockImages,
+		Checkpoints: ckStore, CheckpointConfig: cfg.CheckpointConfig.Config})
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ func TestLocalStackHook_MatchesCommittedHook(t *testing.T) {
 	require.NoError(t, err, "the hook is missing: go test ./cmd/quarry -run TestLocalStackHook -update")
 	assert.Equal(t, string(want), got, "the committed hook differs from the table definitions: go test ./cmd/quarry -run TestLocalStackHook -update")
 	assert.Contains(t, got, "create_table quarry-model-relay '", "the relay's table too")
+	assert.Contains(t, got, "create_table quarry-checkpoints '", "the S3 checkpoint store's table too")
 	fi, err := os.Stat(hookPath)
 	require.NoError(t, err)
 	assert.NotZero(t, fi.Mode()&0o100, "LocalStack runs only executable hooks")

@@ -65,6 +65,8 @@ const topUsage = `usage: quarry [--url URL] [--api-key KEY] <command> [args]
 
 commands:
   sandbox create|ls|get|heartbeat|exec|shell|cp|rm   work with sandboxes (quarry sandbox -h)
+  sandbox restore|fork                               roll a sandbox back to a checkpoint, fork it into many
+  checkpoint create|ls|rm                            checkpoints of sandboxes' paths (quarry checkpoint -h)
   pools                                              list the pools and their counts
   tables create|delete                               the DynamoDB lease store's tables (quarry tables -h)
 
@@ -98,6 +100,8 @@ func (c *cli) top(ctx context.Context, args []string) error {
 	switch pos[0] {
 	case "sandbox", "sandboxes", "sb":
 		return c.dispatch(ctx, "quarry sandbox", sandboxCommands(), pos[1:])
+	case "checkpoint", "checkpoints", "ckp":
+		return c.dispatch(ctx, "quarry checkpoint", checkpointCommands(), pos[1:])
 	case "pools":
 		return c.dispatch(ctx, "quarry", []command{poolsCommand()}, pos)
 	case "tables":

@@ -20,7 +20,7 @@ import (
 // sandboxCommands are the subcommands of `quarry sandbox`.
 func sandboxCommands() []command {
 	return []command{
-		{"create", "quarry sandbox create [--pool default] [--lease-seconds N] [--env K=V]… [--label K=V]… [--idempotency-key K] [--json]",
+		{"create", "quarry sandbox create [--pool default] [--lease-seconds N] [--env K=V]… [--label K=V]… [--from-checkpoint CKP] [--idempotency-key K] [--json]",
 			"lease a sandbox and print its id", runCreate},
 		{"ls", "quarry sandbox ls [--all | --state S] [--pool P] [--label K=V]… [--json]", "list your active sandboxes (--all: ended ones too)", runList},
 		{"get", "quarry sandbox get [--json] ID", "show one sandbox", runGet},
@@ -29,6 +29,9 @@ func sandboxCommands() []command {
 			"run a command, streaming its output byte for byte; exits with its status (" + strconv.Itoa(exitOutputCut) + " when it succeeded but its output went over --max-output)", runExec},
 		{"shell", "quarry sandbox shell [--timeout D] [--env K=V]… [--cwd DIR] ID", "an interactive session (Ctrl-D ends it)", runShell},
 		{"cp", "quarry sandbox cp LOCAL ID:REMOTE\n       quarry sandbox cp ID:REMOTE LOCAL\n       (LOCAL - is standard input or output: a file's bytes, a directory as a tar)", "copy a file or a directory in or out", runCopy},
+		{"restore", "quarry sandbox restore [--json] ID CKP", "roll a sandbox's paths back to a checkpoint, in place (processes keep running)", runRestore},
+		{"fork", "quarry sandbox fork [-n N] [--lease-seconds N] [--path P]… [--exclude GLOB]… [--label K=V]… [--keep-checkpoint] [--json] ID",
+			"take a checkpoint and make N sandboxes from it; prints one id per fork (failures on stderr)", runFork},
 		{"kill-all", "quarry sandbox kill-all [--json] ID", "kill every process in a sandbox but its agent (sessions end); the lease stays", runKillAll},
 		{"rm", "quarry sandbox rm ID…", "release sandboxes", runRemove},
 	}
@@ -39,9 +42,14 @@ func poolsCommand() command {
 	return command{"pools", "quarry pools [--json]", "list the pools and their counts", runPools}
 }
 
-// usageOf is the usage text of the named command.
+// usageOf is the usage text of the named command ("checkpoint X" for the
+// checkpoint commands).
 func usageOf(name string) string {
-	for _, cmd := range append(sandboxCommands(), poolsCommand()) {
+	cmds := append(sandboxCommands(), poolsCommand())
+	if rest, ok := strings.CutPrefix(name, "checkpoint "); ok {
+		cmds, name = checkpointCommands(), rest
+	}
+	for _, cmd := range cmds {
 		if cmd.name == name {
 			return "usage: " + cmd.usage + "\n\n" + cmd.summary + "\n"
 		}
@@ -112,13 +120,17 @@ func runCreate(ctx context.Context, c *cli, args []string) error {
 	fs.Var(env, "env", "K=V added to the environment of every command (repeatable)")
 	fs.Var(labels, "label", "K=V label of the sandbox (repeatable)")
 	key := fs.String("idempotency-key", "", "retrying with the same key returns the same sandbox")
+	from := fs.String("from-checkpoint", "", "restore this checkpoint into the sandbox before it is handed out (--pool defaults to the checkpoint's)")
 	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
 	_, cl, err := c.start(fs, "create", args, 0, 0)
 	if err != nil {
 		return err
 	}
+	if *from != "" && !flagSet(fs, "pool") {
+		*pool = "" // the checkpoint's pool
+	}
 	sb, err := cl.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: *pool, LeaseSeconds: *lease,
-		Env: env, Labels: labels, IdempotencyKey: *key})
+		Env: env, Labels: labels, IdempotencyKey: *key, FromCheckpoint: *from})
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
@@ -127,6 +139,13 @@ func runCreate(ctx context.Context, c *cli, args []string) error {
 	}
 	_, err = fmt.Fprintln(c.stdout, sb.ID)
 	return err
+}
+
+// flagSet reports whether flag name was given.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 func runList(ctx context.Context, c *cli, args []string) error {

@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"github.com/quarryhq/quarry/checkpoints/s3store"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 )
@@ -21,28 +22,34 @@ import (
 // its infrastructure code).
 func tablesCommands() []command {
 	return []command{
-		{"create", "quarry tables create [--tasks-table T] [--leases-table T] [--relay-table T] [--shards N] [--region R] [--timeout D]",
-			"create the lease store's and the model relay's DynamoDB tables (idempotent; waits until they are ACTIVE)", runTablesCreate},
-		{"delete", "quarry tables delete [--tasks-table T] [--leases-table T] [--relay-table T] [--region R] [--timeout D]",
-			"delete the lease store's and the model relay's DynamoDB tables and everything in them", runTablesDelete},
+		{"create", "quarry tables create [--tasks-table T] [--leases-table T] [--relay-table T] [--checkpoint-table T] [--shards N] [--region R] [--timeout D]",
+			"create the lease store's, the model relay's and the S3 checkpoint store's DynamoDB tables (idempotent; waits until they are ACTIVE)", runTablesCreate},
+		{"delete", "quarry tables delete [--tasks-table T] [--leases-table T] [--relay-table T] [--checkpoint-table T] [--region R] [--timeout D]",
+			"delete the lease store's, the model relay's and the S3 checkpoint store's DynamoDB tables and everything in them", runTablesDelete},
 	}
 }
 
 func runTablesCreate(ctx context.Context, c *cli, args []string) error {
-	return c.tables(ctx, "create", args, func(ctx context.Context, api *dynamodb.Client, cfg dynamostore.Config, relay string) error {
+	return c.tables(ctx, "create", args, func(ctx context.Context, api *dynamodb.Client, cfg dynamostore.Config, other otherTables) error {
 		if err := dynamostore.CreateTables(ctx, api, cfg); err != nil {
 			return err
 		}
-		return dynamobroker.CreateTables(ctx, api, relay)
+		if err := dynamobroker.CreateTables(ctx, api, other.relay); err != nil {
+			return err
+		}
+		return s3store.CreateTables(ctx, api, other.checkpoints)
 	})
 }
 
 func runTablesDelete(ctx context.Context, c *cli, args []string) error {
-	return c.tables(ctx, "delete", args, func(ctx context.Context, api *dynamodb.Client, cfg dynamostore.Config, relay string) error {
+	return c.tables(ctx, "delete", args, func(ctx context.Context, api *dynamodb.Client, cfg dynamostore.Config, other otherTables) error {
 		if err := dynamostore.DeleteTables(ctx, api, cfg); err != nil {
 			return err
 		}
-		return dynamobroker.DeleteTables(ctx, api, relay)
+		if err := dynamobroker.DeleteTables(ctx, api, other.relay); err != nil {
+			return err
+		}
+		return s3store.DeleteTables(ctx, api, other.checkpoints)
 	})
 }
 
@@ -50,7 +57,7 @@ func runTablesDelete(ctx context.Context, c *cli, args []string) error {
 // else QUARRY_DYNAMODB_* as the gateway reads them, else the store's
 // defaults), loads the AWS SDK's standard configuration (AWS_REGION,
 // AWS_ENDPOINT_URL, credentials) and runs op.
-func (c *cli) tables(ctx context.Context, name string, args []string, op func(context.Context, *dynamodb.Client, dynamostore.Config, string) error) error {
+func (c *cli) tables(ctx context.Context, name string, args []string, op func(context.Context, *dynamodb.Client, dynamostore.Config, otherTables) error) error {
 	usage := ""
 	for _, cmd := range tablesCommands() {
 		if cmd.name == name {
@@ -73,8 +80,12 @@ func (c *cli) tables(ctx context.Context, name string, args []string, op func(co
 	fs := c.flags("tables " + name)
 	fs.StringVar(&cfg.TasksTable, "tasks-table", cfg.TasksTable, "tasks table (env QUARRY_DYNAMODB_TASKS_TABLE)")
 	fs.StringVar(&cfg.LeasesTable, "leases-table", cfg.LeasesTable, "leases table (env QUARRY_DYNAMODB_LEASES_TABLE)")
-	relay := cmp.Or(c.getenv("QUARRY_RELAY_DYNAMODB_TABLE"), dynamobroker.DefaultTable)
-	fs.StringVar(&relay, "relay-table", relay, "model relay table (env QUARRY_RELAY_DYNAMODB_TABLE)")
+	other := otherTables{
+		relay:       cmp.Or(c.getenv("QUARRY_RELAY_DYNAMODB_TABLE"), dynamobroker.DefaultTable),
+		checkpoints: cmp.Or(c.getenv("QUARRY_CHECKPOINT_TABLE"), s3store.DefaultTable),
+	}
+	fs.StringVar(&other.relay, "relay-table", other.relay, "model relay table (env QUARRY_RELAY_DYNAMODB_TABLE)")
+	fs.StringVar(&other.checkpoints, "checkpoint-table", other.checkpoints, "S3 checkpoint store's table (env QUARRY_CHECKPOINT_TABLE)")
 	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "shards of each hot key; the gateways must use the same (env QUARRY_DYNAMODB_SHARDS)")
 	fs.StringVar(&cfg.Region, "region", cfg.Region, "AWS region (env QUARRY_DYNAMODB_REGION; default the SDK's, AWS_REGION)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the tables")
@@ -100,10 +111,10 @@ func (c *cli) tables(ctx context.Context, name string, args []string, op func(co
 	if awsCfg.Region == "" {
 		return errors.New("--region (AWS_REGION): no AWS region is configured")
 	}
-	if err := op(ctx, dynamodb.NewFromConfig(awsCfg), cfg, relay); err != nil {
+	if err := op(ctx, dynamodb.NewFromConfig(awsCfg), cfg, other); err != nil {
 		return fmt.Errorf("tables %s: %w", name, err)
 	}
-	_, err = fmt.Fprintf(c.stdout, "%sd tables %s, %s and %s (region %s)\n", name, cfg.TasksTable, cfg.LeasesTable, relay, awsCfg.Region)
+	_, err = fmt.Fprintf(c.stdout, "%sd tables %s, %s, %s and %s (region %s)\n", name, cfg.TasksTable, cfg.LeasesTable, other.relay, other.checkpoints, awsCfg.Region)
 	return err
 }
 
@@ -119,11 +130,17 @@ func (c *cli) noArgs(fs *flag.FlagSet, args []string, usage string) error {
 	return nil
 }
 
+// otherTables are the tables of `quarry tables` beside the lease store's.
+type otherTables struct {
+	relay       string // the model relay's (dynamobroker)
+	checkpoints string // the S3 checkpoint store's (s3store)
+}
+
 // localStackHook renders the LocalStack init hook committed as
 // localstack/init/ready.d/10-quarry-tables.sh: every table `quarry tables
 // create` makes, with the default names.
 func localStackHook() (string, error) {
 	return dynamostore.RenderLocalStackInit(dynamostore.Config{}, dynamostore.ExtraTable{
 		Def: dynamobroker.TableDefinition(dynamobroker.DefaultTable), TTLAttribute: dynamobroker.TTLAttribute,
-	})
+	}, dynamostore.ExtraTable{Def: s3store.TableDefinition(s3store.DefaultTable)})
 }

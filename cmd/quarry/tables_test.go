@@ -46,7 +46,7 @@ func TestRun_Tables_BadSettingsNameTheirFlag(t *testing.T) {
 func TestRun_Tables_HelpListsTheSettings(t *testing.T) {
 	res := runCLI(t, "", "tables", "create", "-h")
 	require.Equal(t, 0, res.code, res.stderr)
-	for _, want := range []string{"--tasks-table", "QUARRY_DYNAMODB_TASKS_TABLE", "QUARRY_DYNAMODB_SHARDS", "AWS_ENDPOINT_URL"} {
+	for _, want := range []string{"--tasks-table", "QUARRY_DYNAMODB_TASKS_TABLE", "QUARRY_DYNAMODB_SHARDS", "AWS_ENDPOINT_URL", "--checkpoint-table", "QUARRY_CHECKPOINT_TABLE"} {
 		assert.Contains(t, res.stdout, want)
 	}
 }

@@ -397,6 +397,73 @@ func (c *Client) DownloadArchive(ctx context.Context, dir string, gzip bool) (io
 	return c.get(ctx, RouteFileArchive+"?"+q.Encode())
 }
 
+// Checkpoint calls GET /v1/checkpoint: a checkpoint archive of paths
+// (absolute or relative to the work dir; none: the work dir) without the
+// entries that match exclude, at the agent's default compression. The
+// caller reads the archive to its end and closes it; a transfer that
+// breaks before the end is an error of the read, never a short valid
+// archive. A missing path is an *Error with status 404.
+func (c *Client) Checkpoint(ctx context.Context, paths, exclude []string) (io.ReadCloser, CheckpointInfo, error) {
+	return c.CheckpointLevel(ctx, paths, exclude, "")
+}
+
+// CheckpointLevel is Checkpoint at the compression level compression
+// (CompressionFast, CompressionNone, CompressionSmall; "" the default).
+func (c *Client) CheckpointLevel(ctx context.Context, paths, exclude []string, compression string) (io.ReadCloser, CheckpointInfo, error) {
+	q := url.Values{"path": paths, "exclude": exclude}
+	if compression != "" {
+		q.Set("compression", compression)
+	}
+	resp, err := c.send(ctx, http.MethodGet, RouteCheckpoint+"?"+q.Encode(), nil, "", "")
+	if err != nil {
+		return nil, CheckpointInfo{}, err
+	}
+	info, err := checkpointInfo(resp.Header)
+	if err != nil {
+		resp.Body.Close()
+		return nil, CheckpointInfo{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	return resp.Body, info, nil
+}
+
+// checkpointInfo reads the headers of a checkpoint answer.
+func checkpointInfo(h http.Header) (CheckpointInfo, error) {
+	info := CheckpointInfo{Format: h.Get(HeaderFormat)}
+	if info.Format != FormatTarGzip {
+		return info, fmt.Errorf("the agent sent format %q, not %q", info.Format, FormatTarGzip)
+	}
+	for _, f := range []struct {
+		name string
+		set  func(int64)
+	}{
+		{HeaderFiles, func(n int64) { info.Files = int(n) }},
+		{HeaderSkipped, func(n int64) { info.Skipped = int(n) }},
+		{HeaderBytes, func(n int64) { info.Bytes = n }},
+	} {
+		n, err := strconv.ParseInt(h.Get(f.name), 10, 64)
+		if err != nil || n < 0 {
+			return info, fmt.Errorf("the agent sent %s %q, not a count", f.name, h.Get(f.name))
+		}
+		f.set(n)
+	}
+	if err := json.Unmarshal([]byte(h.Get(HeaderRoots)), &info.Roots); err != nil || len(info.Roots) == 0 {
+		return info, fmt.Errorf("the agent sent %s %q, not a JSON array of paths", HeaderRoots, h.Get(HeaderRoots))
+	}
+	return info, nil
+}
+
+// Restore calls PUT /v1/checkpoint?sha256=: r is a checkpoint archive
+// (as Checkpoint returned it) whose bytes hash to sha256 (hex); the agent
+// replaces its roots with it atomically. A body that does not hash to
+// sha256, or is not such an archive, is an *Error with status 400, a full
+// disk 507, another restore running 409 CodeBusy: each leaves the
+// sandbox as it was.
+func (c *Client) Restore(ctx context.Context, sha256 string, r io.Reader) (RestoreResult, error) {
+	var res RestoreResult
+	err := c.DoRaw(ctx, http.MethodPut, RouteCheckpoint+"?"+url.Values{"sha256": {sha256}}.Encode(), r, &res)
+	return res, err
+}
+
 // DoRaw sends body as application/octet-stream (body may be nil) and
 // decodes a JSON answer into out (may be nil). A non-2xx answer is *Error.
 func (c *Client) DoRaw(ctx context.Context, method, path string, body io.Reader, out any) error {
@@ -439,6 +506,12 @@ func processPath(id string) string { return RouteProcesses + "/" + url.PathEscap
 // FormatMode formats permission bits (with setuid, setgid, sticky) as four
 // octal digits, the format of FileInfo.Mode and of the files API's mode query.
 func FormatMode(m fs.FileMode) string {
+	return fmt.Sprintf("%04o", ModeBits(m))
+}
+
+// ModeBits returns m's permission bits with setuid (0o4000), setgid
+// (0o2000) and sticky (0o1000), as chmod and a tar header take them.
+func ModeBits(m fs.FileMode) uint32 {
 	v := uint32(m.Perm())
 	if m&fs.ModeSetuid != 0 {
 		v |= 0o4000
@@ -449,5 +522,5 @@ func FormatMode(m fs.FileMode) string {
 	if m&fs.ModeSticky != 0 {
 		v |= 0o1000
 	}
-	return fmt.Sprintf("%04o", v)
+	return v
 }

@@ -7,7 +7,7 @@ import (
 
 // Version is the wire-protocol version of the exec agent. It is reported by
 // /healthz; the gateway refuses agents with a different major version.
-const Version = "1.1.0"
+const Version = "1.2.0"
 
 // HTTP headers of the agent protocol.
 const (
@@ -21,6 +21,54 @@ const (
 	// gateway sets it on command calls and cancels them when its own client
 	// goes away, so that the command stops (and its session is free again).
 	HeaderCallID = "X-Quarry-Call-Id"
+	// HeaderFormat, HeaderFiles, HeaderSkipped and HeaderBytes describe a
+	// checkpoint archive (GET RouteCheckpoint); the agent sends them with
+	// the status, before the body, from the walk it made before streaming:
+	// the archive's format (FormatTarGzip), its entries, the special files
+	// (devices, sockets, fifos) it left out, and the bytes of its regular
+	// files (uncompressed).
+	HeaderFormat  = "X-Quarry-Format"
+	HeaderFiles   = "X-Quarry-Files"
+	HeaderSkipped = "X-Quarry-Skipped"
+	HeaderBytes   = "X-Quarry-Bytes"
+	// HeaderRoots, with the same answer, lists the archive's roots as a
+	// JSON array of absolute paths (the PAXRoots record's value), so that
+	// the caller knows which absolute paths it holds (a relative path or
+	// none, the work dir, resolved) before it reads the body.
+	HeaderRoots = "X-Quarry-Roots"
+)
+
+// FormatTarGzip is the format of a checkpoint archive: a tar stream, gzip
+// compressed (one gzip member or several), whose first entry is a PAX
+// global header with the record PAXRoots. Each root's entries are named by
+// their absolute path without the leading "/", the root's own entry first.
+const FormatTarGzip = "tar+gzip"
+
+// PAXRoots is the PAX record of a checkpoint archive's global header that
+// lists its roots: a JSON array of absolute, clean paths, none inside
+// another.
+const PAXRoots = "QUARRY.roots"
+
+// PAXWorkdir is the PAX record of a checkpoint archive's global header
+// that names the work dir of the agent that took it. A restore by an
+// agent with another work dir puts the roots at or below that work dir
+// below its own (the process provider gives each sandbox its own work dir;
+// Docker's and ECS's are the same in every sandbox of an image), so a
+// checkpoint restored into another sandbox never writes into the
+// sandbox it was taken from. Roots elsewhere are restored where they were.
+const PAXWorkdir = "QUARRY.workdir"
+
+// Compression levels of a checkpoint (the compression query parameter);
+// every level is plain gzip, FormatTarGzip.
+const (
+	// CompressionFast (the default) is Huffman coding only: about four
+	// times the speed of deflate's fastest level, for two thirds of its
+	// gain.
+	CompressionFast = "fast"
+	// CompressionNone is gzip's stored blocks: the speed of a copy.
+	CompressionNone = "none"
+	// CompressionSmall is deflate's fastest level.
+	CompressionSmall = "small"
 )
 
 // Routes served by the agent. Every route requires "Authorization: Bearer <token>".
@@ -48,6 +96,11 @@ const (
 	RouteFileList      = "/v1/files/list"            // GET (?path=)
 	RouteFileArchive   = "/v1/files/archive"         // GET tar of a dir, PUT tar(.gz) to extract (?path=)
 	RouteKillAll       = "/v1/kill-all"              // POST: SIGKILL to every process but the agent
+	// RouteCheckpoint: GET a checkpoint archive of paths
+	// (?path=&path=&exclude=&compression=), PUT one back atomically
+	// (?sha256=), answered with RestoreResult. See docs/ARCHITECTURE.md,
+	// "Checkpoints: the agent's side".
+	RouteCheckpoint = "/v1/checkpoint"
 )
 
 // Error codes used in ErrorBody by the agent and the gateway.
@@ -400,4 +453,23 @@ type WriteResult struct {
 	Path    string `json:"path,omitempty"` // files and archives; absent for process stdin
 	Bytes   int64  `json:"bytes"`
 	Entries int    `json:"entries,omitempty"` // archive: entries extracted
+}
+
+// CheckpointInfo describes a checkpoint archive, from the headers the agent
+// sent before its body.
+type CheckpointInfo struct {
+	Format  string   // HeaderFormat: FormatTarGzip
+	Files   int      // HeaderFiles: entries in the archive (directories, files, symlinks)
+	Skipped int      // HeaderSkipped: special files left out
+	Bytes   int64    // HeaderBytes: bytes of regular files, uncompressed
+	Roots   []string // HeaderRoots: the roots, absolute
+}
+
+// RestoreResult is the answer of PUT RouteCheckpoint: the entries restored,
+// the bytes of their regular files, and how long the restore took (from the
+// first byte of the body to the end of the cleanup).
+type RestoreResult struct {
+	Files      int   `json:"files"`
+	Bytes      int64 `json:"bytes"`
+	DurationMS int64 `json:"duration_ms"`
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
@@ -30,6 +31,10 @@ const (
 	// for failure to be an error (ROCK's check "raise", a killed command);
 	// 422. ROCK's envelope answers it with its command code, 6000.
 	CodeCommandFailed = "command_failed"
+	// CodeCheckpointCorrupt: a checkpoint's stored archive does not match
+	// its sha256 or size (checkpoints.ErrCorrupt); 500. It was refused
+	// before anything was restored from it.
+	CodeCheckpointCorrupt = "checkpoint_corrupt"
 )
 
 // Class is how every API surface answers one error.
@@ -132,6 +137,9 @@ func Of(err error) Class {
 	if c, ok := ofRequest(err); ok {
 		return c
 	}
+	if c, ok := ofCheckpoint(err); ok {
+		return c
+	}
 	if c, ok := ofModel(subject, err); ok {
 		return c
 	}
@@ -186,6 +194,30 @@ func ofFiber(fe *fiber.Error) Class {
 		code = agentapi.CodeBadRequest
 	}
 	return Class{Code: code, Status: fe.Code, Message: fe.Message}
+}
+
+// ofCheckpoint classifies the checkpoint store's errors (checkpoints). It
+// runs before the agent's classes: a restore that streams a corrupt
+// archive into an agent fails as a call to the agent whose cause is the
+// corruption.
+func ofCheckpoint(err error) (Class, bool) {
+	switch {
+	case errors.Is(err, checkpoints.ErrNotFound):
+		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: "checkpoint not found"}, true
+	case errors.Is(err, checkpoints.ErrTooLarge):
+		return Class{Code: agentapi.CodeTooLarge, Status: http.StatusRequestEntityTooLarge,
+			Message: err.Error() + " (QUARRY_MAX_CHECKPOINT_BYTES): take a checkpoint of fewer paths, or exclude some"}, true
+	case errors.Is(err, checkpoints.ErrCorrupt):
+		return Class{Code: CodeCheckpointCorrupt, Status: http.StatusInternalServerError,
+			Message: "the checkpoint's stored archive is damaged (its bytes do not match its sha256 or size) and was refused; take a new checkpoint"}, true
+	case errors.Is(err, checkpoints.ErrExists):
+		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Retryable: true,
+			Message: "the checkpoint id is taken; retry"}, true
+	case errors.Is(err, checkpoints.ErrUnavailable), errors.Is(err, checkpoints.ErrClosed):
+		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+			Message: "the checkpoint store is unavailable; retry later"}, true
+	}
+	return Class{}, false
 }
 
 // ofModel classifies the model relay's errors (modelservice).

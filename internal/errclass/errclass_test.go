@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
@@ -79,6 +80,15 @@ func TestOf(t *testing.T) {
 		{name: "env refused the action", err: &envs.Error{Kind: envs.KindInvalidAction, Message: "not a digit"}, status: 400, code: "invalid_action", message: "not a digit"},
 		{name: "env timeout", err: &envs.Error{Kind: envs.KindTimeout, Message: "5s"}, status: 504, code: "env_timeout"},
 		{name: "env failed", err: &envs.Error{Kind: envs.KindEnv, Message: "exited"}, status: 502, code: "env_error"},
+		{name: "checkpoint not found", err: fmt.Errorf("get checkpoint ckp-1: %w", checkpoints.ErrNotFound), status: 404, code: "not_found", message: "checkpoint not found"},
+		{name: "checkpoint too large", err: fmt.Errorf("put checkpoint: archive larger than 10 bytes: %w", checkpoints.ErrTooLarge),
+			status: 413, code: "payload_too_large", message: "larger than 10 bytes: checkpoint archive too large (QUARRY_MAX_CHECKPOINT_BYTES)"},
+		{name: "checkpoint corrupt", err: fmt.Errorf("read: %w", checkpoints.ErrCorrupt), status: 500, code: "checkpoint_corrupt", message: "take a new checkpoint"},
+		{name: "corrupt archive streamed into an agent", err: errclass.Sandbox("sbx-1", call(fmt.Errorf("send body: %w", checkpoints.ErrCorrupt))),
+			status: 500, code: "checkpoint_corrupt", message: "damaged"},
+		{name: "checkpoint id taken", err: checkpoints.ErrExists, status: 409, code: "conflict", retryable: true, message: "retry"},
+		{name: "checkpoint store unavailable", err: fmt.Errorf("put: %w", checkpoints.ErrUnavailable), status: 503, code: "unavailable", retryable: true, message: "checkpoint store"},
+		{name: "checkpoint store closed", err: checkpoints.ErrClosed, status: 503, code: "unavailable", retryable: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -12,6 +11,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/quarryhq/quarry/internal/awserr"
+	"github.com/quarryhq/quarry/internal/ddbtable"
 	"github.com/quarryhq/quarry/modelservice"
 )
 
@@ -93,33 +93,10 @@ func TableDefinition(table string) *dynamodb.CreateTableInput {
 // deletes nothing else, so an index of an older schema stays until an
 // operator deletes it. Safe to run again, and from several processes.
 func CreateTables(ctx context.Context, api API, table string) error {
-	def := TableDefinition(table)
-	_, err := api.CreateTable(ctx, def)
-	var inUse *types.ResourceInUseException
-	if err != nil && !errors.As(err, &inUse) {
-		return fmt.Errorf("create table %s: %w", table, err)
-	}
-	desc, err := waitActive(ctx, api, table)
-	if err != nil {
+	if err := ddbtable.Create(ctx, api, TableDefinition(table)); err != nil {
 		return err
 	}
-	for _, ix := range missingIndexes(desc, def) {
-		_, err := api.UpdateTable(ctx, &dynamodb.UpdateTableInput{
-			TableName:                   aws.String(table),
-			AttributeDefinitions:        def.AttributeDefinitions,
-			GlobalSecondaryIndexUpdates: []types.GlobalSecondaryIndexUpdate{{Create: &types.CreateGlobalSecondaryIndexAction{IndexName: ix.IndexName, KeySchema: ix.KeySchema, Projection: ix.Projection}}},
-		})
-		// An error may be another process adding it meanwhile: the table's
-		// own description decides.
-		desc, derr := waitActive(ctx, api, table)
-		if derr != nil {
-			return derr
-		}
-		if err != nil && !hasIndex(desc, aws.ToString(ix.IndexName)) {
-			return fmt.Errorf("add index %s to table %s: %w", aws.ToString(ix.IndexName), table, err)
-		}
-	}
-	_, err = api.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
+	_, err := api.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName:               aws.String(table),
 		TimeToLiveSpecification: &types.TimeToLiveSpecification{AttributeName: aws.String(attrTTL), Enabled: aws.Bool(true)},
 	})
@@ -130,66 +107,9 @@ func CreateTables(ctx context.Context, api API, table string) error {
 	return nil
 }
 
-// missingIndexes returns the global secondary indexes of def that the
-// described table does not have.
-func missingIndexes(desc *types.TableDescription, def *dynamodb.CreateTableInput) []types.GlobalSecondaryIndex {
-	var out []types.GlobalSecondaryIndex
-	for _, ix := range def.GlobalSecondaryIndexes {
-		if !hasIndex(desc, aws.ToString(ix.IndexName)) {
-			out = append(out, ix)
-		}
-	}
-	return out
-}
-
-func hasIndex(desc *types.TableDescription, name string) bool {
-	for _, ix := range desc.GlobalSecondaryIndexes {
-		if aws.ToString(ix.IndexName) == name {
-			return true
-		}
-	}
-	return false
-}
-
-// tablePoll is how often waitActive describes the table.
-const tablePoll = 200 * time.Millisecond
-
-// waitActive waits until the table and every one of its indexes are
-// ACTIVE (bounded by ctx) and returns its description.
-func waitActive(ctx context.Context, api API, table string) (*types.TableDescription, error) {
-	for {
-		out, err := api.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
-		if err != nil {
-			return nil, fmt.Errorf("describe table %s: %w", table, err)
-		}
-		if d := out.Table; d != nil && d.TableStatus == types.TableStatusActive && indexesActive(d) {
-			return d, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for table %s: %w", table, ctx.Err())
-		case <-time.After(tablePoll):
-		}
-	}
-}
-
-func indexesActive(d *types.TableDescription) bool {
-	for _, ix := range d.GlobalSecondaryIndexes {
-		if ix.IndexStatus != "" && ix.IndexStatus != types.IndexStatusActive {
-			return false
-		}
-	}
-	return true
-}
-
 // DeleteTables deletes the relay's table. A missing table is not an error.
 func DeleteTables(ctx context.Context, api API, table string) error {
-	_, err := api.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(table)})
-	var rnf *types.ResourceNotFoundException
-	if err != nil && !errors.As(err, &rnf) {
-		return fmt.Errorf("delete table %s: %w", table, err)
-	}
-	return nil
+	return ddbtable.Delete(ctx, api, table)
 }
 
 // translate turns an SDK error into the contract's terms: throttling,

@@ -195,3 +195,56 @@ resource "aws_dynamodb_table" "model_relay" {
 
   tags = merge(local.tags, { "quarry.managed" = "true" })
 }
+
+# The S3 checkpoint store's metadata (checkpoints/s3store.TableDefinition):
+# one item per checkpoint, keys-only indexes by owner and by expiry (each
+# sharded in its partition key). No TTL: Purge removes items with their
+# objects.
+resource "aws_dynamodb_table" "checkpoints" {
+  name         = "${var.name}-checkpoints"
+  billing_mode = "PAY_PER_REQUEST"
+  hash_key     = "pk"
+
+  attribute {
+    name = "pk"
+    type = "S"
+  }
+  attribute {
+    name = "owner_pk"
+    type = "S"
+  }
+  attribute {
+    name = "owner_sk"
+    type = "S"
+  }
+  attribute {
+    name = "exp_pk"
+    type = "S"
+  }
+  attribute {
+    name = "exp_sk"
+    type = "N"
+  }
+
+  global_secondary_index {
+    name            = "by-owner"
+    hash_key        = "owner_pk"
+    range_key       = "owner_sk"
+    projection_type = "KEYS_ONLY"
+  }
+  global_secondary_index {
+    name            = "by-expiry"
+    hash_key        = "exp_pk"
+    range_key       = "exp_sk"
+    projection_type = "KEYS_ONLY"
+  }
+
+  point_in_time_recovery {
+    enabled = var.point_in_time_recovery
+  }
+  server_side_encryption {
+    enabled = true
+  }
+
+  tags = merge(local.tags, { "quarry.managed" = "true" })
+}

@@ -63,13 +63,14 @@ locals {
     aws_dynamodb_table.tasks.arn,
     aws_dynamodb_table.leases.arn,
     aws_dynamodb_table.model_relay.arn,
+    aws_dynamodb_table.checkpoints.arn,
   ]
   passed_roles = compact([aws_iam_role.sandbox_execution.arn, var.sandbox_task_role_arn])
 }
 
 data "aws_iam_policy_document" "gateway" {
   statement {
-    sid = "LeaseStoreAndRelayTables"
+    sid = "LeaseStoreRelayAndCheckpointTables"
     actions = [
       "dynamodb:GetItem",
       "dynamodb:PutItem",
@@ -85,6 +86,17 @@ data "aws_iam_policy_document" "gateway" {
       "dynamodb:DescribeTimeToLive",
     ]
     resources = concat(local.table_arns, [for arn in local.table_arns : "${arn}/index/*"])
+  }
+
+  statement {
+    sid = "CheckpointObjects"
+    actions = [
+      "s3:PutObject",
+      "s3:GetObject",
+      "s3:DeleteObject",
+      "s3:AbortMultipartUpload",
+    ]
+    resources = ["${aws_s3_bucket.checkpoints.arn}/*"]
   }
 
   statement {

@@ -59,6 +59,9 @@ locals {
     QUARRY_DYNAMODB_SHARDS          = tostring(var.dynamodb_shards)
     QUARRY_RELAY_BROKER             = "dynamodb"
     QUARRY_RELAY_DYNAMODB_TABLE     = aws_dynamodb_table.model_relay.name
+    QUARRY_CHECKPOINT_STORE         = "s3"
+    QUARRY_CHECKPOINT_BUCKET        = aws_s3_bucket.checkpoints.id
+    QUARRY_CHECKPOINT_TABLE         = aws_dynamodb_table.checkpoints.name
     QUARRY_ECS_CLUSTER              = aws_ecs_cluster.this.name
     QUARRY_ECS_SUBNETS              = join(",", var.private_subnet_ids)
     QUARRY_ECS_SECURITY_GROUPS      = aws_security_group.sandbox.id

@@ -14,12 +14,18 @@ output "cluster_name" {
 }
 
 output "table_names" {
-  description = "The DynamoDB tables: lease store (tasks, leases) and model relay."
+  description = "The DynamoDB tables: lease store (tasks, leases), model relay and checkpoint store."
   value = {
     tasks       = aws_dynamodb_table.tasks.name
     leases      = aws_dynamodb_table.leases.name
     model_relay = aws_dynamodb_table.model_relay.name
+    checkpoints = aws_dynamodb_table.checkpoints.name
   }
+}
+
+output "checkpoint_bucket" {
+  description = "The S3 bucket of the checkpoint store's archives."
+  value       = aws_s3_bucket.checkpoints.id
 }
 
 output "secret_arns" {

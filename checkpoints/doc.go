@@ -1,0 +1,27 @@
+// Package checkpoints is the checkpoint-store contract: a checkpoint is one
+// tar+gzip archive of a sandbox's paths, taken by its agent, with its
+// metadata (Checkpoint), kept for its owner (an API key) until it is
+// deleted or it expires. Store is the interface the gateway uses to keep
+// them. The package also holds what every store shares: the sentinel
+// errors, ids (NewID, ValidID), the argument checks (CheckPut,
+// Filter.Check), List's order (Newer), the readers a Put copies through
+// (DigestReader) and an Open returns (VerifyReader), and Config
+// (QUARRY_CHECKPOINT_*).
+//
+// Backends are subpackages: filestore (embedded: content-addressed files
+// and bbolt under QUARRY_DATA_DIR) and s3store (objects in S3, metadata in
+// DynamoDB). checkpointtest is the conformance suite both pass.
+//
+// Refinements of the contract as first written (issue 14's common
+// context), with their reasons:
+//   - The caller sets CreatedAt and ExpiresAt (it knows the retention); the
+//     store sets only SHA256 and SizeBytes. Get needs the time to hide an
+//     expired checkpoint, so stores take a clock (internal/clock).
+//   - Delete of an unknown id is nil: after a Delete the id is unknown, so
+//     an idempotent Delete cannot tell the two apart.
+//   - Purge counts every item it removes; in s3store that includes uploads
+//     abandoned by a crashed gateway, past their grace.
+//
+// It must not import any other Quarry package but internal/badinput and
+// internal/defaults: the gateway, the stores and the suite import it.
+package checkpoints

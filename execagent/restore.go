@@ -1,0 +1,514 @@
+package execagent
+
+import (
+	"archive/tar"
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/flate"
+	"github.com/klauspost/compress/gzip"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+)
+
+// restoreUnit is one root of a restore: where it is staged and how it is
+// swapped in.
+type restoreUnit struct {
+	root string // absolute path
+	name string // the root's name in the archive: root without its leading "/"
+	// inPlace: the root is a directory now and in the archive, so its
+	// entries are swapped and the root itself stays (it may be a mount
+	// point). Otherwise the root is staged beside itself and swapped whole.
+	inPlace bool
+	stage   string     // the staging directory: in the root (inPlace) or in its parent
+	x       *extractor // extracts into stage/new
+	rootHdr *tar.Header
+	// rootMTime is an inPlace root's mtime before its staging directory
+	// was made in it: making and removing that directory changes it.
+	rootMTime time.Time
+	created   []string // directories made to stage beside, outermost first
+	// kept: an undo failed and the staging directory holds old entries.
+	kept bool
+}
+
+// restore is one PUT /v1/checkpoint in progress.
+type restore struct {
+	s     *Server
+	units []*restoreUnit
+	files int
+	bytes int64
+}
+
+// handleRestore answers PUT /v1/checkpoint?sha256= (docs/ARCHITECTURE.md,
+// "Checkpoints: the agent's side"): it stages every root, checks the
+// body's hash, then swaps the roots in with renames that are undone if one
+// fails. A failure before the swap leaves the sandbox as it was.
+func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) error {
+	start := time.Now()
+	want, err := querySHA256(r)
+	if err != nil {
+		return err
+	}
+	if !s.ckMu.TryLock() {
+		return fmt.Errorf("another restore or a checkpoint is running in this sandbox: %w", errBusy)
+	}
+	defer s.ckMu.Unlock()
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
+	hash := sha256.New()
+	in := bufio.NewReaderSize(io.TeeReader(body, hash), 64<<10)
+	rs := &restore{s: s}
+	err = rs.stage(in)
+	if err == nil {
+		if _, err = io.Copy(io.Discard, in); err != nil {
+			err = restoreError(err, s.cfg.MaxUploadBytes)
+		}
+	}
+	if got := hex.EncodeToString(hash.Sum(nil)); err == nil && got != want {
+		err = invalid("sha256", "the body hashes to %s, not %s: it is another archive, or it was damaged on its way; nothing was changed", got, want)
+	}
+	if err != nil {
+		rs.discard()
+		return drained(body, err)
+	}
+	if err := rs.swap(); err != nil {
+		rs.discard()
+		return err
+	}
+	rs.cleanup()
+	res := agentapi.RestoreResult{Files: rs.files, Bytes: rs.bytes, DurationMS: time.Since(start).Milliseconds()}
+	s.log.Info("restore", "roots", len(rs.units), "files", res.Files, "bytes", res.Bytes, "duration_ms", res.DurationMS)
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// querySHA256 parses the sha256 query parameter: 64 hex digits, returned
+// in lower case.
+func querySHA256(r *http.Request) (string, error) {
+	v := r.URL.Query().Get("sha256")
+	if b, err := hex.DecodeString(v); err != nil || len(b) != sha256.Size {
+		return "", invalid("sha256", "must be the archive's SHA-256 as 64 hex digits, got %q", v)
+	}
+	return strings.ToLower(v), nil
+}
+
+// restoreError classifies an error of reading a checkpoint archive.
+func restoreError(err error, limit int64) error {
+	var corrupt flate.CorruptInputError
+	if errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.As(err, &corrupt) {
+		return invalid("body", "not a valid checkpoint archive (%s): %s; nothing was changed", agentapi.FormatTarGzip, err.Error())
+	}
+	return uploadError(err, limit)
+}
+
+// stage extracts the archive read from in into the roots' staging
+// directories, reading the gzip stream to its end (its CRC checked).
+func (rs *restore) stage(in io.Reader) error {
+	limit := rs.s.cfg.MaxUploadBytes
+	zr, err := gzip.NewReader(in)
+	if err != nil {
+		return restoreError(err, limit)
+	}
+	tr := tar.NewReader(zr)
+	if err := rs.readRoots(tr); err != nil {
+		return err
+	}
+	budget := limit
+	var cur *restoreUnit
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return restoreError(err, limit)
+		}
+		if hdr.Typeflag == tar.TypeXGlobalHeader {
+			continue
+		}
+		name, err := entryName(hdr.Name)
+		if err != nil {
+			return err
+		}
+		u := cur
+		if u == nil || !inside(name, u.name) {
+			if u = rs.unitOf(name); u == nil {
+				return invalid("body", "archive entry %q is below none of the archive's roots", hdr.Name)
+			}
+			if u.x != nil {
+				return invalid("body", "archive entry %q: the entries of %q are not together", hdr.Name, u.root)
+			}
+			if name != u.name {
+				return invalid("body", "archive entry %q comes before the entry of its root %q", hdr.Name, u.root)
+			}
+			if cur != nil {
+				budget = cur.x.budget
+			}
+			cur = u
+			if err := rs.open(u, hdr, budget); err != nil {
+				return err
+			}
+			if u.inPlace {
+				continue // the root's mode and mtime are set after the swap
+			}
+		}
+		if hdr.Name, err = u.stagedName(name); err != nil {
+			return err
+		}
+		if hdr.Typeflag == tar.TypeLink {
+			target, err := entryName(hdr.Linkname)
+			if err != nil {
+				return err
+			}
+			if !inside(target, u.name) {
+				return invalid("body", "archive entry %q: hard link to %q, outside its root", name, hdr.Linkname)
+			}
+			if hdr.Linkname, err = u.stagedName(target); err != nil {
+				return err
+			}
+		}
+		if err := u.x.entry(hdr, tr); err != nil {
+			return err
+		}
+	}
+	if _, err := io.Copy(io.Discard, zr); err != nil {
+		return restoreError(err, limit)
+	}
+	for _, u := range rs.units {
+		if u.x == nil {
+			return invalid("body", "the archive has no entry for its root %q", u.root)
+		}
+		if err := u.x.finish(); err != nil {
+			return err
+		}
+		rs.files += u.x.entries
+		rs.bytes += u.x.bytes
+		if u.inPlace {
+			rs.files++
+		}
+	}
+	return nil
+}
+
+// readRoots reads the archive's first entry, the roots header.
+func (rs *restore) readRoots(tr *tar.Reader) error {
+	hdr, err := tr.Next()
+	if err != nil {
+		return restoreError(err, rs.s.cfg.MaxUploadBytes)
+	}
+	list, ok := hdr.PAXRecords[agentapi.PAXRoots]
+	if hdr.Typeflag != tar.TypeXGlobalHeader || !ok {
+		return invalid("body", "not a checkpoint archive: its first entry is not a global header with %s", agentapi.PAXRoots)
+	}
+	var roots []string
+	if err := json.Unmarshal([]byte(list), &roots); err != nil || len(roots) == 0 {
+		return invalid("body", "the archive's %s is not a list of paths: %q", agentapi.PAXRoots, list)
+	}
+	if err := checkRoots(roots); err != nil {
+		return invalid("body", "the archive's roots: %s", err.Error())
+	}
+	targets := make([]string, len(roots))
+	for i, root := range roots {
+		targets[i] = rebase(root, hdr.PAXRecords[agentapi.PAXWorkdir], rs.s.cfg.Workdir)
+	}
+	if err := checkRoots(targets); err != nil {
+		return invalid("body", "the archive's roots, moved to this work dir: %s", err.Error())
+	}
+	for i, root := range roots {
+		rs.units = append(rs.units, &restoreUnit{root: targets[i], name: root[1:]})
+	}
+	return nil
+}
+
+// rebase returns where root, taken by an agent whose work dir was from,
+// is restored by one whose work dir is to: below to when it was at or
+// below from (agentapi.PAXWorkdir), else where it was.
+func rebase(root, from, to string) string {
+	if from == "" || from == to || !filepath.IsAbs(from) || filepath.Clean(from) != from || !inside(root, from) {
+		return root
+	}
+	return filepath.Join(to, root[len(from):])
+}
+
+// unitOf returns the unit whose root name is, or holds, name (nil: none).
+func (rs *restore) unitOf(name string) *restoreUnit {
+	for _, u := range rs.units {
+		if inside(name, u.name) {
+			return u
+		}
+	}
+	return nil
+}
+
+// stagedName maps an archive name below u's root to its name in
+// stage/new.
+func (u *restoreUnit) stagedName(name string) (string, error) {
+	rel := strings.TrimPrefix(strings.TrimPrefix(name, u.name), "/")
+	if !u.inPlace {
+		return path.Join(filepath.Base(u.root), rel), nil
+	}
+	if rel == "" {
+		return "", invalid("body", "archive entry %q: its root's entry twice", name)
+	}
+	return rel, nil
+}
+
+// open prepares u's staging directory when its root's entry hdr arrives,
+// and stages that entry when the root is staged beside.
+func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
+	fi, err := os.Lstat(u.root)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fsError("path", u.root, err)
+	}
+	u.inPlace = err == nil && fi.IsDir() && hdr.Typeflag == tar.TypeDir
+	dir := u.root
+	if u.inPlace {
+		u.rootMTime = fi.ModTime()
+	} else {
+		dir = filepath.Dir(u.root)
+		if u.created, err = mkdirs(dir); err != nil {
+			return fsError("path", dir, err)
+		}
+	}
+	stage, err := os.MkdirTemp(dir, stagingPrefix+"*")
+	if err != nil {
+		return fsError("path", u.root, err)
+	}
+	u.stage = stage
+	for _, sub := range []string{"new", "old"} {
+		if err := os.Mkdir(filepath.Join(stage, sub), 0o700); err != nil {
+			return fsError("path", u.root, err)
+		}
+	}
+	root, err := os.OpenRoot(filepath.Join(stage, "new"))
+	if err != nil {
+		return fsError("path", u.root, err)
+	}
+	u.x = &extractor{root: root, dir: dir, budget: budget, exact: true, writer: rs.s.stagedFile}
+	if u.inPlace {
+		u.rootHdr = hdr
+	}
+	return nil
+}
+
+// mkdirs creates dir and its missing parents (0755) and returns those it
+// created, outermost first.
+func mkdirs(dir string) ([]string, error) {
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || d == filepath.Dir(d) {
+			break
+		}
+		missing = append(missing, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	for i, j := 0, len(missing)-1; i < j; i, j = i+1, j-1 {
+		missing[i], missing[j] = missing[j], missing[i]
+	}
+	return missing, nil
+}
+
+// move is one rename of a swap.
+type move struct{ from, to string }
+
+// swap moves every root's staged entries in and its old ones out, with
+// renames it journals; when one fails it undoes the journal in reverse and
+// returns the failure.
+func (rs *restore) swap() error {
+	var done []move
+	type rootState struct {
+		u     *restoreUnit
+		mode  fs.FileMode
+		mtime time.Time
+	}
+	var touched []rootState
+	mv := func(from, to string) error {
+		if err := rs.s.moveEntry(from, to); err != nil {
+			return err
+		}
+		done = append(done, move{from, to})
+		return nil
+	}
+	err := func() error {
+		for _, u := range rs.units {
+			old, neu := filepath.Join(u.stage, "old"), filepath.Join(u.stage, "new")
+			if !u.inPlace {
+				base := filepath.Base(u.root)
+				if _, err := os.Lstat(u.root); err == nil {
+					if err := mv(u.root, filepath.Join(old, base)); err != nil {
+						return err
+					}
+				}
+				if err := mv(filepath.Join(neu, base), u.root); err != nil {
+					return err
+				}
+				continue
+			}
+			fi, err := os.Lstat(u.root)
+			if err != nil {
+				return fmt.Errorf("restore %q: %w", u.root, err)
+			}
+			touched = append(touched, rootState{u: u, mode: fi.Mode(), mtime: fi.ModTime()})
+			if err := os.Chmod(u.root, fi.Mode()|0o700); err != nil { // its entries move out and in
+				return fmt.Errorf("restore %q: make it writable: %w", u.root, err)
+			}
+			if err := rs.moveAll(u.root, old, filepath.Base(u.stage), mv); err != nil {
+				return err
+			}
+			if err := rs.moveAll(neu, u.root, "", mv); err != nil {
+				return err
+			}
+			mode := unixMode(uint32(u.rootHdr.Mode) & 0o7777)
+			if err := os.Chmod(u.root, mode); err != nil {
+				return fmt.Errorf("restore %q: set its mode: %w", u.root, err)
+			}
+			if err := os.Chtimes(u.root, u.rootHdr.ModTime, u.rootHdr.ModTime); err != nil {
+				return fmt.Errorf("restore %q: set its mtime: %w", u.root, err)
+			}
+		}
+		return nil
+	}()
+	if err == nil {
+		return nil
+	}
+	var undoErr error
+	for i := len(done) - 1; i >= 0; i-- {
+		if e := rs.s.moveEntry(done[i].to, done[i].from); e != nil {
+			undoErr = errors.Join(undoErr, e)
+		}
+	}
+	for _, t := range touched {
+		undoErr = errors.Join(undoErr, os.Chmod(t.u.root, t.mode), os.Chtimes(t.u.root, t.mtime, t.mtime))
+	}
+	if undoErr != nil {
+		var stages []string
+		for _, u := range rs.units {
+			if u.stage != "" {
+				u.kept = true
+				stages = append(stages, u.stage)
+			}
+		}
+		rs.s.log.Error("restore: undo failed", "err", err, "undo", undoErr, "staging", stages)
+		return fmt.Errorf("restore: %w; undoing it failed too (%s): entries not moved back are in %s", err, undoErr.Error(), strings.Join(stages, ", "))
+	}
+	return fmt.Errorf("restore: %w; every root was put back as it was", err)
+}
+
+// moveAll moves every entry of dir but skip into to with mv.
+func (rs *restore) moveAll(dir, to, skip string, mv func(from, to string) error) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("list %q: %w", dir, err)
+	}
+	for _, e := range ents {
+		if e.Name() == skip {
+			continue
+		}
+		if err := mv(filepath.Join(dir, e.Name()), filepath.Join(to, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moveEntry renames from to to. A directory without owner write
+// permission cannot move to another parent (its ".." changes) unless the
+// agent is root: it is made writable for the rename, then given its mode
+// back.
+func (s *Server) moveEntry(from, to string) error {
+	fi, err := os.Lstat(from)
+	if err != nil {
+		return fmt.Errorf("move %q: %w", from, err)
+	}
+	locked := fi.IsDir() && fi.Mode().Perm()&0o200 == 0
+	if locked {
+		if err := os.Chmod(from, fi.Mode()|0o200); err != nil {
+			return fmt.Errorf("move %q: make it writable: %w", from, err)
+		}
+	}
+	if err := s.rename(from, to); err != nil {
+		if locked {
+			_ = os.Chmod(from, fi.Mode())
+		}
+		return fmt.Errorf("move %q to %q: %w", from, to, err)
+	}
+	if locked {
+		if err := os.Chmod(to, fi.Mode()); err != nil {
+			return fmt.Errorf("move %q: give it back its mode: %w", to, err)
+		}
+	}
+	return nil
+}
+
+// discard removes what a restore that did not happen staged (and the
+// directories it created to stage beside), but a staging directory that
+// holds entries an undo could not put back.
+func (rs *restore) discard() {
+	for i := len(rs.units) - 1; i >= 0; i-- {
+		u := rs.units[i]
+		if u.x != nil {
+			_ = u.x.root.Close()
+		}
+		if u.stage == "" || u.kept {
+			continue
+		}
+		if err := removeTree(u.stage); err != nil {
+			rs.s.log.Warn("restore: remove staging", "path", u.stage, "err", err)
+		} else if u.inPlace {
+			rs.setRootMTime(u, u.rootMTime)
+		}
+		for j := len(u.created) - 1; j >= 0; j-- {
+			_ = os.Remove(u.created[j]) // only when empty: another root may use it
+		}
+	}
+}
+
+// cleanup removes the staging directories of a restore that happened:
+// they hold the old entries.
+func (rs *restore) cleanup() {
+	for _, u := range rs.units {
+		_ = u.x.root.Close()
+		if err := removeTree(u.stage); err != nil {
+			rs.s.log.Warn("restore: remove the old entries", "path", u.stage, "err", err)
+		} else if u.inPlace {
+			rs.setRootMTime(u, u.rootHdr.ModTime)
+		}
+	}
+}
+
+// setRootMTime gives an inPlace root mtime again once its staging
+// directory is gone (its atime is left alone); a failure is logged: the
+// root's entries are right, only its mtime is not.
+func (rs *restore) setRootMTime(u *restoreUnit, mtime time.Time) {
+	if err := os.Chtimes(u.root, time.Time{}, mtime); err != nil {
+		rs.s.log.Warn("restore: set the root's mtime", "path", u.root, "err", err)
+	}
+}
+
+// removeTree removes p and everything below it, making directories
+// writable where a missing permission stops the removal.
+func removeTree(p string) error {
+	if err := os.RemoveAll(p); err == nil || !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	_ = filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(q, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(p)
+}
