@@ -66,30 +66,6 @@ func readStat(pid int) (procStat, error) {
 	return parseStat(b)
 }
 
-// sessionMembers returns the pids of the live (not zombie) processes whose
-// session id is sid. Processes that vanish during the scan are ignored.
-func sessionMembers(sid int) ([]int, error) {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, fmt.Errorf("scan /proc: %w", err)
-	}
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || !e.IsDir() {
-			continue
-		}
-		st, err := readStat(pid)
-		if err != nil {
-			continue // exited during the scan, or not readable: not ours
-		}
-		if st.Session == sid && !st.dead() {
-			pids = append(pids, pid)
-		}
-	}
-	return pids, nil
-}
-
 // readBootID returns the kernel's boot id, which changes on every boot, so
 // that a recorded (pid, start time) pair is compared only within one boot.
 func readBootID() (string, error) {

@@ -1,6 +1,7 @@
 package process
 
 import (
+	"context"
 	"io/fs"
 	"os"
 	"testing"
@@ -74,7 +75,7 @@ func TestReadStat_ThisProcessAndMissingOne(t *testing.T) {
 func TestSessionMembers_FindsThisProcess(t *testing.T) {
 	st, err := readStat(os.Getpid())
 	require.NoError(t, err)
-	pids, err := sessionMembers(st.Session)
+	pids, err := sessions.members(context.Background(), st.Session)
 	require.NoError(t, err)
 	assert.Contains(t, pids, os.Getpid())
 }

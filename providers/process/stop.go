@@ -83,7 +83,7 @@ func (p *Provider) destroy(ctx context.Context, name string, rec *record) error 
 // is left (processes may fork while they are being killed) or ctx ends.
 func killSession(ctx context.Context, sid int) error {
 	for {
-		pids, err := sessionMembers(sid)
+		pids, err := sessions.members(ctx, sid)
 		if err != nil {
 			return fmt.Errorf("kill session %d: %w", sid, err)
 		}
