@@ -233,6 +233,15 @@ type SandboxRelay interface {
 	SandboxRelayURL(spec Spec) string
 }
 
+// StartSlots is implemented by providers that take a launched task some
+// time to start and bound how many start at once (ECS: Fargate's 30–90 s
+// starts, QUARRY_ECS_MAX_STARTING). The warm pool keeps enough Launch
+// calls in flight to fill them, so its own concurrency never holds launches
+// below the provider's rate.
+type StartSlots interface {
+	StartSlots() int
+}
+
 // RelaySocketName is the name of the gateway's model relay socket in the
 // directory a provider mounts into its sandboxes (docker.Config.RelayDir).
 const RelaySocketName = "relay.sock"

@@ -54,7 +54,7 @@ func (m *Manager) refill(ctx context.Context, p *pool, c TaskCounts, holder bool
 		chunk = min(chunk, l.MaxReserve())
 	}
 	for n > 0 {
-		if !p.startLaunch(m.cfg.LaunchConcurrency) {
+		if !p.startLaunch() {
 			p.blocked(m, blockedInFlight, n)
 			return
 		}

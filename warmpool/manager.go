@@ -132,7 +132,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		if !ok {
 			return nil, badinput.New(field, "pool %q uses provider %q, which is not configured (configured: %v)", pc.Name, pc.Provider, slices.Sorted(maps.Keys(provs)))
 		}
-		pools[pc.Name] = newPool(pc, prov, log, cfg.AcquireQueue)
+		pools[pc.Name] = newPool(pc, prov, log, cfg)
 		names = append(names, pc.Name)
 	}
 	limits := make(map[string]*rate.Limiter, len(provs))

@@ -30,6 +30,7 @@ type pool struct {
 	failures   int                     // launch failures in a row
 	nextLaunch time.Time               // no reconciler launch before (real time)
 	launching  int                     // Launch calls of this replica in flight
+	launchMax  int                     // at most that many (launchConcurrency)
 	local      int                     // tasks this replica reserved that are not yet ready or given up
 	blockedBy  string                  // why the last refill could not proceed ("": it could)
 	walk       walkState               // the reconciler's walk over the pool's tasks
@@ -51,7 +52,7 @@ type healthState struct {
 	cycle    int       // the last walk that saw the task ready
 }
 
-func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger, queueSize int) *pool {
+func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger, mcfg Config) *pool {
 	// The provider attaches the quarry.* labels itself (the gateway id from
 	// its own config); the spec carries only the pool's own labels.
 	labels := maps.Clone(cfg.Labels)
@@ -72,17 +73,32 @@ func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger, queueSiz
 		wake:       make(chan struct{}, 1),
 		coldStarts: map[string]bool{},
 		health:     map[string]*healthState{},
-		queue:      newAcquireQueue(queueSize),
+		queue:      newAcquireQueue(mcfg.AcquireQueue),
 		start:      newStarter(),
+		launchMax:  launchConcurrency(prov, mcfg),
 	}
+}
+
+// launchConcurrency is how many Launch calls of one pool may be in flight
+// on this replica: Config.LaunchConcurrency, or more where the provider has
+// more start slots (providers.StartSlots) than that many chunks fill. A
+// Launch returns when its tasks run, so with ECS's 1,900 slots and chunks
+// of 50 the pool needs 38 calls in flight to launch at AWS's 20/s; 4 would
+// hold it at 200 starting, about 2 launches/s with Fargate's starts.
+func launchConcurrency(prov providers.Provider, cfg Config) int {
+	n := cfg.LaunchConcurrency
+	if s, ok := prov.(providers.StartSlots); ok && cfg.LaunchChunk > 0 {
+		n = max(n, (s.StartSlots()+cfg.LaunchChunk-1)/cfg.LaunchChunk)
+	}
+	return n
 }
 
 // startLaunch takes one of the pool's max Launch calls in flight; false
 // when all are taken.
-func (p *pool) startLaunch(max int) bool {
+func (p *pool) startLaunch() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.launching >= max {
+	if p.launching >= p.launchMax {
 		return false
 	}
 	p.launching++
@@ -144,7 +160,7 @@ func (p *pool) blocked(m *Manager, reason string, want int, args ...any) {
 	case blockedBackoff:
 		log.Warn("refill blocked: launches failed; backing off before the next (QUARRY_LAUNCH_BACKOFF, QUARRY_LAUNCH_BACKOFF_MAX)")
 	case blockedInFlight:
-		log.Debug("refill held: QUARRY_LAUNCH_CONCURRENCY launch calls are in flight", "limit", m.cfg.LaunchConcurrency)
+		log.Debug("refill held: QUARRY_LAUNCH_CONCURRENCY launch calls are in flight", "limit", p.launchMax)
 	}
 }
 

@@ -283,6 +283,16 @@ func launchKey(spec providers.Spec, set settings, taskDef string) string {
 // its start slots together).
 func (p *Provider) batchSize() int { return min(maxPerCall, p.cfg.MaxStarting) }
 
+var (
+	_ providers.StartSlots = (*Provider)(nil)
+	_ providers.StartSlots = (*Watching)(nil)
+	_ providers.Watcher    = (*Watching)(nil)
+)
+
+// StartSlots is how many tasks may be between RunTask and running at once
+// (Config.MaxStarting): providers.StartSlots.
+func (p *Provider) StartSlots() int { return p.cfg.MaxStarting }
+
 // dispatch gives the launch queue's batches out until Close: for each, in
 // the queue's fair order, it takes one start slot per name and waits for
 // the RunTask rate (one batch at a time: this is what makes the order
