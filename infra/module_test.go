@@ -316,3 +316,43 @@ func TestModule_SetsOnlyDocumentedVariables(t *testing.T) {
 	}
 	assert.NotEmpty(t, seen)
 }
+
+// The task events rule matches what the ECS provider reads: the cluster's
+// "ECS Task State Change" events from aws.ecs (docs/ECS.md, "Events"),
+// into a queue only that rule may send to and the gateway reads.
+func TestModule_TaskEventsRouteMatchesTheProvider(t *testing.T) {
+	ctx := evalContext(t)
+	const clusterARN = "arn:aws:ecs:us-east-1:123456789012:cluster/quarry"
+	ctx.Variables["aws_ecs_cluster"] = cty.ObjectVal(map[string]cty.Value{"this": cty.ObjectVal(map[string]cty.Value{"arn": cty.StringVal(clusterARN)})})
+	rules := resources(t, "aws_cloudwatch_event_rule")
+	require.Contains(t, rules, "task_events")
+	var pattern struct {
+		Source     []string `json:"source"`
+		DetailType []string `json:"detail-type"`
+		Detail     struct {
+			ClusterArn []string `json:"clusterArn"`
+		} `json:"detail"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(str(t, ctx, rules["task_events"].Body, "event_pattern")), &pattern))
+	assert.Equal(t, []string{"aws.ecs"}, pattern.Source)
+	assert.Equal(t, []string{"ECS Task State Change"}, pattern.DetailType)
+	assert.Equal(t, []string{clusterARN}, pattern.Detail.ClusterArn)
+
+	queues := resources(t, "aws_sqs_queue")
+	require.Contains(t, queues, "task_events")
+	wait := queues["task_events"].Body.Attributes["receive_wait_time_seconds"]
+	require.NotNil(t, wait)
+	v, diags := wait.Expr.Value(ctx)
+	require.False(t, diags.HasErrors())
+	assert.True(t, v.Equals(cty.NumberIntVal(20)).True(), "long polls, as the provider makes them: %#v", v)
+	assert.Contains(t, resources(t, "aws_sqs_queue_policy"), "task_events")
+	assert.Contains(t, resources(t, "aws_cloudwatch_event_target"), "task_events")
+
+	iam, err := os.ReadFile("modules/quarry/iam.tf")
+	require.NoError(t, err)
+	assert.Regexp(t, `(?s)sid\s*=\s*"ReadTaskStateEvents".*"sqs:ReceiveMessage", "sqs:DeleteMessage".*aws_sqs_queue\.task_events\[0\]\.arn`, string(iam),
+		"the gateway may receive and delete the queue's messages")
+	locals, err := os.ReadFile("modules/quarry/locals.tf")
+	require.NoError(t, err)
+	assert.Regexp(t, `QUARRY_ECS_EVENTS_QUEUE_URL\s*=\s*aws_sqs_queue\.task_events\[0\]\.url`, string(locals))
+}

@@ -243,3 +243,23 @@ const RelaySocketName = "relay.sock"
 type Closer interface {
 	Close(ctx context.Context) error
 }
+
+// Watcher is implemented by providers that learn of task state changes from the backend's
+// events (ECS task-state-change events through EventBridge and SQS, Docker's event stream).
+type Watcher interface {
+	// Watch delivers events until ctx ends; it returns when ctx ends or the event source
+	// fails for good (the caller falls back to Describe). Events may repeat and arrive out
+	// of order; a consumer treats them as hints and checks the store's record.
+	Watch(ctx context.Context, events chan<- TaskEvent) error
+}
+
+// TaskEvent is one task state change a Watcher delivers: a hint that the
+// consumer checks against the store's record, never a decision on its own.
+type TaskEvent struct {
+	ID     string // provider task id (Task.ID)
+	Name   string // Quarry's task name (LabelTask), when the event carries it
+	Pool   string
+	State  TaskState // TaskRunning or TaskStopped
+	Reason string    // why it stopped
+	At     time.Time
+}

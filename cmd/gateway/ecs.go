@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,13 +10,17 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	awsecs "github.com/aws/aws-sdk-go-v2/service/ecs"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/kelseyhightower/envconfig"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/ecs"
+	"github.com/quarryhq/quarry/providers/ecs/ddbrate"
+	"github.com/quarryhq/quarry/warmpool/dynamostore"
 )
 
 // ecsSetupTimeout bounds loading the AWS configuration and reading the
@@ -66,7 +71,39 @@ func makeECSProvider(cfg Config, log *slog.Logger) (providers.Provider, error) {
 			return nil, err
 		}
 	}
-	return newECSProvider(env, awsCfg.Region, awsecs.NewFromConfig(awsCfg), log)
+	deps := ecs.Deps{Logger: log}
+	if env.EventsQueueURL != "" {
+		deps.SQS = sqs.NewFromConfig(awsCfg)
+	}
+	if deps.Rate, err = sharedRunTaskRate(ctx, cfg, env.Config, log); err != nil {
+		return nil, err
+	}
+	return newECSProvider(env, awsCfg.Region, awsecs.NewFromConfig(awsCfg), deps)
+}
+
+// sharedRunTaskRate returns the RunTask rate every replica shares when the
+// lease store is DynamoDB (ddbrate: one item of the leases table, at the
+// QUARRY_ECS_RUN_TASK_* and QUARRY_ECS_LAUNCH_* rates), or nil (the
+// provider's in-process buckets: the embedded store has one replica).
+func sharedRunTaskRate(ctx context.Context, cfg Config, c ecs.Config, log *slog.Logger) (ecs.RateLimiter, error) {
+	if cfg.Store != "dynamodb" {
+		return nil, nil
+	}
+	awsCfg, err := loadAWS(ctx, cfg.DynamoConfig)
+	if err != nil {
+		return nil, fmt.Errorf("ecs provider: shared run task rate: %w", err)
+	}
+	c = c.WithDefaults()
+	table := cmp.Or(cfg.LeasesTable, dynamostore.DefaultLeasesTable)
+	l, err := ddbrate.New(dynamodb.NewFromConfig(awsCfg), ddbrate.Config{
+		Table: table, CallRate: c.RunTaskRate, CallBurst: c.RunTaskBurst, TaskRate: c.LaunchRate, TaskBurst: c.LaunchBurst,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("QUARRY_ECS_RUN_TASK_*, QUARRY_ECS_LAUNCH_*: %w", err)
+	}
+	log.Info("ecs provider: the RunTask rate is shared by every replica", "table", table,
+		"run_task_rate", c.RunTaskRate, "launch_rate", c.LaunchRate)
+	return l, nil
 }
 
 // secretReader is the part of the Secrets Manager client the gateway uses.
@@ -86,13 +123,20 @@ func readSecret(ctx context.Context, sm secretReader, arn string) (string, error
 	return *out.SecretString, nil
 }
 
-// newECSProvider builds the ECS provider from its configuration on api.
-func newECSProvider(env ecsEnv, region string, api ecs.API, log *slog.Logger) (providers.Provider, error) {
+// newECSProvider builds the ECS provider from its configuration on api:
+// one that also reads the task state change events
+// (providers.Watcher) when QUARRY_ECS_EVENTS_QUEUE_URL is set.
+func newECSProvider(env ecsEnv, region string, api ecs.API, deps ecs.Deps) (providers.Provider, error) {
 	c, err := env.config(region)
 	if err != nil {
 		return nil, err
 	}
-	p, err := ecs.New(c, api, log)
+	var p providers.Provider
+	if c.EventsQueueURL != "" {
+		p, err = ecs.NewWatching(c, api, deps)
+	} else {
+		p, err = ecs.New(c, api, deps)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("QUARRY_ECS_* (fields named as the variables, split into words): %w", err)
 	}

@@ -8,10 +8,13 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/providers/ecs"
+	"github.com/quarryhq/quarry/providers/ecs/ddbrate"
 )
 
 // setECSEnv sets a complete ECS configuration (no AWS call is made to build
@@ -35,6 +38,64 @@ func TestMakeECSProvider_ReadsQuarryECSVariables(t *testing.T) {
 	p, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	assert.IsType(t, &ecs.Provider{}, p)
+}
+
+// With an events queue the provider learns task states from ECS's events
+// (providers.Watcher); without one it is no Watcher.
+func TestMakeECSProvider_EventsQueueMakesAWatcher(t *testing.T) {
+	setECSEnv(t)
+	p, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	_, ok := p.(providers.Watcher)
+	assert.False(t, ok)
+
+	t.Setenv("QUARRY_ECS_EVENTS_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/quarry-ecs-events")
+	p, err = makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	assert.IsType(t, &ecs.Watching{}, p)
+	_, ok = p.(providers.Watcher)
+	assert.True(t, ok)
+
+	t.Setenv("QUARRY_ECS_EVENTS_QUEUE_URL", "quarry-ecs-events")
+	_, err = makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	assert.ErrorContains(t, err, "EventsQueueURL")
+}
+
+// With the DynamoDB store the replicas share the RunTask rate (an item of
+// the leases table); with the embedded store (one replica) the provider
+// keeps its own buckets.
+func TestSharedRunTaskRate_WithTheDynamoDBStore(t *testing.T) {
+	setECSEnv(t)
+	log := slog.New(slog.DiscardHandler)
+	rl, err := sharedRunTaskRate(context.Background(), Config{Store: "embedded"}, ecs.Config{}, log)
+	require.NoError(t, err)
+	assert.Nil(t, rl)
+	rl, err = sharedRunTaskRate(context.Background(), Config{Store: "dynamodb"}, ecs.Config{}, log)
+	require.NoError(t, err)
+	assert.IsType(t, &ddbrate.Limiter{}, rl)
+	_, err = sharedRunTaskRate(context.Background(), Config{Store: "dynamodb"}, ecs.Config{RunTaskRate: -1}, log)
+	assert.ErrorContains(t, err, "QUARRY_ECS_RUN_TASK_")
+	t.Setenv("QUARRY_STORE", "dynamodb")
+	p, err := makeECSProvider(Config{Store: "dynamodb"}, log)
+	require.NoError(t, err)
+	assert.IsType(t, &ecs.Provider{}, p)
+}
+
+// The ECS provider's metrics are registered with the gateway's.
+func TestRegisterProviderMetrics_TheECSProvidersCollectors(t *testing.T) {
+	setECSEnv(t)
+	p, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, registerProviderMetrics(reg, map[string]providers.Provider{"ecs": p}))
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var names []string
+	for _, f := range families {
+		names = append(names, f.GetName())
+	}
+	assert.Subset(t, names, []string{"quarry_ecs_launch_queued", "quarry_ecs_tasks_starting"})
+	assert.Error(t, registerProviderMetrics(reg, map[string]providers.Provider{"ecs": p}), "twice is refused")
 }
 
 func TestMakeECSProvider_BadValueNamesTheVariable(t *testing.T) {

@@ -273,6 +273,9 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 		return nil, err
 	}
 	st.closers = append(st.closers, func(context.Context) { closeProviders(provs, log) })
+	if err := registerProviderMetrics(reg, provs); err != nil {
+		return nil, err
+	}
 	for _, prov := range provs {
 		if _, ok := prov.(providers.SandboxRelay); ok && background {
 			// A provider whose sandboxes reach the relay through their
@@ -463,6 +466,24 @@ func makeProviders(cfg Config, pools []warmpool.PoolConfig, log *slog.Logger) (m
 		out[p.Provider] = prov
 	}
 	return out, nil
+}
+
+// registerProviderMetrics registers the collectors of the providers that
+// have some (the ECS provider's launch queue, starting tasks, refusals,
+// events).
+func registerProviderMetrics(reg prometheus.Registerer, provs map[string]providers.Provider) error {
+	for name, p := range provs {
+		m, ok := p.(interface{ Collectors() []prometheus.Collector })
+		if !ok {
+			continue
+		}
+		for _, c := range m.Collectors() {
+			if err := reg.Register(c); err != nil {
+				return fmt.Errorf("register the %s provider's metrics: %w", name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // closeProviders releases the providers' resources; it never stops tasks.

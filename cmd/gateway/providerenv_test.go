@@ -60,11 +60,15 @@ func TestProviderConfig_VariableNames(t *testing.T) {
 		"QUARRY_ECS_ASSIGN_PUBLIC_IP",
 		"QUARRY_ECS_CAPACITY_PROVIDER",
 		"QUARRY_ECS_CLUSTER",
+		"QUARRY_ECS_DESCRIBE_BURST",
+		"QUARRY_ECS_DESCRIBE_RATE",
+		"QUARRY_ECS_EVENTS_QUEUE_URL",
 		"QUARRY_ECS_EXECUTION_ROLE_ARN",
 		"QUARRY_ECS_LAUNCH_BURST",
 		"QUARRY_ECS_LAUNCH_RATE",
 		"QUARRY_ECS_LOG_GROUP",
 		"QUARRY_ECS_MAX_ATTEMPTS",
+		"QUARRY_ECS_MAX_QUEUED",
 		"QUARRY_ECS_MAX_STARTING",
 		"QUARRY_ECS_PLATFORM_VERSION",
 		"QUARRY_ECS_POLL_INTERVAL",
@@ -151,6 +155,10 @@ func TestECSConfig_EachVariableSetsItsField(t *testing.T) {
 		"QUARRY_ECS_PLATFORM_VERSION":     "1.4.0",
 		"QUARRY_ECS_START_TIMEOUT":        "7m",
 		"QUARRY_ECS_MAX_STARTING":         "50",
+		"QUARRY_ECS_MAX_QUEUED":           "500",
+		"QUARRY_ECS_DESCRIBE_RATE":        "12.5",
+		"QUARRY_ECS_DESCRIBE_BURST":       "13",
+		"QUARRY_ECS_EVENTS_QUEUE_URL":     "https://sqs.eu-west-1.amazonaws.com/123456789012/quarry-ecs-events",
 		"QUARRY_ECS_RUN_TASK_RATE":        "5.5",
 		"QUARRY_ECS_RUN_TASK_BURST":       "6",
 		"QUARRY_ECS_LAUNCH_RATE":          "7.5",
@@ -180,9 +188,11 @@ func TestECSConfig_EachVariableSetsItsField(t *testing.T) {
 		TokenKeySecretARN: "arn:aws:secretsmanager:us-east-1:123456789012:secret:k",
 		LogGroup:          "/quarry", LogRegion: "eu-west-1",
 		CapacityProvider: "FARGATE_SPOT:3,FARGATE:1", PlatformVersion: "1.4.0",
-		StartTimeout: 7 * time.Minute, MaxStarting: 50,
+		StartTimeout: 7 * time.Minute, MaxStarting: 50, MaxQueued: 500,
 		RunTaskRate: 5.5, RunTaskBurst: 6, LaunchRate: 7.5, LaunchBurst: 80, TagRate: 9.5, TagBurst: 11,
+		DescribeRate: 12.5, DescribeBurst: 13,
 		MaxAttempts: 4, PollInterval: 3 * time.Second,
+		EventsQueueURL: "https://sqs.eu-west-1.amazonaws.com/123456789012/quarry-ecs-events",
 	}, got)
 }
 
@@ -200,8 +210,10 @@ func TestECSConfig_Defaults(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, ecs.Config{
 		GatewayID: "quarry", LogRegion: "us-east-1", AgentPort: 8000, CapacityProvider: "FARGATE", PlatformVersion: "LATEST",
-		StartTimeout: 5 * time.Minute, MaxStarting: 200,
+		StartTimeout: 5 * time.Minute, MaxStarting: 1900, MaxQueued: 20000,
 		RunTaskRate: 20, RunTaskBurst: 20, LaunchRate: 20, LaunchBurst: 100, TagRate: 20, TagBurst: 20,
+		DescribeRate: 20, DescribeBurst: 40,
 		MaxAttempts: 8, RetryBase: 250 * time.Millisecond, RetryMax: 10 * time.Second, PollInterval: 2 * time.Second,
+		EventsWait: 20 * time.Second,
 	}, got.WithDefaults())
 }

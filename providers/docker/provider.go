@@ -17,6 +17,7 @@ import (
 
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
@@ -32,6 +33,7 @@ var (
 	_ providers.Provider     = (*Provider)(nil)
 	_ providers.Closer       = (*Provider)(nil)
 	_ providers.SandboxRelay = (*Provider)(nil)
+	_ providers.Watcher      = (*Provider)(nil)
 )
 
 const (
@@ -66,6 +68,7 @@ type dockerAPI interface {
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
 	ContainerLogs(ctx context.Context, id string, options container.LogsOptions) (io.ReadCloser, error)
 	ContainerRemove(ctx context.Context, id string, options container.RemoveOptions) error
+	Events(ctx context.Context, options events.ListOptions) (<-chan events.Message, <-chan error)
 	Close() error
 }
 

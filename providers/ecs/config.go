@@ -3,6 +3,7 @@ package ecs
 import (
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -18,7 +19,14 @@ const (
 	DefaultPlatformVersion  = "LATEST"
 	DefaultAgentPort        = 8000
 	DefaultStartTimeout     = 5 * time.Minute
-	DefaultMaxStarting      = 200
+	// DefaultSlowStart is the longest time Fargate usually takes from
+	// RunTask to RUNNING (30-90 s for small images without SOCI; image
+	// pull is most of it). The default of MaxStarting is LaunchBurst +
+	// LaunchRate × DefaultSlowStart: enough start slots that launching at
+	// the full launch rate never runs out of them (1,900 at the defaults).
+	DefaultSlowStart = 90 * time.Second
+	// DefaultMaxQueued bounds the names waiting in the launch queue.
+	DefaultMaxQueued = 20000
 	// DefaultRunTaskRate and DefaultRunTaskBurst are RunTask calls per
 	// second (ECS's RunTask API limit is about 20/s sustained).
 	DefaultRunTaskRate  = 20
@@ -30,8 +38,16 @@ const (
 	// DefaultTagRate and DefaultTagBurst are TagResource calls per second
 	// (one per launched task, naming it): the launch rate, so naming keeps
 	// up with launching.
-	DefaultTagRate      = 20
-	DefaultTagBurst     = 20
+	DefaultTagRate  = 20
+	DefaultTagBurst = 20
+	// DefaultDescribeRate and DefaultDescribeBurst bound DescribeTasks
+	// calls per second (100 tasks each) of one provider: the starting
+	// tasks' watcher, Describe, List, Stop and the events' look-ups.
+	DefaultDescribeRate  = 20
+	DefaultDescribeBurst = 40
+	// DefaultEventsWait is how long one ReceiveMessage of the events
+	// queue waits for a message (SQS's longest long poll).
+	DefaultEventsWait   = 20 * time.Second
 	DefaultMaxAttempts  = 8
 	DefaultRetryBase    = 250 * time.Millisecond
 	DefaultRetryMax     = 10 * time.Second
@@ -40,6 +56,9 @@ const (
 
 // maxPerCall is the most tasks one RunTask call may start (an ECS limit).
 const maxPerCall = 10
+
+// maxEventsWait is SQS's longest long poll.
+const maxEventsWait = 20 * time.Second
 
 // Config configures the ECS provider. Zero values of the fields with a
 // default take it (WithDefaults); Validate names the first bad field of
@@ -97,8 +116,12 @@ type Config struct {
 	// IP; a task past it is stopped and reported with the reason.
 	StartTimeout time.Duration `envconfig:"QUARRY_ECS_START_TIMEOUT"`
 	// MaxStarting caps the tasks between RunTask and running (or stopped)
-	// at once, over all Launch calls of the provider.
+	// at once, over all Launch calls of the provider. Default: LaunchBurst
+	// + LaunchRate × DefaultSlowStart.
 	MaxStarting int `envconfig:"QUARRY_ECS_MAX_STARTING"`
+	// MaxQueued bounds the names waiting in the launch queue for a start
+	// slot and the RunTask rate; a name past it is refused (ErrThrottled).
+	MaxQueued int `envconfig:"QUARRY_ECS_MAX_QUEUED"`
 	// RunTaskRate/RunTaskBurst bound RunTask calls per second;
 	// LaunchRate/LaunchBurst bound tasks launched per second;
 	// TagRate/TagBurst bound TagResource calls (one per task) per second.
@@ -108,6 +131,9 @@ type Config struct {
 	LaunchBurst  int     `envconfig:"QUARRY_ECS_LAUNCH_BURST"`
 	TagRate      float64 `envconfig:"QUARRY_ECS_TAG_RATE"`
 	TagBurst     int     `envconfig:"QUARRY_ECS_TAG_BURST"`
+	// DescribeRate/DescribeBurst bound DescribeTasks calls per second.
+	DescribeRate  float64 `envconfig:"QUARRY_ECS_DESCRIBE_RATE"`
+	DescribeBurst int     `envconfig:"QUARRY_ECS_DESCRIBE_BURST"`
 	// MaxAttempts bounds the tries of a throttled call (ThrottlingException,
 	// or InvalidParameterException "Rate exceeded"), with jittered
 	// exponential backoff from RetryBase up to RetryMax between them.
@@ -116,6 +142,14 @@ type Config struct {
 	RetryMax    time.Duration `ignored:"true"`
 	// PollInterval is how often DescribeTasks polls the starting tasks.
 	PollInterval time.Duration `envconfig:"QUARRY_ECS_POLL_INTERVAL"`
+	// EventsQueueURL is the SQS queue an EventBridge rule fills with the
+	// cluster's "ECS Task State Change" events; set, NewWatching makes a
+	// provider that reads it (providers.Watcher). New refuses it.
+	EventsQueueURL string `envconfig:"QUARRY_ECS_EVENTS_QUEUE_URL"`
+	// EventsWait is the long poll of one ReceiveMessage (whole seconds,
+	// at most 20 s; below a second, a short poll and a pause of
+	// PollInterval when the queue is empty).
+	EventsWait time.Duration `ignored:"true"`
 }
 
 // WithDefaults returns c with every unset field that has a default set to it.
@@ -123,34 +157,24 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.GatewayID, DefaultGatewayID)
 	defaults.Set(&c.CapacityProvider, DefaultCapacityProvider)
 	defaults.Set(&c.PlatformVersion, DefaultPlatformVersion)
-	defInt := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defInt(&c.AgentPort, DefaultAgentPort)
-	defInt(&c.MaxStarting, DefaultMaxStarting)
-	defInt(&c.RunTaskBurst, DefaultRunTaskBurst)
-	defInt(&c.LaunchBurst, DefaultLaunchBurst)
-	defInt(&c.TagBurst, DefaultTagBurst)
-	defInt(&c.MaxAttempts, DefaultMaxAttempts)
-	defDur := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defDur(&c.StartTimeout, DefaultStartTimeout)
-	defDur(&c.RetryBase, DefaultRetryBase)
-	defDur(&c.RetryMax, DefaultRetryMax)
-	defDur(&c.PollInterval, DefaultPollInterval)
-	if c.RunTaskRate == 0 {
-		c.RunTaskRate = DefaultRunTaskRate
-	}
-	if c.LaunchRate == 0 {
-		c.LaunchRate = DefaultLaunchRate
-	}
-	if c.TagRate == 0 {
-		c.TagRate = DefaultTagRate
+	defaults.Set(&c.AgentPort, DefaultAgentPort)
+	defaults.Set(&c.RunTaskBurst, DefaultRunTaskBurst)
+	defaults.Set(&c.LaunchBurst, DefaultLaunchBurst)
+	defaults.Set(&c.TagBurst, DefaultTagBurst)
+	defaults.Set(&c.DescribeBurst, DefaultDescribeBurst)
+	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
+	defaults.Set(&c.MaxQueued, DefaultMaxQueued)
+	defaults.Set(&c.StartTimeout, DefaultStartTimeout)
+	defaults.Set(&c.RetryBase, DefaultRetryBase)
+	defaults.Set(&c.RetryMax, DefaultRetryMax)
+	defaults.Set(&c.PollInterval, DefaultPollInterval)
+	defaults.Set(&c.EventsWait, DefaultEventsWait)
+	defaults.Set(&c.RunTaskRate, DefaultRunTaskRate)
+	defaults.Set(&c.LaunchRate, DefaultLaunchRate)
+	defaults.Set(&c.TagRate, DefaultTagRate)
+	defaults.Set(&c.DescribeRate, DefaultDescribeRate)
+	if c.MaxStarting == 0 && c.LaunchRate > 0 {
+		c.MaxStarting = c.LaunchBurst + int(math.Ceil(c.LaunchRate*DefaultSlowStart.Seconds()))
 	}
 	return c
 }
@@ -206,6 +230,9 @@ func (c Config) Validate() error {
 	if c.MaxStarting < 1 {
 		bad("MaxStarting", "must be at least 1, got %d", c.MaxStarting)
 	}
+	if c.MaxQueued < 1 {
+		bad("MaxQueued", "must be at least 1, got %d", c.MaxQueued)
+	}
 	if c.RunTaskRate <= 0 || c.RunTaskBurst < 1 {
 		bad("RunTaskRate", "rate and burst must be positive, got %g/s burst %d", c.RunTaskRate, c.RunTaskBurst)
 	}
@@ -215,6 +242,9 @@ func (c Config) Validate() error {
 	if c.TagRate <= 0 || c.TagBurst < 1 {
 		bad("TagRate", "rate and burst must be positive, got %g/s burst %d", c.TagRate, c.TagBurst)
 	}
+	if c.DescribeRate <= 0 || c.DescribeBurst < 1 {
+		bad("DescribeRate", "rate and burst must be positive, got %g/s burst %d", c.DescribeRate, c.DescribeBurst)
+	}
 	if c.MaxAttempts < 1 {
 		bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)
 	}
@@ -223,6 +253,12 @@ func (c Config) Validate() error {
 	}
 	if c.PollInterval <= 0 {
 		bad("PollInterval", "must be positive, got %s", c.PollInterval)
+	}
+	if c.EventsQueueURL != "" && !strings.HasPrefix(c.EventsQueueURL, "https://") && !strings.HasPrefix(c.EventsQueueURL, "http://") {
+		bad("EventsQueueURL", "want the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>), got %q", c.EventsQueueURL)
+	}
+	if c.EventsWait < 0 || c.EventsWait > maxEventsWait {
+		bad("EventsWait", "must be within 0..%s, got %s", maxEventsWait, c.EventsWait)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("ecs provider config: %w", err)

@@ -8,15 +8,25 @@
 // looked up before registering), or supplied by the pool
 // ("task_definition" option, e.g. from Terraform).
 //
-// Launches go through a launch controller: names are grouped in batches
-// of up to 10, one RunTask call (count = the batch's size, shared tags) per
-// batch, then one TagResource per task for its name tag; token buckets
-// keep RunTask calls, task launches and TagResource calls within ECS's
-// rates, throttles (including InvalidParameterException "Rate exceeded")
-// are retried with jittered backoff, a semaphore caps the tasks starting
-// at once, and the starting tasks are polled with DescribeTasks in batches of 100 until each runs
-// with a private IP, stops (it is reported with ECS's stopped reason) or
-// passes its deadline (it is stopped).
+// Launches go through a launch controller: a bounded launch queue, one
+// FIFO per pool, gives names out in batches of up to 10 of one pool at a
+// time, taking the pools in turn; one RunTask call (count = the batch's
+// size, shared tags) per batch, then one TagResource per task for its
+// name tag. A RateLimiter keeps RunTask calls and task launches within
+// the account's rates (in-process by default; ddbrate shares it between
+// replicas through DynamoDB), token buckets keep TagResource and
+// DescribeTasks within the process's, throttles (including
+// InvalidParameterException "Rate exceeded") are retried with jittered
+// backoff, a semaphore caps the tasks starting at once, and one watcher
+// per provider polls every starting task with DescribeTasks in batches of
+// 100 until each runs with a private IP, stops (it is reported with ECS's
+// stopped reason) or passes its deadline (it is stopped).
+//
+// NewWatching makes a provider that also implements providers.Watcher:
+// it drains an SQS queue that an EventBridge rule fills with the cluster's
+// "ECS Task State Change" events (Config.EventsQueueURL) and delivers the
+// state changes of this gateway's tasks, named from what the provider saw
+// (or one DescribeTasks per received batch). New makes one without events.
 //
 // The provider keeps nothing in memory that matters: every task carries
 // the quarry.* tags and a startedBy derived from the gateway id, so List
@@ -29,5 +39,6 @@
 // derive the token with agentapi.DeriveToken. docs/ECS.md has the whole
 // story.
 //
-// This package must not import gateway, warmpool or another provider.
+// This package must not import gateway, warmpool or another provider
+// (providers/ecs/ddbrate, its shared rate, imports none of them either).
 package ecs

@@ -84,15 +84,22 @@ func newEmulator(t *testing.T, endpoint string) *emulator {
 }
 
 // emulatorClient returns an ECS client from the SDK's default chain
-// (AWS_ENDPOINT_URL, credentials; region us-east-1 when none is set).
+// (emulatorConfig).
 func emulatorClient(t *testing.T) *ecs.Client {
+	t.Helper()
+	return ecs.NewFromConfig(emulatorConfig(t))
+}
+
+// emulatorConfig is the SDK's default configuration (AWS_ENDPOINT_URL,
+// credentials; region us-east-1 when none is set).
+func emulatorConfig(t *testing.T) aws.Config {
 	t.Helper()
 	cfg, err := config.LoadDefaultConfig(t.Context())
 	require.NoError(t, err, "load the AWS SDK config")
 	if cfg.Region == "" {
 		cfg.Region = "us-east-1"
 	}
-	return ecs.NewFromConfig(cfg)
+	return cfg
 }
 
 // postEmulator posts body to one of the emulator's endpoints (service, when

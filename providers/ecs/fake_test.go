@@ -3,6 +3,7 @@ package ecs
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ type fakeECS struct {
 	calls       *rate.Limiter
 	launches    *rate.Limiter
 	runAfter    int
+	startTime   func() time.Duration // set: a task runs this long after its RunTask (instead of runAfter)
 	neverRun    map[string]bool
 	failStart   map[string]string // name → stopped reason
 	runFailures []types.Failure
@@ -39,7 +41,10 @@ type fakeECS struct {
 	taskDefs    map[string]*types.TaskDefinition
 	seq         int
 	runCalls    int
-	counts      []int // count of each RunTask call that started tasks
+	counts      []int       // count of each RunTask call that started tasks
+	runPools    []string    // pool (quarry.pool tag) of each RunTask call that started tasks
+	runTimes    []time.Time // when each RunTask call that started tasks came
+	describes   int         // DescribeTasks calls
 	tagCalls    int
 	tasksRun    int
 	throttled   int
@@ -55,6 +60,7 @@ type fakeTask struct {
 	name        string
 	clientToken string
 	describe    int
+	runsAt      time.Time // with startTime: when it runs
 }
 
 func newFake() *fakeECS {
@@ -110,6 +116,8 @@ func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ec
 		}
 	}
 	f.counts = append(f.counts, count)
+	f.runPools = append(f.runPools, tagMap(in.Tags)["quarry.pool"])
+	f.runTimes = append(f.runTimes, now)
 	out := &ecs.RunTaskOutput{Failures: f.runFailures}
 	f.runFailures = nil
 	for range max(0, count-len(out.Failures)) {
@@ -121,6 +129,9 @@ func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ec
 			TaskDefinitionArn: in.TaskDefinition,
 		}
 		f.tasks[arn] = &fakeTask{t: t, name: tagMap(in.Tags)["quarry.task"], clientToken: aws.ToString(in.ClientToken)}
+		if f.startTime != nil {
+			f.tasks[arn].runsAt = now.Add(f.startTime())
+		}
 		f.order = append(f.order, arn)
 		f.tasksRun++
 		f.starting++
@@ -140,6 +151,7 @@ func (f *fakeECS) DescribeTasks(_ context.Context, in *ecs.DescribeTasksInput, _
 	if len(in.Tasks) > 100 {
 		return nil, apiErr("InvalidParameterException", "tasks can have at most 100 items")
 	}
+	f.describes++
 	out := &ecs.DescribeTasksOutput{}
 	for _, id := range in.Tasks {
 		ft, ok := f.tasks[id]
@@ -154,7 +166,7 @@ func (f *fakeECS) DescribeTasks(_ context.Context, in *ecs.DescribeTasksInput, _
 				f.starting--
 				ft.t.LastStatus, ft.t.DesiredStatus = aws.String("STOPPED"), aws.String("STOPPED")
 				ft.t.StopCode, ft.t.StoppedReason = types.TaskStopCodeTaskFailedToStart, aws.String(f.failStart[ft.name])
-			case !f.neverRun[ft.name] && ft.describe >= f.runAfter:
+			case !f.neverRun[ft.name] && (f.startTime == nil && ft.describe >= f.runAfter || f.startTime != nil && !time.Now().Before(ft.runsAt)):
 				f.starting--
 				ft.t.LastStatus = aws.String("RUNNING")
 				ft.t.Attachments = []types.Attachment{{Type: aws.String("ElasticNetworkInterface"), Details: []types.KeyValuePair{
@@ -282,6 +294,38 @@ func (f *fakeECS) runCounts() []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]int(nil), f.counts...)
+}
+
+// describeCount returns the number of DescribeTasks calls.
+func (f *fakeECS) describeCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.describes
+}
+
+// runLog returns the time and count of each RunTask call that started tasks.
+func (f *fakeECS) runLog() ([]time.Time, []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Time(nil), f.runTimes...), append([]int(nil), f.counts...)
+}
+
+// runPoolOrder returns the pool of each RunTask call that started tasks.
+func (f *fakeECS) runPoolOrder() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.runPools...)
+}
+
+// simulatedFargate makes f start tasks as Fargate does, with every
+// duration divided by scale: a task runs 30-90 s (uniform) after its
+// RunTask.
+func (f *fakeECS) simulatedFargate(scale float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.startTime = func() time.Duration {
+		return time.Duration((30 + 60*rand.Float64()) * float64(time.Second) / scale)
+	}
 }
 
 // stats returns a snapshot of the counters.

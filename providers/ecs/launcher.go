@@ -21,29 +21,36 @@ import (
 // describeBatch is the most task ids one DescribeTasks call takes.
 const describeBatch = 100
 
-// launcher is the launch controller: it keeps RunTask within ECS's call
-// and task-launch rates and TagResource within its own (three token
-// buckets shared by every Launch of the provider), retries throttled calls with jittered backoff, caps the tasks
-// starting at once, and watches starting tasks with batched DescribeTasks.
+// launcher is the launch controller's AWS side: it keeps RunTask within
+// the account's rates (a RateLimiter, in-process or shared by every
+// replica), TagResource and DescribeTasks within this process's buckets,
+// retries throttled calls with jittered backoff, and holds the start
+// slots (tasks between RunTask and running/stopped), shared by every
+// Launch of the provider.
 type launcher struct {
-	api      API
-	cfg      Config
-	calls    *rate.Limiter       // RunTask calls
-	launches *rate.Limiter       // tasks launched
-	tags     *rate.Limiter       // TagResource calls
-	starting *semaphore.Weighted // tasks between RunTask and running/stopped
-	logger   *slog.Logger
+	api       API
+	cfg       Config
+	rate      RateLimiter         // RunTask calls and tasks launched
+	tags      *rate.Limiter       // TagResource calls
+	describes *rate.Limiter       // DescribeTasks calls
+	starting  *semaphore.Weighted // tasks between RunTask and running/stopped
+	logger    *slog.Logger
 }
 
-func newLauncher(api API, cfg Config, logger *slog.Logger) *launcher {
+// newLauncher returns the launcher of cfg on api; rl nil takes the
+// in-process buckets of cfg's RunTask and launch rates.
+func newLauncher(api API, cfg Config, rl RateLimiter, logger *slog.Logger) *launcher {
+	if rl == nil {
+		rl = NewLocalRate(cfg.RunTaskRate, cfg.RunTaskBurst, cfg.LaunchRate, cfg.LaunchBurst)
+	}
 	return &launcher{
-		api:      api,
-		cfg:      cfg,
-		calls:    rate.NewLimiter(rate.Limit(cfg.RunTaskRate), cfg.RunTaskBurst),
-		launches: rate.NewLimiter(rate.Limit(cfg.LaunchRate), cfg.LaunchBurst),
-		tags:     rate.NewLimiter(rate.Limit(cfg.TagRate), cfg.TagBurst),
-		starting: semaphore.NewWeighted(int64(cfg.MaxStarting)),
-		logger:   logger,
+		api:       api,
+		cfg:       cfg,
+		rate:      rl,
+		tags:      rate.NewLimiter(rate.Limit(cfg.TagRate), cfg.TagBurst),
+		describes: rate.NewLimiter(rate.Limit(cfg.DescribeRate), cfg.DescribeBurst),
+		starting:  semaphore.NewWeighted(int64(cfg.MaxStarting)),
+		logger:    logger,
 	}
 }
 
@@ -82,19 +89,23 @@ func (l *launcher) retry(ctx context.Context, what string, wait func(context.Con
 	return fmt.Errorf("%s: %d tries: %w", what, l.cfg.MaxAttempts, err)
 }
 
-// runTask starts count (1..10) tasks from in, within the rate limits, with
-// retries. ECS's per-task failures (no capacity) come back as failures.
+// runTask starts count (1..10) tasks from in, with retries, each retry
+// within the RunTask rate (the caller waited for the first try's: the
+// dispatcher does, in the launch queue's order). ECS's per-task failures
+// (no capacity) come back as failures.
 func (l *launcher) runTask(ctx context.Context, in ecs.RunTaskInput, count int) ([]types.Task, []types.Failure, error) {
 	if count < 1 || count > maxPerCall {
 		return nil, nil, fmt.Errorf("run task: count %d outside 1..%d", count, maxPerCall)
 	}
 	in.Count = aws.Int32(int32(count))
 	var out *ecs.RunTaskOutput
+	first := true
 	err := l.retry(ctx, "run task", func(ctx context.Context) error {
-		if err := l.calls.Wait(ctx); err != nil {
-			return err
+		if first {
+			first = false
+			return nil
 		}
-		return l.launches.WaitN(ctx, count)
+		return l.rate.Wait(ctx, count)
 	}, func(ctx context.Context) error {
 		var err error
 		out, err = l.api.RunTask(ctx, &in)
@@ -124,7 +135,7 @@ func (l *launcher) describe(ctx context.Context, ids []string) (map[string]types
 	for start := 0; start < len(ids); start += describeBatch {
 		batch := ids[start:min(start+describeBatch, len(ids))]
 		var out *ecs.DescribeTasksOutput
-		err := l.retry(ctx, "describe tasks", nil, func(ctx context.Context) error {
+		err := l.retry(ctx, "describe tasks", l.describes.Wait, func(ctx context.Context) error {
 			var err error
 			out, err = l.api.DescribeTasks(ctx, &ecs.DescribeTasksInput{
 				Cluster: aws.String(l.cfg.Cluster), Tasks: batch, Include: []types.TaskField{types.TaskFieldTags},
@@ -144,33 +155,79 @@ func (l *launcher) describe(ctx context.Context, ids []string) (map[string]types
 	return found, missing, nil
 }
 
-// watcher polls the starting tasks of one Launch with batched
-// DescribeTasks every PollInterval and hands each waiter its task.
+// watcher polls every starting task of the provider (of every pool and
+// Launch call) with batched DescribeTasks every PollInterval and hands
+// each waiter its task: one watcher per provider, so N starting tasks
+// cost ⌈N/100⌉ calls a tick, however many Launch calls started them.
 type watcher struct {
 	l       *launcher
 	mu      sync.Mutex
-	waiting map[string]chan types.Task // task ARN → latest description (buffer 1)
+	waiting map[string]*waiter // task ARN → its waiter
+}
+
+// waiter is one starting task's mailbox: its latest description, and
+// its name (for the events, which carry none).
+type waiter struct {
+	ch         chan types.Task // buffer 1: the latest description
+	name, pool string
 }
 
 func newWatcher(l *launcher) *watcher {
-	return &watcher{l: l, waiting: map[string]chan types.Task{}}
+	return &watcher{l: l, waiting: map[string]*waiter{}}
 }
 
-// add registers arn and returns the channel its latest description
-// arrives on. (A task ECS reports missing right after RunTask is only not
-// visible yet: it is polled again until its deadline.)
-func (w *watcher) add(arn string) <-chan types.Task {
+// add registers arn (named name, of pool) and returns the channel its
+// latest description arrives on. (A task ECS reports missing right after
+// RunTask is only not visible yet: it is polled again until its deadline.)
+func (w *watcher) add(arn, name, pool string) <-chan types.Task {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	ch := make(chan types.Task, 1)
-	w.waiting[arn] = ch
-	return ch
+	wt := &waiter{ch: make(chan types.Task, 1), name: name, pool: pool}
+	w.waiting[arn] = wt
+	return wt.ch
 }
 
 func (w *watcher) remove(arn string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.waiting, arn)
+}
+
+// lookup returns the name and pool of a starting task, if it is one.
+func (w *watcher) lookup(arn string) (name, pool string, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if wt, ok := w.waiting[arn]; ok {
+		return wt.name, wt.pool, true
+	}
+	return "", "", false
+}
+
+// count returns the number of starting tasks watched.
+func (w *watcher) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.waiting)
+}
+
+// offer hands a description of arn from elsewhere (an event) to its
+// waiter, if it is a starting task.
+func (w *watcher) offer(arn string, t types.Task) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if wt, ok := w.waiting[arn]; ok {
+		wt.put(t)
+	}
+}
+
+// put makes t the waiter's latest description (replacing one not yet
+// read). Called with the watcher's lock held.
+func (wt *waiter) put(t types.Task) {
+	select {
+	case <-wt.ch:
+	default:
+	}
+	wt.ch <- t
 }
 
 // run polls until ctx ends. Describe errors are logged and the poll
@@ -202,12 +259,8 @@ func (w *watcher) run(ctx context.Context) {
 		}
 		w.mu.Lock()
 		for arn, task := range found {
-			if ch, ok := w.waiting[arn]; ok {
-				select { // replace a description not yet read
-				case <-ch:
-				default:
-				}
-				ch <- task
+			if wt, ok := w.waiting[arn]; ok {
+				wt.put(task)
 			}
 		}
 		w.mu.Unlock()

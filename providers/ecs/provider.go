@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,8 +48,8 @@ const (
 // Provider runs sandbox tasks on ECS Fargate. It is safe for concurrent
 // use, and Providers (in one or many gateways) with the same Cluster,
 // GatewayID and TokenKey share their tasks: every method reads the state
-// from ECS (the only memory is a cache of registered task definitions and
-// the rate limiters).
+// from ECS (the only memory is a cache of registered task definitions, the
+// names of tasks it saw, its launch queue and its rate limiters).
 type Provider struct {
 	cfg       Config
 	api       API
@@ -59,13 +60,47 @@ type Provider struct {
 	regs    singleflight.Group
 	mu      sync.Mutex
 	taskDef map[string]string // family → task definition ARN
+	names   *nameCache
+	metrics *metrics
 	closed  atomic.Bool
+
+	// The launch queue, its dispatcher and the starting tasks' watcher
+	// run from the first Launch until Close.
+	queue   *launchQueue
+	watch   *watcher
+	lifeMu  sync.Mutex
+	started bool            // the dispatcher and the watcher run
+	ended   bool            // Close was called: nothing starts any more
+	life    context.Context // ends at Close
+	stop    context.CancelFunc
+	wg      sync.WaitGroup // the dispatcher, the watcher and the RunTask batches
+}
+
+// Deps are the provider's dependencies besides its ECS client. Every
+// field is optional.
+type Deps struct {
+	// Rate admits RunTask calls; nil takes the in-process buckets of
+	// Config's RunTaskRate and LaunchRate (right for one replica; several
+	// share ddbrate.Limiter).
+	Rate RateLimiter
+	// SQS reads Config.EventsQueueURL (NewWatching only).
+	SQS SQSAPI
+	// Logger receives the provider's logs; nil discards them.
+	Logger *slog.Logger
 }
 
 // New returns a Provider for cfg (after defaults and Validate) on api (an
-// *ecs.Client, or a fake in tests). It makes no AWS call. logger may be
-// nil (logs are discarded).
-func New(cfg Config, api API, logger *slog.Logger) (*Provider, error) {
+// *ecs.Client, or a fake in tests). It makes no AWS call and starts no
+// goroutine (the first Launch starts the launch controller's, Close stops
+// them). A cfg with EventsQueueURL is refused: NewWatching reads it.
+func New(cfg Config, api API, deps Deps) (*Provider, error) {
+	if cfg.EventsQueueURL != "" {
+		return nil, errors.New("ecs provider config: EventsQueueURL: set, but New reads no events (use NewWatching)")
+	}
+	return newProvider(cfg, api, deps)
+}
+
+func newProvider(cfg Config, api API, deps Deps) (*Provider, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -73,34 +108,75 @@ func New(cfg Config, api API, logger *slog.Logger) (*Provider, error) {
 	if api == nil {
 		return nil, errors.New("ecs provider: no ECS client")
 	}
+	logger := deps.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	sum := sha256.Sum256([]byte(cfg.GatewayID))
-	return &Provider{
-		cfg: cfg, api: api, launcher: newLauncher(api, cfg, logger), logger: logger,
+	life, stop := context.WithCancel(context.Background())
+	l := newLauncher(api, cfg, deps.Rate, logger)
+	p := &Provider{
+		cfg: cfg, api: api, launcher: l, logger: logger,
 		startedBy: "quarry-" + hex.EncodeToString(sum[:8]),
 		taskDef:   map[string]string{},
-	}, nil
+		names:     newNameCache(nameCacheSize),
+		queue:     newLaunchQueue(cfg.MaxQueued),
+		watch:     newWatcher(l),
+		life:      life, stop: stop,
+	}
+	p.metrics = newMetrics(p)
+	return p, nil
 }
 
-// Close makes later Launch calls fail; tasks keep running (leases outlive
-// a gateway process) and Describe, Stop and List still work. Idempotent.
-func (p *Provider) Close(context.Context) error {
+// Close makes later Launch calls fail, fails the names still queued and
+// stops the launch controller's goroutines, waiting for them within ctx;
+// tasks keep running (leases outlive a gateway process), a Launch waiting
+// for its tasks to run returns them pending, and Describe, Stop and List
+// still work. Idempotent.
+func (p *Provider) Close(ctx context.Context) error {
 	p.closed.Store(true)
-	return nil
+	p.lifeMu.Lock()
+	p.ended = true
+	p.lifeMu.Unlock()
+	p.stop()
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close ecs provider: %w", ctx.Err())
+	}
+}
+
+// start starts the dispatcher and the watcher, once, unless Close was
+// called.
+func (p *Provider) start() {
+	p.lifeMu.Lock()
+	defer p.lifeMu.Unlock()
+	if p.started || p.ended {
+		return
+	}
+	p.started = true
+	p.wg.Add(2)
+	go func() { defer p.wg.Done(); p.dispatch() }()
+	go func() { defer p.wg.Done(); p.watch.run(p.life) }()
 }
 
 // Launch starts one Fargate task per name and returns those that run, in
-// the order of names, with their agent URL and token. The names are
-// grouped in batches of up to 10 (fewer when Config.MaxStarting is lower),
-// each started by one RunTask call (count = the batch's size) within the
-// launch controller's rates and its cap on tasks starting at once; every
-// task of a batch gets the same tags and overrides, then its own name tag
-// (TagResource, in the order RunTask returned the tasks), and its token is
-// derived from its task ARN. Then it waits (batched DescribeTasks) until
-// each runs with a private IP. The agent may need a moment more to answer
-// /healthz: the warm pool checks it.
+// the order of names, with their agent URL and token. The names join the
+// provider's launch queue (at most Config.MaxQueued names wait in it; a
+// name past that is refused, wrapping ErrThrottled), which gives them out
+// in batches of up to 10 (fewer when Config.MaxStarting is lower) of one
+// pool at a time, taking the pools in turn; names of concurrent Launch
+// calls of one pool may share a batch. Each batch is started by one RunTask
+// call (count = the batch's size) within the account's rates (Deps.Rate)
+// and the cap on tasks starting at once; every task of a batch gets the
+// same tags and overrides, then its own name tag (TagResource, in the
+// order RunTask returned the tasks), and its token is derived from its
+// task ARN. Then it waits, with every other starting task of the provider
+// (batched DescribeTasks), until each runs with a private IP. The agent may
+// need a moment more to answer /healthz: the warm pool checks it.
 //
 // A spec this provider cannot serve fails with a *providers.LaunchError
 // wrapping ErrInvalidSpec before any task starts (an unknown or bad option,
@@ -109,11 +185,12 @@ func (p *Provider) Close(context.Context) error {
 // which RunTask started no task is reported with ECS's failure reason. A
 // task that cannot be named, that stops while starting (an image that
 // cannot be pulled, no shell, Spot capacity) or that is not running within
-// Config.StartTimeout is stopped and reported with its reason; ECS's
-// capacity failures wrap ErrNoCapacity, throttling that outlasts the
-// retries ErrThrottled. The other tasks are returned together with an
-// error joining the failures. When ctx ends while tasks start, the named
-// ones are returned pending (they are real) with ctx's error.
+// Config.StartTimeout of its RunTask is stopped and reported with its
+// reason; ECS's capacity failures wrap ErrNoCapacity, throttling that
+// outlasts the retries ErrThrottled. The other tasks are returned together
+// with an error joining the failures. When ctx ends, the names still
+// queued fail with ctx's error and the started ones are returned pending
+// (they are real), with ctx's error.
 func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []string) ([]providers.Task, error) {
 	if p.closed.Load() {
 		return nil, errors.New("launch tasks: provider closed")
@@ -135,33 +212,51 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	if err != nil {
 		return nil, err
 	}
+	p.start()
 
-	w := newWatcher(p.launcher)
-	wctx, stopWatch := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); w.run(wctx) }()
-
-	tasks := make([]*providers.Task, len(names))
-	errs := make([]error, len(names))
-	size := p.batchSize()
-	var batches sync.WaitGroup
-	for start := 0; start < len(names); start += size {
-		end := min(start+size, len(names))
-		batches.Add(1)
-		go func() {
-			defer batches.Done()
-			p.launchBatch(ctx, w, spec, set, taskDef, names[start:end], tasks[start:end], errs[start:end])
-		}()
+	key := launchKey(spec, set, taskDef)
+	items := make([]*launchItem, len(names))
+	for i, name := range names {
+		items[i] = &launchItem{ctx: ctx, spec: spec, set: set, taskDef: taskDef, key: key, name: name, done: make(chan launchResult, 1)}
 	}
-	batches.Wait()
-	stopWatch()
-	wg.Wait()
+	if refused := p.queue.push(spec.Pool, items); len(refused) > 0 {
+		p.logger.Warn("launch queue full: names refused", "pool", spec.Pool, "refused", len(refused),
+			"limit", "QUARRY_ECS_MAX_QUEUED", "max_queued", p.cfg.MaxQueued)
+		p.metrics.refused.WithLabelValues("max_queued").Add(float64(len(refused)))
+		for _, it := range refused {
+			it.finish(nil, fmt.Errorf("the launch queue holds its limit of %d names (QUARRY_ECS_MAX_QUEUED): %w", p.cfg.MaxQueued, providers.ErrThrottled))
+		}
+	}
+	if p.closed.Load() { // closed while queueing: nothing will take them
+		for _, it := range items {
+			if p.queue.abandon(it) {
+				it.finish(nil, errors.New("provider closed"))
+			}
+		}
+	}
 
 	out := make([]providers.Task, 0, len(names))
-	for i := range names {
-		if tasks[i] != nil {
-			out = append(out, *tasks[i])
+	errs := make([]error, len(names))
+	for i, it := range items {
+		var r launchResult
+		select {
+		case r = <-it.done:
+		case <-ctx.Done():
+			if p.queue.abandon(it) {
+				r = launchResult{err: fmt.Errorf("wait in the launch queue: %w", ctx.Err())}
+			} else {
+				r = <-it.done // its RunTask is made: its answer comes promptly (the waits for its task end with ctx)
+			}
+		}
+		if r.task != nil {
+			out = append(out, *r.task)
+		}
+		if r.err != nil {
+			var lerr *providers.LaunchError
+			if !errors.As(r.err, &lerr) {
+				r.err = fmt.Errorf("launch task %q: %w", names[i], r.err)
+			}
+			errs[i] = r.err
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -170,49 +265,141 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	return out, nil
 }
 
+// launchKey is the same for launches whose RunTask requests differ only
+// in their batch id and time: they may share a RunTask call.
+func launchKey(spec providers.Spec, set settings, taskDef string) string {
+	b, _ := json.Marshal(struct {
+		Pool, TaskDef string
+		Strategy      []types.CapacityProviderStrategyItem
+		Subnets, SGs  []string
+		PublicIP      bool
+		Labels        map[string]string
+	}{spec.Pool, taskDef, set.strategy, set.subnets, set.sgs, set.publicIP, spec.Labels})
+	return string(b)
+}
+
 // batchSize is the most names one RunTask call starts: ECS's limit of 10,
 // or fewer when the cap on tasks starting at once is lower (a batch takes
 // its start slots together).
 func (p *Provider) batchSize() int { return min(maxPerCall, p.cfg.MaxStarting) }
 
-// launchBatch starts the tasks of names with one RunTask call and waits
-// until each runs, storing each name's task or error at its index of out
-// and errs. A batch holds one start slot per name; each is released when
-// its task runs, stops or is given up.
-func (p *Provider) launchBatch(ctx context.Context, w *watcher, spec providers.Spec, set settings, taskDef string, names []string, out []*providers.Task, errs []error) {
-	fail := func(i int, err error) {
-		var lerr *providers.LaunchError
-		if !errors.As(err, &lerr) {
-			err = fmt.Errorf("launch task %q: %w", names[i], err)
+// dispatch gives the launch queue's batches out until Close: for each, in
+// the queue's fair order, it takes one start slot per name and waits for
+// the RunTask rate (one batch at a time: this is what makes the order
+// hold), then starts the batch's RunTask and the waits for its tasks in
+// their own goroutine.
+func (p *Provider) dispatch() {
+	for {
+		items := p.queue.take(p.life, p.batchSize())
+		if items == nil {
+			p.failQueued()
+			return
 		}
-		errs[i] = err
-	}
-	failAll := func(err error) {
-		for i := range names {
-			fail(i, err)
+		ctx, release := batchContext(items, p.life)
+		n := int64(len(items))
+		if err := p.launcher.starting.Acquire(ctx, n); err != nil {
+			release()
+			if end := p.waitEnded(items[0]); end != nil {
+				err = end
+			}
+			p.failAll(items, fmt.Errorf("wait for a start slot: %w", err))
+			continue
 		}
+		if err := p.launcher.rate.Wait(ctx, len(items)); err != nil {
+			release()
+			p.launcher.starting.Release(n)
+			if end := p.waitEnded(items[0]); end != nil {
+				err = end
+			} else { // the limiter failed (a shared one's store): no launch is admitted now
+				err = fmt.Errorf("%w: %w", providers.ErrThrottled, err)
+			}
+			p.failAll(items, fmt.Errorf("wait for the run task rate: %w", err))
+			continue
+		}
+		if p.life.Err() != nil {
+			release()
+			p.launcher.starting.Release(n)
+			p.failAll(items, errors.New("provider closed"))
+			continue
+		}
+		live := items[:0]
+		for _, it := range items {
+			switch {
+			case !it.state.CompareAndSwap(itemDispatched, itemRunning): // its Launch gave up
+				p.launcher.starting.Release(1)
+			case it.ctx.Err() != nil:
+				p.launcher.starting.Release(1)
+				it.finish(nil, fmt.Errorf("wait in the launch queue: %w", it.ctx.Err()))
+			default:
+				live = append(live, it)
+			}
+		}
+		if len(live) == 0 {
+			release()
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer release()
+			p.runBatch(ctx, live)
+		}()
 	}
-	n := len(names)
-	if err := p.launcher.starting.Acquire(ctx, int64(n)); err != nil {
-		failAll(fmt.Errorf("wait for a start slot: %w", err))
-		return
+}
+
+// waitEnded says why a wait of a batch ended when it was its item's ctx
+// or the provider's end, else nil.
+func (p *Provider) waitEnded(it *launchItem) error {
+	switch {
+	case it.ctx.Err() != nil:
+		return it.ctx.Err()
+	case p.life.Err() != nil:
+		return errors.New("provider closed")
 	}
+	return nil
+}
+
+// failAll fails every item with err.
+func (p *Provider) failAll(items []*launchItem, err error) {
+	for _, it := range items {
+		it.finish(nil, err)
+	}
+}
+
+// failQueued fails the names still queued when the provider closes.
+func (p *Provider) failQueued() {
+	for {
+		items := p.queue.pop(maxPerCall)
+		if len(items) == 0 {
+			return
+		}
+		p.failAll(items, errors.New("provider closed"))
+	}
+}
+
+// runBatch starts the tasks of items with one RunTask call (its ctx ends
+// when every item's has) and waits until each runs, delivering each
+// item's task or error. The batch holds one start slot per item; each is
+// released when its task runs, stops or is given up.
+func (p *Provider) runBatch(ctx context.Context, items []*launchItem) {
+	n := len(items)
+	first := items[0]
 	start := time.Now()
 	batch, err := newBatchID()
 	if err != nil {
 		p.launcher.starting.Release(int64(n))
-		failAll(err)
+		p.failAll(items, err)
 		return
 	}
-	in := p.runTaskInput(spec, set, taskDef, batch, start)
+	in := p.runTaskInput(first.spec, first.set, first.taskDef, batch, start)
 	started, failures, err := p.launcher.runTask(ctx, in, n)
 	if err != nil {
 		p.launcher.starting.Release(int64(n))
 		if isInvalid(err) {
 			_, msg := apiError(err)
-			err = providers.InvalidSpec(spec, "run task: "+msg)
+			err = providers.InvalidSpec(first.spec, "run task: "+msg)
 		}
-		failAll(err)
+		p.failAll(items, err)
 		return
 	}
 	for _, extra := range started[min(n, len(started)):] { // ECS never starts more than count
@@ -223,13 +410,13 @@ func (p *Provider) launchBatch(ctx context.Context, w *watcher, spec providers.S
 	started = started[:min(n, len(started))]
 	shared := tagMap(in.Tags)
 	var wg sync.WaitGroup
-	for i, name := range names {
+	for i, it := range items {
 		if i >= len(started) {
 			p.launcher.starting.Release(1)
 			if j := i - len(started); j < len(failures) {
-				fail(i, failureError(failures[j]))
+				it.finish(nil, failureError(failures[j]))
 			} else {
-				fail(i, errors.New("run task: ECS started fewer tasks than asked and reported no failure"))
+				it.finish(nil, errors.New("run task: ECS started fewer tasks than asked and reported no failure"))
 			}
 			continue
 		}
@@ -237,11 +424,7 @@ func (p *Provider) launchBatch(ctx context.Context, w *watcher, spec providers.S
 		go func() {
 			defer wg.Done()
 			defer p.launcher.starting.Release(1)
-			task, err := p.startOne(ctx, w, spec, name, shared, started[i], start)
-			out[i] = task
-			if err != nil {
-				fail(i, err)
-			}
+			it.finish(p.startOne(it.ctx, it.spec, it.name, shared, started[i], start))
 		}()
 	}
 	wg.Wait()
@@ -251,7 +434,7 @@ func (p *Provider) launchBatch(ctx context.Context, w *watcher, spec providers.S
 // until it runs. A task that cannot be named is stopped: nothing could
 // find it by its name. It returns the task (pending) with ctx's error when
 // ctx ends first.
-func (p *Provider) startOne(ctx context.Context, w *watcher, spec providers.Spec, name string, shared map[string]string, t types.Task, start time.Time) (*providers.Task, error) {
+func (p *Provider) startOne(ctx context.Context, spec providers.Spec, name string, shared map[string]string, t types.Task, start time.Time) (*providers.Task, error) {
 	arn := aws.ToString(t.TaskArn)
 	tag := []types.Tag{{Key: aws.String(providers.LabelTask), Value: aws.String(name)}}
 	if err := p.launcher.tagTask(ctx, arn, tag); err != nil {
@@ -275,8 +458,8 @@ func (p *Provider) startOne(ctx context.Context, w *watcher, spec providers.Spec
 	pending := p.toTask(v)
 	pending.State, pending.AgentURL, pending.AgentToken = providers.TaskPending, "", ""
 
-	ch := w.add(arn)
-	defer w.remove(arn)
+	ch := p.watch.add(arn, name, spec.Pool)
+	defer p.watch.remove(arn)
 	deadline := time.NewTimer(p.cfg.StartTimeout)
 	defer deadline.Stop()
 	last := v
@@ -284,6 +467,8 @@ func (p *Provider) startOne(ctx context.Context, w *watcher, spec providers.Spec
 		select {
 		case <-ctx.Done():
 			return &pending, fmt.Errorf("wait for the task to run: %w", ctx.Err())
+		case <-p.life.Done():
+			return &pending, errors.New("wait for the task to run: provider closed")
 		case <-deadline.C:
 			return nil, p.giveUp(ctx, arn, fmt.Errorf("did not run within %s (last status %s)", p.cfg.StartTimeout, last.last))
 		case t := <-ch:

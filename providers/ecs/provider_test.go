@@ -56,8 +56,9 @@ func testSpec() providers.Spec {
 
 func newTestProvider(t *testing.T, cfg Config, api API) *Provider {
 	t.Helper()
-	p, err := New(cfg, api, nil)
+	p, err := New(cfg, api, Deps{})
 	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, p.Close(context.Background())) })
 	return p
 }
 
@@ -258,7 +259,7 @@ func TestProvider_Launch_StaysWithinRateLimits(t *testing.T) {
 
 func TestLauncher_RunTask_BatchesAtMostTenPerCall(t *testing.T) {
 	f := newFake()
-	l := newLauncher(f, testConfig().WithDefaults(), nopLogger())
+	l := newLauncher(f, testConfig().WithDefaults(), nil, nopLogger())
 	ctx := testCtx(t)
 	in := ecs.RunTaskInput{Cluster: aws.String("c"), TaskDefinition: aws.String("td")}
 
@@ -530,11 +531,11 @@ func TestNew_ValidatesConfig(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := testConfig()
 			tt.mutate(&cfg)
-			_, err := New(cfg, newFake(), nil)
+			_, err := New(cfg, newFake(), Deps{})
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
-	_, err := New(testConfig(), nil, nil)
+	_, err := New(testConfig(), nil, Deps{})
 	assert.Error(t, err, "no client")
 }

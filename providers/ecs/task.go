@@ -159,12 +159,14 @@ func (v taskView) tokenNonce() string {
 	return v.arn
 }
 
-// toTask returns the provider's view of an ECS task; the agent URL and
+// toTask returns the provider's view of an ECS task (and remembers its
+// name); the agent URL and
 // token are set only while it runs. A task without a quarry.task tag (its
 // gateway stopped between RunTask and naming it) has Name "": no task
 // record matches it, so the warm pool's orphan sweep stops it after its
 // grace period.
 func (p *Provider) toTask(v taskView) providers.Task {
+	p.names.put(v.arn, v.name, v.pool) // for the events, which carry no tags
 	t := providers.Task{ID: v.arn, Name: v.name, Pool: v.pool, State: v.state(), Labels: v.labels, CreatedAt: v.created}
 	switch t.State {
 	case providers.TaskStopped:

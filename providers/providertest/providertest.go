@@ -98,6 +98,7 @@ func Run(t *testing.T, h Harness) {
 		{"Stop_StopsTaskAndIsIdempotent", testStop},
 		{"UnknownIDs_DescribeStoppedAndStopNil", testUnknown},
 		{"KilledFromOutside_ShowsStopped", testKilled},
+		{"Watch_ReportsATaskKilledFromOutside", testWatch},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -559,4 +560,68 @@ func testKilled(t *testing.T, s *suite) {
 
 	require.NoError(t, p.Stop(s.ctx, victim.ID, "providertest stop dead task"))
 	s.waitState(t, p, victim.ID, providers.TaskStopped)
+}
+
+// testWatch checks the optional providers.Watcher: a task killed from
+// outside is reported stopped, with its id, name, pool and a reason, and
+// Watch returns nil once its ctx ends. A provider that is no Watcher skips
+// it (the capability is optional).
+func testWatch(t *testing.T, s *suite) {
+	p := s.open(t)
+	w, ok := p.(providers.Watcher)
+	if !ok {
+		t.Skipf("%T is no providers.Watcher (an optional capability)", p)
+	}
+	events, returned := StartWatch(t, w, s.h.Timeout)
+	victim, running, bystander := s.launchPair(t, p)
+
+	s.h.KillTask(t, running)
+
+	deadline := time.After(s.h.Timeout)
+	for {
+		select {
+		case <-returned:
+			t.Fatal("Watch returned before its ctx ended")
+		case <-deadline:
+			t.Fatalf("no stopped event for %s within %s", victim.Name, s.h.Timeout)
+		case e := <-events:
+			if e.ID == bystander.ID {
+				assert.NotEqual(t, providers.TaskStopped, e.State, "the bystander was not stopped: %+v", e)
+			}
+			if e.ID != victim.ID || e.State != providers.TaskStopped {
+				continue
+			}
+			if e.Name != "" {
+				assert.Equal(t, victim.Name, e.Name)
+				assert.Equal(t, s.pool, e.Pool)
+			}
+			assert.NotEmpty(t, e.Reason, "a stopped event says why")
+			assert.False(t, e.At.IsZero(), "a stopped event says when")
+			return
+		}
+	}
+}
+
+// StartWatch runs w.Watch until t ends and returns its events (buffered)
+// and a channel closed when Watch returns. When t ends it cancels Watch's
+// ctx and checks that Watch returns nil within timeout.
+func StartWatch(t *testing.T, w providers.Watcher, timeout time.Duration) (events <-chan providers.TaskEvent, returned <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan providers.TaskEvent, 64)
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = w.Watch(ctx, ch)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+			assert.NoError(t, err, "Watch returns nil when its ctx ends")
+		case <-time.After(timeout):
+			t.Error("Watch did not return after its ctx ended")
+		}
+	})
+	return ch, done
 }

@@ -167,6 +167,15 @@ data "aws_iam_policy_document" "gateway" {
     actions   = ["secretsmanager:GetSecretValue"]
     resources = local.secret_arns
   }
+
+  dynamic "statement" {
+    for_each = var.task_state_events ? [1] : []
+    content {
+      sid       = "ReadTaskStateEvents"
+      actions   = ["sqs:ReceiveMessage", "sqs:DeleteMessage"] # DeleteMessageBatch is DeleteMessage's
+      resources = [aws_sqs_queue.task_events[0].arn]
+    }
+  }
 }
 
 resource "aws_iam_role_policy" "gateway" {

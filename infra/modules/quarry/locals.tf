@@ -65,5 +65,7 @@ locals {
     QUARRY_ECS_TOKEN_KEY_SECRET_ARN = local.token_key_secret_arn
     QUARRY_ECS_AGENT_PORT           = tostring(var.agent_port)
     QUARRY_ECS_LOG_GROUP            = aws_cloudwatch_log_group.sandboxes.name
-  }, var.gateway_environment)
+    }, var.task_state_events ? {
+    QUARRY_ECS_EVENTS_QUEUE_URL = aws_sqs_queue.task_events[0].url
+  } : {}, var.gateway_environment)
 }

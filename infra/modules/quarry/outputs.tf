@@ -31,6 +31,11 @@ output "secret_arns" {
   }
 }
 
+output "ecs_events_queue_url" {
+  description = "The SQS queue of the cluster's ECS task state change events (QUARRY_ECS_EVENTS_QUEUE_URL), or null (task_state_events = false)."
+  value       = try(aws_sqs_queue.task_events[0].url, null)
+}
+
 output "pool_task_definitions" {
   description = "The task definition ARN of each pool."
   value       = { for name, td in aws_ecs_task_definition.pool : name => td.arn }

@@ -203,6 +203,23 @@ variable "log_retention_days" {
   default     = 30
 }
 
+variable "task_state_events" {
+  description = "Send the cluster's ECS task state change events to an SQS queue (EventBridge rule) that the gateways read (QUARRY_ECS_EVENTS_QUEUE_URL), so that they learn of stopped tasks from events instead of describing every task."
+  type        = bool
+  default     = true
+}
+
+variable "task_events_retention_seconds" {
+  description = "How long the task events queue keeps an event nobody read (seconds, 60 to 1209600): older events are stale, the gateways describe the tasks instead."
+  type        = number
+  default     = 3600
+
+  validation {
+    condition     = var.task_events_retention_seconds >= 60 && var.task_events_retention_seconds <= 1209600
+    error_message = "task_events_retention_seconds: want 60 to 1209600 (SQS's limits)."
+  }
+}
+
 variable "gateway_environment" {
   description = "Extra QUARRY_* variables of the gateway (docs/CONFIG.md), e.g. QUARRY_LOG_LEVEL. Never put secrets here: they would land in the Terraform state; use the *_secret_arn variables."
   type        = map(string)
