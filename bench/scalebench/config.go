@@ -62,8 +62,9 @@ type Config struct {
 	// Clients bounds the connections the trainers open to each gateway
 	// (default 512).
 	Clients int
-	// Probes is how many tasks beyond N the pool may hold (max_total N +
-	// Probes), acquired one at a time with N leased (default 50).
+	// Probes is the size of a second pool beside the fleet's (a pool holds
+	// at most 10,000), whose tasks are acquired one at a time with N
+	// leased (default 50).
 	Probes int
 	// AgentsPerProc is how many simulated agents one agentsim process
 	// serves at most (default 1,500: a listener and a few connections

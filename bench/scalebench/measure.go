@@ -88,18 +88,18 @@ func errKey(err error) string {
 	return "transport"
 }
 
-// pool returns the pool's counts as one replica reports them.
-func (w *world) pool(ctx context.Context) (api.Pool, error) {
+// pool returns a pool's counts as one replica reports them.
+func (w *world) pool(ctx context.Context, name string) (api.Pool, error) {
 	var pl api.PoolList
 	if err := w.call(ctx, w.gws[0], http.MethodGet, "/v1/pools", nil, &pl); err != nil {
 		return api.Pool{}, err
 	}
 	for _, p := range pl.Pools {
-		if p.Name == poolName {
+		if p.Name == name {
 			return p, nil
 		}
 	}
-	return api.Pool{}, fmt.Errorf("GET /v1/pools: no pool %s", poolName)
+	return api.Pool{}, fmt.Errorf("GET /v1/pools: no pool %s", name)
 }
 
 // Fill is the time from the gateways' start to n ready.
@@ -115,14 +115,15 @@ type Fill struct {
 	LastError string `json:"last_error,omitempty"`
 }
 
-// waitReady polls GET /v1/pools until want tasks are ready or limit (wall)
-// has passed, and returns the ready count and the wall time it took.
-func (w *world) waitReady(ctx context.Context, want int, limit time.Duration, progress func(time.Duration, api.Pool)) (int, time.Duration, string) {
+// waitReady polls GET /v1/pools until want tasks of pool are ready or
+// limit (wall) has passed, and returns the ready count and the wall time it
+// took.
+func (w *world) waitReady(ctx context.Context, pool string, want int, limit time.Duration, progress func(time.Duration, api.Pool)) (int, time.Duration, string) {
 	start := time.Now()
 	poll := min(max(w.cfg.wall(2*time.Second), 100*time.Millisecond), time.Second)
 	ready, lastErr, lastShown := 0, "", time.Time{}
 	for {
-		p, err := w.pool(ctx)
+		p, err := w.pool(ctx, pool)
 		if err != nil {
 			lastErr = err.Error()
 		} else {
@@ -264,8 +265,8 @@ func (w *world) heartbeats(ctx context.Context, leases []lease, period time.Dura
 	return sent, failed, wg.Wait
 }
 
-// probes acquires n sandboxes one at a time (with the fleet leased) and
-// returns the acquire latencies.
+// probes acquires n sandboxes of the probe pool one at a time (with the
+// fleet leased) and returns the acquire latencies.
 func (w *world) probes(ctx context.Context, n int) Latencies {
 	var ds []time.Duration
 	errs := map[string]int{}
@@ -274,7 +275,7 @@ func (w *world) probes(ctx context.Context, n int) Latencies {
 		begin := time.Now()
 		var sb api.Sandbox
 		err := w.call(ctx, g, http.MethodPost, "/v1/sandboxes",
-			api.CreateSandboxRequest{Pool: poolName, LeaseSeconds: w.cfg.wallSeconds(w.cfg.LeaseSeconds)}, &sb)
+			api.CreateSandboxRequest{Pool: probePool, LeaseSeconds: w.cfg.wallSeconds(w.cfg.LeaseSeconds)}, &sb)
 		if err != nil {
 			errs[errKey(err)]++
 			continue

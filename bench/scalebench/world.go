@@ -27,6 +27,9 @@ import (
 const (
 	apiKey   = "scalebench-api-key-0123456789"
 	poolName = "fleet"
+	// probePool holds the probe tasks (a pool's max_total is at most
+	// 10,000, so they cannot join the fleet's pool at 10k).
+	probePool = "probe"
 	// relayTable is the relay broker's table (the gateway's default).
 	relayTable = "quarry-model-relay"
 )
@@ -166,10 +169,11 @@ func (w *world) startDDBSim(ctx context.Context) (string, error) {
 	}
 }
 
-// pools is the one pool: min_warm N, max_total N + probes.
+// pools are the fleet's pool (min_warm = max_total = N) and the probes'
+// (min_warm = max_total = probes), with the same task definition.
 func (w *world) pools() string {
-	return fmt.Sprintf(`pools:
-  - name: %s
+	pool := func(name string, n int) string {
+		return fmt.Sprintf(`  - name: %s
     provider: ecs
     image: public.ecr.aws/docker/library/python:3.12-slim
     cpu: 0.25
@@ -177,7 +181,9 @@ func (w *world) pools() string {
     min_warm: %d
     max_total: %d
     startup_timeout_seconds: %d
-`, poolName, w.n, w.n+w.cfg.Probes, w.cfg.wallSeconds(w.cfg.StartupSeconds))
+`, name, n, n, w.cfg.wallSeconds(w.cfg.StartupSeconds))
+	}
+	return "pools:\n" + pool(poolName, w.n) + pool(probePool, w.cfg.Probes)
 }
 
 // baseEnv is os.Environ without the AWS and QUARRY settings of the

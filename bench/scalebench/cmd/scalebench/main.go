@@ -38,7 +38,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Dir, "dir", "", "directory for logs and data (default: a temp directory)")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the temp directory")
 	fs.IntVar(&cfg.Clients, "clients", scalebench.DefaultClients, "connections the trainers open to each gateway at most")
-	fs.IntVar(&cfg.Probes, "probes", scalebench.DefaultProbes, "acquires one at a time with N leased (the pool's max_total is N + probes)")
+	fs.IntVar(&cfg.Probes, "probes", scalebench.DefaultProbes, "acquires one at a time with N leased, from a second pool of this size")
 	fs.DurationVar(&cfg.SteadyWindow, "window", scalebench.DefaultSteadyWindow, "steady-state window (simulated)")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", scalebench.DefaultHeartbeat, "the trainers' heartbeat cadence (simulated)")
 	fs.Float64Var(&cfg.FillLimit, "fill-limit", 3, "give up the fill after this multiple of the AWS floor")
