@@ -209,7 +209,11 @@ func (w *world) acquireAll(ctx context.Context, n int) ([]lease, Latencies, Late
 			acq = append(acq, took)
 			leases = append(leases, lease{id: sb.ID, g: g})
 			mu.Unlock()
-			err = w.call(cctx, g, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"command": "true"}, nil)
+			// The exec has a deadline of its own: a slow acquire must not
+			// leave it none.
+			ectx, ecancel := context.WithTimeout(ctx, time.Minute)
+			err = w.call(ectx, g, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"command": "true"}, nil)
+			ecancel()
 			took = time.Since(begin)
 			mu.Lock()
 			if err != nil {
