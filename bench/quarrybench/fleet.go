@@ -97,9 +97,10 @@ func (b *bench) fleetSuite(ctx context.Context, gatewayBin, agentBin string) err
 			"ok", len(res.run), "p50_ms", ms(stats.Percentile(res.run, 50)), "p99_ms", ms(stats.Percentile(res.run, 99)))
 		b.record(fmt.Sprintf("fleet %s: gateway memory", run.name), "process provider, embedded store",
 			"rss_MB", float64(rss)/1024, "peak_MB", float64(peak)/1024)
-		b.record(fmt.Sprintf("fleet %s: CPU during the trainers", run.name), "seconds of CPU by component over the run",
-			"gateway_s", float64(cpu1["gateway"]-cpu0["gateway"])/1e6, "agents_s", float64(cpu1["agents"]-cpu0["agents"])/1e6,
-			"client_s", float64(cpu1["client"]-cpu0["client"])/1e6)
+		b.record(fmt.Sprintf("fleet %s: release", run.name), "DELETE /v1/sandboxes/{id} after the session (the task is stopped)",
+			"ok", len(res.release), "p50_ms", ms(stats.Percentile(res.release, 50)), "p99_ms", ms(stats.Percentile(res.release, 99)))
+		b.record(fmt.Sprintf("fleet %s: CPU during the trainers", run.name), "seconds of CPU over the run (agents come and go, so they are not summed)",
+			"gateway_s", float64(cpu1["gateway"]-cpu0["gateway"])/1e6, "client_s", float64(cpu1["client"]-cpu0["client"])/1e6)
 		if len(res.errors) > 0 {
 			b.record(fmt.Sprintf("fleet %s: errors", run.name), res.errorText())
 		}
@@ -115,9 +116,9 @@ func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // fleetResult is what n trainers saw.
 type fleetResult struct {
-	acquire, run []time.Duration
-	released     []string
-	errors       map[string]int
+	acquire, run, release []time.Duration
+	released              []string
+	errors                map[string]int
 }
 
 func (r fleetResult) errorText() string {
@@ -168,10 +169,16 @@ func (g *gateway) trainers(ctx context.Context, hc *http.Client, pool string, n 
 			if err != nil {
 				fail("session", err)
 			}
-			if rerr := g.release(ctx, hc, id); rerr != nil {
+			t2 := time.Now()
+			rerr := g.release(ctx, hc, id)
+			rel := time.Since(t2)
+			if rerr != nil {
 				fail("release", rerr)
 			}
 			mu.Lock()
+			if rerr == nil {
+				res.release = append(res.release, rel)
+			}
 			res.acquire = append(res.acquire, acq)
 			if run > 0 {
 				res.run = append(res.run, run)
