@@ -38,7 +38,7 @@ type fleetOptions struct {
 }
 
 func (f *fleetOptions) flags() {
-	flag.IntVar(&f.n, "fleet-n", 1000, "suite fleet: sandboxes (and trainers at once)")
+	flag.IntVar(&f.n, "fleet-n", 1000, "suite fleet: sandboxes (and trainers at once); 0 runs Docker only")
 	flag.IntVar(&f.coldWarm, "fleet-cold-warm", 32, "suite fleet: the cold run's min_warm")
 	flag.IntVar(&f.agentMB, "fleet-agent-mb", 12, "suite fleet: memory one agent needs (MB); the suite refuses to start when MemAvailable cannot hold n of them")
 	flag.IntVar(&f.dockerMax, "docker-max", 1100, "suite fleet: Docker sandboxes to try (0: skip Docker); one bridge holds about 1,023")
@@ -59,10 +59,14 @@ func (b *bench) fleetSuite(ctx context.Context, gatewayBin, agentBin string) err
 	}}
 	defer hc.CloseIdleConnections()
 
-	for _, run := range []struct {
+	runs := []struct {
 		name    string
 		minWarm int
-	}{{"warm", o.n}, {"cold", o.coldWarm}} {
+	}{{"warm", o.n}, {"cold", o.coldWarm}}
+	if o.n == 0 {
+		runs = nil
+	}
+	for _, run := range runs {
 		dataDir := filepath.Join(b.tmp, "fleet-"+run.name)
 		pools := fmt.Sprintf("pools:\n  - name: fleet\n    provider: process\n    image: host\n    min_warm: %d\n    max_total: %d\n", run.minWarm, o.n+run.minWarm)
 		g, err := b.launchGateway(gatewaySpec{bin: gatewayBin, agentBin: agentBin, name: "fleet-" + run.name, dataDir: dataDir, pools: pools})
