@@ -181,6 +181,11 @@ func (c Config) gatewayEnv() []string {
 		d("QUARRY_LAUNCH_BACKOFF", time.Second),
 		d("QUARRY_LAUNCH_BACKOFF_MAX", time.Minute),
 		d("QUARRY_ACQUIRE_TIMEOUT", 2*time.Minute),
+		// The warm pool's launch queue and its incremental walk (issue 13;
+		// a gateway without them ignores the variables).
+		d("QUARRY_LAUNCH_QUEUE_TIMEOUT", 5*time.Minute),
+		d("QUARRY_SWEEP_INTERVAL", 30*time.Second),
+		r("QUARRY_DESCRIBE_RATE", 10),
 		d("QUARRY_ECS_START_TIMEOUT", 5*time.Minute),
 		d("QUARRY_ECS_POLL_INTERVAL", 2*time.Second),
 		r("QUARRY_ECS_RUN_TASK_RATE", 20),
