@@ -79,6 +79,9 @@ type Config struct {
 	// FillLimit caps the wait for N ready, as a multiple of the AWS floor
 	// (default 3).
 	FillLimit float64
+	// GatewayEnv adds NAME=value settings to every replica, after the
+	// harness's own (so they win); each result records them.
+	GatewayEnv []string
 	// Out, when set, receives the results as JSON.
 	Out string
 	// Log receives progress lines and the report (default os.Stdout).

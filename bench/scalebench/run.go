@@ -33,7 +33,9 @@ type Result struct {
 	TimeScale float64 `json:"time_scale"`
 	Store     string  `json:"store"`
 	Simulated bool    `json:"simulated"`
-	Fill      Fill    `json:"fill"`
+	// GatewayEnv is what the run set besides the harness's settings.
+	GatewayEnv []string `json:"gateway_env,omitempty"`
+	Fill       Fill     `json:"fill"`
 	// Acquire is N acquires at once; CreateAlive the same trainers to the
 	// end of their first exec (ROCK's create → alive).
 	Acquire     Latencies `json:"acquire"`
@@ -127,7 +129,8 @@ func writeJSON(path string, v any) error {
 
 // runSize builds the world for n, measures it and tears it down.
 func runSize(ctx context.Context, cfg Config, n int, dir string, logf func(string, ...any)) (Result, error) {
-	r := Result{N: n, Replicas: cfg.Replicas, TimeScale: cfg.TimeScale, Store: Store, Simulated: true, CPU: map[string]float64{}}
+	r := Result{N: n, Replicas: cfg.Replicas, TimeScale: cfg.TimeScale, Store: Store, Simulated: true, CPU: map[string]float64{},
+		GatewayEnv: cfg.GatewayEnv}
 	w, err := newWorld(ctx, cfg, n, dir)
 	if err != nil {
 		return r, err
@@ -275,6 +278,9 @@ func report(out interface{ Write([]byte) (int, error) }, rs []Result) {
 	for _, r := range rs {
 		p("")
 		p("== N = %d (simulated fleet: %d gateway replicas, time scale %g, store %s)", r.N, r.Replicas, r.TimeScale, r.Store)
+		if len(r.GatewayEnv) > 0 {
+			p("gateway settings besides the defaults: %s", strings.Join(r.GatewayEnv, " "))
+		}
 		if r.Fill.Complete {
 			p("fill to %d ready:            %.1f s (simulated) = %.2fx the AWS floor of %.0f s", r.N, r.Fill.SimulatedSeconds, r.Fill.RatioToFloor, r.Fill.FloorSeconds)
 		} else {

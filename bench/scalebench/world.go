@@ -231,6 +231,7 @@ func (w *world) startGateways(ctx context.Context) error {
 			"QUARRY_ECS_TOKEN_KEY="+w.tokenKey, "QUARRY_RELAY_SECRET="+w.tokenKey,
 		)
 		cmd.Env = append(cmd.Env, w.cfg.gatewayEnv()...)
+		cmd.Env = append(cmd.Env, w.cfg.GatewayEnv...)
 		logName := filepath.Join(w.dir, fmt.Sprintf("gateway-%d.log", i))
 		logf, err := os.Create(logName)
 		if err != nil {

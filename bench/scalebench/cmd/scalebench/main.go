@@ -43,6 +43,13 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", scalebench.DefaultHeartbeat, "the trainers' heartbeat cadence (simulated)")
 	fs.Float64Var(&cfg.FillLimit, "fill-limit", 3, "give up the fill after this multiple of the AWS floor")
 	fs.StringVar(&cfg.Out, "json", "", "write the results as JSON to this file")
+	fs.Func("gateway-env", "NAME=value for every replica, over the harness's settings (repeatable; recorded in the results)", func(v string) error {
+		if !strings.Contains(v, "=") {
+			return fmt.Errorf("want NAME=value, got %q", v)
+		}
+		cfg.GatewayEnv = append(cfg.GatewayEnv, v)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
