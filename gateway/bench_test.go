@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"sort"
 	"sync/atomic"
@@ -154,15 +153,7 @@ func BenchmarkGateway_SessionRunParallel64(b *testing.B) {
 // answers at once, straight and through the gateway (runs/s).
 func BenchmarkGateway_ProxyParallel64_NoopAgent(b *testing.B) {
 	answer := []byte(`{"exit_code":0,"output":"","duration_ms":0,"timed_out":false,"truncated":false}`)
-	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(answer)
-	}))
-	b.Cleanup(agent.Close)
-	mgr := newFakeManager(agent.URL)
-	mgr.addLease("sbx-1", testKey, agent.URL, 1)
-	gw := startGateway(b, mgr, nil)
+	gw, agent := gatewayWithAgent(b, answer)
 	for _, tc := range []struct {
 		name   string
 		target benchTarget

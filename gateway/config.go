@@ -63,7 +63,10 @@ type Config struct {
 	// MaxConnsPerAgent bounds the connections to one agent (default 256); a
 	// call waits up to AgentDialTimeout for a free one.
 	MaxConnsPerAgent int `envconfig:"QUARRY_MAX_CONNS_PER_AGENT"`
-	// MaxAgentClients bounds the cached per-agent HTTP clients (default 4096).
+	// MaxAgentClients bounds the cached per-agent HTTP clients, about 1 KiB
+	// each (default 16384; cmd/gateway defaults it to the pools' total
+	// max_total when that is larger). Past it the least recently used are
+	// dropped (and rebuilt when used again).
 	MaxAgentClients int `envconfig:"QUARRY_MAX_AGENT_CLIENTS"`
 	// RetryAfter is the Retry-After of 503 answers (default 2s).
 	RetryAfter time.Duration `envconfig:"QUARRY_RETRY_AFTER"`
@@ -85,7 +88,7 @@ const (
 	DefaultIdleTimeout       = 2 * time.Minute
 	DefaultAgentDialTimeout  = 5 * time.Second
 	DefaultMaxConnsPerAgent  = 256
-	DefaultMaxAgentClients   = 4096
+	DefaultMaxAgentClients   = 16384
 	DefaultRetryAfter        = 2 * time.Second
 )
 

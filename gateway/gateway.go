@@ -94,6 +94,9 @@ type Gateway struct {
 	routes  map[string]bool // registered route templates (metrics labels)
 	conns   *connSet        // connections accepted by Serve and ServeTLS
 
+	parksMu sync.Mutex
+	parks   []*parkListener // the listeners of Serve, ServeTLS and ServeRelay
+
 	// draining is closed when Shutdown starts: relay calls and trainer
 	// long-polls waiting on the broker end with 503 (model.go).
 	draining  chan struct{}
@@ -120,7 +123,6 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		log:    deps.Logger,
 		clock:  deps.Clock,
 		keys:   newKeyring(cfg.APIKeys),
-		agents: newAgentClients(cfg),
 		routes: make(map[string]bool),
 		conns:  newConnSet(),
 
@@ -129,6 +131,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	g.agents = newAgentClients(cfg, g.log)
 	if g.clock == nil {
 		g.clock = clock.System{}
 	}
@@ -161,6 +164,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	})
 	srv := g.app.Server()
 	srv.HeaderReceived = g.headerReceived
+	srv.ConnState = connState
 	srv.CloseOnShutdown = true
 	g.register()
 	if err := g.registerNotMatched(); err != nil {
@@ -174,9 +178,10 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 func (g *Gateway) App() *fiber.App { return g.app }
 
 // Serve serves plain HTTP on ln until Shutdown. Every connection's reads and
-// writes are bounded by the idle timeout.
+// writes are bounded by the idle timeout; between requests it is parked
+// (parkListener).
 func (g *Gateway) Serve(ln net.Listener) error {
-	if err := g.app.Listener(g.listener(ln)); err != nil {
+	if err := g.app.Listener(g.park(g.listener(ln))); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	return nil
@@ -189,7 +194,7 @@ func (g *Gateway) Serve(ln net.Listener) error {
 // their relay calls to it. Every other path answers 404 there. It returns
 // when Shutdown stops the app.
 func (g *Gateway) ServeRelay(ln net.Listener) error {
-	if err := g.app.Listener(g.listener(relayListener{ln})); err != nil {
+	if err := g.app.Listener(g.park(g.listener(relayListener{ln}))); err != nil {
 		return fmt.Errorf("serve relay socket: %w", err)
 	}
 	return nil
@@ -203,7 +208,7 @@ func (g *Gateway) ServeTLS(ln net.Listener, certFile, keyFile string) error {
 		return fmt.Errorf("load TLS certificate: %w", err)
 	}
 	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if err := g.app.Listener(tls.NewListener(g.listener(ln), tc)); err != nil {
+	if err := g.app.Listener(g.park(tls.NewListener(g.listener(ln), tc))); err != nil {
 		return fmt.Errorf("serve TLS: %w", err)
 	}
 	return nil
@@ -215,13 +220,32 @@ func (g *Gateway) listener(ln net.Listener) net.Listener {
 	return idleListener{Listener: ln, idle: g.cfg.IdleTimeout, set: g.conns}
 }
 
+// park wraps ln in a parkListener over the app's server, which Shutdown
+// waits for.
+func (g *Gateway) park(ln net.Listener) *parkListener {
+	pl := newParkListener(ln, g.app.Server().ServeConn, g.cfg.ReadTimeout, g.cfg.IdleTimeout, g.acceptRetried)
+	g.parksMu.Lock()
+	g.parks = append(g.parks, pl)
+	g.parksMu.Unlock()
+	return pl
+}
+
+// acceptRetried counts (and logs, at most once a minute) an accept that
+// failed for want of file descriptors and is retried.
+func (g *Gateway) acceptRetried(err error) {
+	g.metrics.acceptRetries.Inc()
+	if g.metrics.acceptLog.allow(time.Now()) {
+		g.log.Warn("accept: out of file descriptors, retrying; raise the open files limit (RLIMIT_NOFILE, ulimit -n)", "err", err)
+	}
+}
+
 // unservedAge is how old a connection that never sent a request must be for
 // Shutdown to close it.
 const unservedAge = 500 * time.Millisecond
 
 // Shutdown stops accepting connections and waits, until ctx is done, for
 // requests in flight to finish (streams included); connections that never
-// sent a request are closed. Relay calls waiting for a trainer and trainer
+// sent a request, and those waiting for their next one, are closed. Relay calls waiting for a trainer and trainer
 // long-polls end at once with 503 "the gateway is shutting down; retry"
 // (their requests stay in the broker). Then it closes idle agent
 // connections. It never touches leases or sandboxes.
@@ -238,6 +262,15 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 			waiting = false
 		case <-tick.C:
 			g.conns.closeUnserved(unservedAge)
+		}
+	}
+	g.parksMu.Lock()
+	parks := g.parks
+	g.parksMu.Unlock()
+	for _, pl := range parks {
+		_ = pl.Close() // the server closed it already, unless it timed out
+		if werr := pl.wait(ctx); werr != nil && err == nil {
+			err = werr
 		}
 	}
 	g.agents.closeIdle()
@@ -337,7 +370,11 @@ func (g *Gateway) register() {
 // streams, up to the start of the answer).
 func (g *Gateway) observe(c *fiber.Ctx) error {
 	start := time.Now()
-	markServed(c.Context().Conn())
+	conn := c.Context().Conn()
+	markServed(conn)
+	if pc := asParkConn(conn); pc != nil {
+		pc.ctx = c.Context() // its large bodies are dropped when it ends
+	}
 	if err := g.onlyRelay(c); err != nil {
 		g.writeError(c, err)
 	} else if err := c.Next(); err != nil {

@@ -1,12 +1,17 @@
 package gateway
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // lingerTimeout bounds how long Close keeps reading what a client still
@@ -126,8 +131,12 @@ func markServed(conn net.Conn) {
 	}
 }
 
-// asIdleConn returns the *idleConn under conn (possibly under TLS), or nil.
+// asIdleConn returns the *idleConn under conn (possibly under TLS and a
+// parkConn), or nil.
 func asIdleConn(conn net.Conn) *idleConn {
+	if pc := asParkConn(conn); pc != nil {
+		conn = pc.Conn
+	}
 	if tc, ok := conn.(*tls.Conn); ok {
 		conn = tc.NetConn()
 	}
@@ -190,4 +199,310 @@ func (l idleListener) Accept() (net.Conn, error) {
 	ic.set, ic.accepted = l.set, time.Now()
 	l.set.add(ic)
 	return ic, nil
+}
+
+// maxKeptBody is the largest request or response body buffer a request
+// context keeps for its next request; larger ones are dropped when their
+// request ends (contexts are pooled: a kept buffer would travel on).
+const maxKeptBody = 16 << 10
+
+// parkListener serves connections with fasthttp's ServeConn only while they
+// have a request to read. A connection waits for its first request, and
+// for each next one, parked: in a goroutine of its own blocked on a
+// one-byte read, holding none of the server's buffers, its request context
+// or a handler-sized stack. When the byte arrives, a new goroutine serves
+// the connection (the byte read again first) until the server waits for
+// the next request: that read gets end of file from the parkConn, the
+// server returns its buffers to its pools, and the connection parks again.
+// A parked connection is closed after waitFirst (before its first request)
+// or waitNext (between requests). Close closes the inner listener and
+// every parked connection; wait waits for the connections being served.
+//
+// Accept (for fasthttp's Serve, whose Shutdown waits for the connections
+// ServeConn serves) returns only the inner listener's lasting error or
+// net.ErrClosed: the listener accepts and serves by itself, from the first
+// call of Accept on (when the server is ready).
+type parkListener struct {
+	inner     net.Listener
+	serve     func(net.Conn) error // the server's ServeConn
+	waitFirst time.Duration
+	waitNext  time.Duration
+	retried   func(err error) // the inner Accept failed for want of files and is retried
+
+	mu     sync.Mutex
+	closed bool
+	parked map[*parkConn]struct{}
+	wg     sync.WaitGroup // the accept loop, parked and served connections
+
+	failed    chan error // the accept loop's lasting error
+	done      chan struct{}
+	startOnce sync.Once
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Accept retries of an inner Accept that failed for want of file
+// descriptors: from acceptBackoff, doubling, up to acceptBackoffMax.
+const (
+	acceptBackoff    = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+func newParkListener(inner net.Listener, serve func(net.Conn) error, waitFirst, waitNext time.Duration, retried func(error)) *parkListener {
+	l := &parkListener{
+		inner: inner, serve: serve, waitFirst: waitFirst, waitNext: waitNext, retried: retried,
+		parked: make(map[*parkConn]struct{}),
+		failed: make(chan error, 1), done: make(chan struct{}),
+	}
+	return l
+}
+
+func (l *parkListener) Addr() net.Addr { return l.inner.Addr() }
+
+// Accept blocks until the listener is closed (net.ErrClosed) or the inner
+// listener failed for good (its error).
+func (l *parkListener) Accept() (net.Conn, error) {
+	l.startOnce.Do(func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if !l.closed {
+			l.wg.Add(1)
+			go l.acceptLoop()
+		}
+	})
+	select {
+	case err := <-l.failed:
+		return nil, err
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close closes the inner listener and the parked connections; connections
+// being served finish their request. Idempotent.
+func (l *parkListener) Close() error {
+	l.closeOnce.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		parked := make([]*parkConn, 0, len(l.parked))
+		for c := range l.parked {
+			parked = append(parked, c)
+		}
+		l.mu.Unlock()
+		l.closeErr = l.inner.Close()
+		for _, c := range parked {
+			_ = c.closeNow()
+		}
+		close(l.done)
+	})
+	return l.closeErr
+}
+
+// wait waits until the accept loop has ended and no connection is parked or
+// served, or ctx ends. Call it after Close.
+func (l *parkListener) wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { l.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *parkListener) acceptLoop() {
+	defer l.wg.Done()
+	backoff := acceptBackoff
+	for {
+		c, err := l.inner.Accept()
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			if l.retried != nil {
+				l.retried(err)
+			}
+			select {
+			case <-l.done:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, acceptBackoffMax)
+			continue
+		}
+		if err != nil {
+			l.failed <- err
+			return
+		}
+		backoff = acceptBackoff
+		pc := newParkConn(c)
+		l.wg.Add(1)
+		go l.park(pc, true)
+	}
+}
+
+// park waits for pc's next request (first: its first one), then serves it.
+// A connection that sends nothing before the read timeout is served too:
+// its read fails, and the server answers 408 as it did before parking.
+func (l *parkListener) park(pc *parkConn, first bool) {
+	defer l.wg.Done()
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		_ = pc.closeNow()
+		return
+	}
+	l.parked[pc] = struct{}{}
+	l.mu.Unlock()
+	wait := l.waitNext
+	if first {
+		wait = l.waitFirst
+	}
+	err := pc.waitRequest(wait)
+	var ne net.Error
+	if first && errors.As(err, &ne) && ne.Timeout() {
+		pc.readErr, err = err, nil
+	}
+	l.mu.Lock()
+	delete(l.parked, pc)
+	closed := l.closed
+	if err == nil && !closed {
+		l.wg.Add(1) // before Close can see the listener closed: wait covers the serve
+	}
+	l.mu.Unlock()
+	if err != nil || closed {
+		_ = pc.closeNow()
+		return
+	}
+	go l.serveConn(pc)
+}
+
+// serveConn serves pc until it is closed or waits for its next request.
+func (l *parkListener) serveConn(pc *parkConn) {
+	defer l.wg.Done()
+	_ = l.serve(pc.outer) // errors are the connection's; the server logs none either
+	if pc.parking {
+		pc.parking = false
+		l.wg.Add(1)
+		go l.park(pc, false)
+	}
+}
+
+// parkConn is a connection of a parkListener. Its fields other than the
+// inner connection are used by one goroutine at a time: the parker, then
+// the goroutine serving it (started after it), then the next parker.
+type parkConn struct {
+	net.Conn          // as accepted: an *idleConn, or TLS over one
+	outer    net.Conn // what the server gets: c, or c with TLS's methods
+
+	first   [1]byte
+	replay  bool  // first holds a byte the server has not read yet
+	readErr error // the server's next read fails with it (a first request that never came)
+	idle    bool  // the server answered: its next read waits for a request
+	parking bool  // it did: Close leaves the connection to park
+	// ctx is the request being served, whose body buffers are released
+	// when it ends (set by Gateway.observe).
+	ctx *fasthttp.RequestCtx
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// parkTLSConn is a parkConn over TLS: the server sees a TLS connection.
+type parkTLSConn struct {
+	*parkConn
+	tls *tls.Conn
+}
+
+func (c parkTLSConn) Handshake() error                     { return c.tls.Handshake() }
+func (c parkTLSConn) ConnectionState() tls.ConnectionState { return c.tls.ConnectionState() }
+
+func newParkConn(c net.Conn) *parkConn {
+	pc := &parkConn{Conn: c}
+	pc.outer = pc
+	if tc, ok := c.(*tls.Conn); ok {
+		pc.outer = parkTLSConn{parkConn: pc, tls: tc}
+	}
+	return pc
+}
+
+// asParkConn returns the *parkConn of conn, or nil.
+func asParkConn(conn net.Conn) *parkConn {
+	switch c := conn.(type) {
+	case *parkConn:
+		return c
+	case parkTLSConn:
+		return c.parkConn
+	}
+	return nil
+}
+
+// waitRequest waits up to d for the first byte of a request and keeps it
+// for the server.
+func (c *parkConn) waitRequest(d time.Duration) error {
+	if err := c.Conn.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return err
+	}
+	n, err := c.Conn.Read(c.first[:])
+	if n == 1 {
+		c.replay = true
+		return c.Conn.SetReadDeadline(time.Time{})
+	}
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	return err
+}
+
+func (c *parkConn) Read(p []byte) (int, error) {
+	switch {
+	case len(p) == 0:
+		return 0, nil
+	case c.replay:
+		c.replay = false
+		p[0] = c.first[0]
+		return 1, nil
+	case c.readErr != nil:
+		return 0, c.readErr
+	case c.idle:
+		// The server waits for the next request with nothing buffered:
+		// it ends serving the connection, which then parks.
+		c.idle = false
+		c.parking = true
+		return 0, io.EOF
+	}
+	return c.Conn.Read(p)
+}
+
+// Close closes the connection, unless the server is done with it because
+// it waits for its next request: then it parks (parkListener.serveConn).
+func (c *parkConn) Close() error {
+	if c.parking {
+		return nil
+	}
+	return c.closeNow()
+}
+
+func (c *parkConn) closeNow() error {
+	c.closeOnce.Do(func() { c.closeErr = c.Conn.Close() })
+	return c.closeErr
+}
+
+// connState follows the server's view of conn (fasthttp's ConnState hook):
+// after an answer the server's next read waits for a request, and the
+// request's large body buffers are dropped.
+func connState(conn net.Conn, st fasthttp.ConnState) {
+	c := asParkConn(conn)
+	if c == nil {
+		return
+	}
+	switch st {
+	case fasthttp.StateIdle:
+		if c.ctx != nil {
+			c.ctx.Request.ReleaseBody(maxKeptBody)
+			c.ctx.Response.ReleaseBody(maxKeptBody)
+			c.ctx = nil
+		}
+		c.idle = true
+	case fasthttp.StateActive:
+		c.idle = false
+	}
 }

@@ -12,6 +12,9 @@ import (
 // non-blocking peek at the socket reads end of file (or a reset). Nothing
 // is consumed; a connection that cannot be inspected counts as open.
 func peerClosed(conn net.Conn) bool {
+	if pc := asParkConn(conn); pc != nil {
+		conn = pc.Conn
+	}
 	if tc, ok := conn.(*tls.Conn); ok {
 		conn = tc.NetConn()
 	}

@@ -83,7 +83,7 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 		if err := checkSandboxID(id); err != nil {
 			return nil, err
 		}
-		areq.IdempotencyKey = "rock:" + id
+		areq.IdempotencyKey = chosenKey(id)
 		areq.Labels[LabelSandboxID] = id
 	}
 	minutes := req.AutoClearTimeMinutes
@@ -198,8 +198,13 @@ func checkSandboxID(id string) error {
 	return nil
 }
 
+// chosenKey is the idempotency key of the start that chose sandbox id.
+func chosenKey(id string) string { return "rock:" + id }
+
 // lookup returns the lease of a ROCK sandbox id in any state: a lease id,
-// or the id a caller chose at start (its label).
+// or the id a caller chose at start: the lease its start's idempotency key
+// names (KeyLookup: one read), else the newest of the owner's leases with
+// its label, an active one first.
 func (s *Service) lookup(ctx context.Context, owner, id string) (warmpool.Lease, error) {
 	if err := checkSandboxID(id); err != nil {
 		return warmpool.Lease{}, err
@@ -208,6 +213,13 @@ func (s *Service) lookup(ctx context.Context, owner, id string) (warmpool.Lease,
 		l, err := s.leases.Get(ctx, id, owner)
 		if err != nil {
 			return l, errclass.Sandbox(id, err)
+		}
+		return l, nil
+	}
+	if kl, ok := s.leases.(KeyLookup); ok {
+		l, err := kl.ByKey(ctx, owner, chosenKey(id))
+		if err != nil {
+			return warmpool.Lease{}, errclass.Sandbox(id, err)
 		}
 		return l, nil
 	}

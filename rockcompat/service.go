@@ -43,6 +43,15 @@ type Leases interface {
 	Pools(ctx context.Context) ([]warmpool.PoolStatus, error)
 }
 
+// KeyLookup is an optional Leases capability, discovered by type
+// assertion: ByKey returns, in any state, the lease that owner's
+// idempotency key names (warmpool.ErrNotFound when none), in O(1) of the
+// owner's leases. *warmpool.Manager implements it; without it a chosen
+// sandbox id is looked up by listing the owner's leases with its label.
+type KeyLookup interface {
+	ByKey(ctx context.Context, owner, key string) (warmpool.Lease, error)
+}
+
 // Config is the compatibility layer's configuration; zero fields take the
 // defaults stated on each. The gateway fills it from its own Config.
 type Config struct {

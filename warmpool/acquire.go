@@ -15,9 +15,9 @@ import (
 
 const (
 	maxIdempotencyKeyLen = 255
-	// roomPoll is how often an Acquire waiting for a task re-reads the
-	// store, for tasks freed by other replicas (this replica's changes wake
-	// it at once).
+	// roomPoll is how often the first acquire waiting for a pool's task
+	// claims any ready task, for the tasks made ready by other replicas
+	// (this replica's offer theirs at once).
 	roomPoll = 250 * time.Millisecond
 )
 
@@ -99,24 +99,211 @@ func (m *Manager) validateAcquire(req AcquireRequest) (*pool, time.Duration, err
 }
 
 // acquire is Acquire after validation. It returns the lease and its
-// outcome (warm, cold, replayed).
+// outcome (warm, cold, replayed). It claims a ready task; when none is
+// ready, it waits in the pool's acquire queue while the manager's loops run
+// (they launch for the waiting acquires), or cold-starts its own task when
+// they do not (Lambda, or after Close).
 func (m *Manager) acquire(ctx context.Context, p *pool, req AcquireRequest, dur time.Duration) (Lease, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.AcquireTimeout)
 	defer cancel()
+	if !m.loopsRun() {
+		return m.acquireDirect(ctx, p, req, dur)
+	}
+	t := &tries{max: m.cfg.AcquireAttempts}
+	for !t.spent() {
+		l, outcome, retry, err := m.claimTask(ctx, p, req, dur, "", outcomeWarm)
+		switch {
+		case err == nil:
+			return l, outcome, nil
+		case retry:
+			t.fail(err)
+		case errors.Is(err, ErrNoCapacity):
+			return m.await(ctx, p, req, dur, t)
+		default:
+			return Lease{}, outcomeError, fmt.Errorf("claim a ready task: %w", err)
+		}
+	}
+	return Lease{}, outcomeError, t.error()
+}
+
+// tries counts the tasks one acquire tried that failed (init failed, the
+// launch failed), at most max.
+type tries struct {
+	max, n int
+	last   error
+}
+
+func (t *tries) fail(err error) { t.n, t.last = t.n+1, err }
+func (t *tries) spent() bool    { return t.n >= t.max }
+func (t *tries) error() error {
+	return fmt.Errorf("%d tasks failed to start or initialize, the last: %w", t.n, t.last)
+}
+
+// claimTask claims taskID (or any ready task when it is empty) for req and
+// initializes its agent; outcome is the acquire's outcome when it does.
+// retry is true when the task's agent failed its init (the lease ended as
+// lost and the task is stopped): another task may be tried.
+func (m *Manager) claimTask(ctx context.Context, p *pool, req AcquireRequest, dur time.Duration, taskID, outcome string) (Lease, string, bool, error) {
+	res, err := m.store.Claim(ctx, m.claimRequest(p, req, dur, taskID))
+	if err != nil {
+		return Lease{}, outcomeError, false, err
+	}
+	if res.Replayed {
+		return m.present(res.Lease), outcomeReplayed, false, nil
+	}
+	if err := m.initLease(ctx, res.Lease); err != nil {
+		return Lease{}, outcomeError, true, err
+	}
+	return res.Lease, outcome, false, nil
+}
+
+// await waits in the pool's acquire queue until a task is offered to it (a
+// task this replica made ready), or, as the queue's head, until a claim of
+// any ready task succeeds; the waiting acquires are the demand that the
+// refills launch for. It fails at once when the queue is full, or when the
+// pool is at max_total with every task leased, and with ErrNoCapacity when
+// ctx ends first. A failed launch handed to it counts as a failed task
+// (one that cannot succeed, ErrInvalidSpec, fails it).
+func (m *Manager) await(ctx context.Context, p *pool, req AcquireRequest, dur time.Duration, t *tries) (Lease, string, error) {
+	if err := m.waitable(ctx, p); err != nil {
+		return Lease{}, outcomeError, err
+	}
+	w, ok := p.queue.join()
+	if !ok {
+		m.metrics.queueFull.WithLabelValues(p.cfg.Name).Inc()
+		p.log.Warn("acquire refused: the pool's acquire queue is full", "limit", m.cfg.AcquireQueue, "variable", "QUARRY_ACQUIRE_QUEUE")
+		return Lease{}, outcomeError, fmt.Errorf("%d acquires of pool %s wait already on this gateway (QUARRY_ACQUIRE_QUEUE): %w", m.cfg.AcquireQueue, p.cfg.Name, ErrNoCapacity)
+	}
+	m.metrics.queueLength.WithLabelValues(p.cfg.Name).Set(float64(p.queue.len()))
+	defer func() {
+		p.queue.leave(w)
+		m.metrics.queueLength.WithLabelValues(p.cfg.Name).Set(float64(p.queue.len()))
+	}()
+	p.poke() // demand: the pool launches for it
+	var timer *time.Timer
+	var tick <-chan time.Time
+	arm := func() { // only the head polls
+		if timer == nil && p.queue.isHead(w) {
+			timer = time.NewTimer(roomPoll)
+			tick = timer.C
+		}
+	}
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	// claimAny is the head's claim of any ready task: done when the
+	// acquire has its answer.
+	claimAny := func() (l Lease, outcome string, done bool, err error) {
+		l, outcome, retry, err := m.claimTask(ctx, p, req, dur, "", outcomeCold)
+		switch {
+		case err == nil:
+			return l, outcome, true, nil
+		case retry:
+			t.fail(err)
+			return Lease{}, outcomeError, t.spent(), t.error()
+		case errors.Is(err, ErrNoCapacity):
+			if err := m.waitable(ctx, p); err != nil {
+				p.queue.fail(err, p.queue.len()) // the same holds for every waiter
+				return Lease{}, outcomeError, true, err
+			}
+			p.poke()
+			return Lease{}, outcomeError, false, nil
+		}
+		return Lease{}, outcomeError, true, fmt.Errorf("claim a ready task: %w", err)
+	}
+	arm()
+	for {
+		select {
+		case o := <-w.offers:
+			if o.err != nil {
+				if errors.Is(o.err, providers.ErrInvalidSpec) || errors.Is(o.err, ErrNoCapacity) {
+					return Lease{}, outcomeError, o.err // waiting or retrying would not help
+				}
+				t.fail(o.err)
+				if t.spent() {
+					return Lease{}, outcomeError, t.error()
+				}
+				p.queue.rejoin(w)
+				continue
+			}
+			l, outcome, retry, err := m.claimTask(ctx, p, req, dur, o.taskID, outcomeCold)
+			switch {
+			case err == nil:
+				return l, outcome, nil
+			case retry:
+				if t.fail(err); t.spent() {
+					return Lease{}, outcomeError, t.error()
+				}
+			case errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound):
+				// Claimed by another acquire meanwhile: wait for the next.
+			default:
+				return Lease{}, outcomeError, fmt.Errorf("claim task %s: %w", o.taskID, err)
+			}
+			p.queue.rejoin(w)
+		case <-w.wake:
+			if p.queue.takeNow(w) && p.queue.isHead(w) {
+				if l, outcome, done, err := claimAny(); done {
+					return l, outcome, err
+				}
+			}
+			arm()
+		case <-tick:
+			timer, tick = nil, nil
+			if p.queue.isHead(w) {
+				if l, outcome, done, err := claimAny(); done {
+					return l, outcome, err
+				}
+			}
+			arm()
+		case <-ctx.Done():
+			return Lease{}, outcomeError, fmt.Errorf("no task of pool %s became free in time (%w): %w", p.cfg.Name, ctx.Err(), ErrNoCapacity)
+		case <-m.bg.Done(): // the manager closed: no more launches for the queue
+			p.queue.leave(w)
+			return m.acquireDirect(ctx, p, req, dur)
+		}
+	}
+}
+
+// waitable returns nil when a task of the pool may become free for an
+// acquire that waits (one is ready, launching or stopping, or the pool has
+// room), and ErrNoCapacity when every task is leased at max_total: one
+// read of the counts.
+func (m *Manager) waitable(ctx context.Context, p *pool) error {
+	c, err := m.store.CountTasks(ctx, p.cfg.Name)
+	if err != nil {
+		return fmt.Errorf("count tasks: %w", err)
+	}
+	if c.Ready > 0 || c.Launching > 0 || c.Stopping > 0 || c.Total() < p.cfg.MaxTotal {
+		return nil
+	}
+	return fmt.Errorf("all %d tasks of pool %s are leased (max_total %d): %w", c.Total(), p.cfg.Name, p.cfg.MaxTotal, ErrNoCapacity)
+}
+
+// loopsRun reports whether the manager's background loops run (Start,
+// and not yet Close): they launch for waiting acquires.
+func (m *Manager) loopsRun() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.started && !m.closed
+}
+
+// acquireDirect is the acquire of a manager whose loops do not run: it
+// claims a ready task, or launches its own (a cold start) when the pool
+// has room, or waits for a task to free.
+func (m *Manager) acquireDirect(ctx context.Context, p *pool, req AcquireRequest, dur time.Duration) (Lease, string, error) {
 	var lastErr error
 	for attempt := 0; attempt < m.cfg.AcquireAttempts; {
-		res, err := m.store.Claim(ctx, m.claimRequest(p, req, dur, ""))
-		if err == nil {
-			if res.Replayed {
-				return m.present(res.Lease), outcomeReplayed, nil
-			}
-			if lastErr = m.initLease(ctx, res.Lease); lastErr == nil {
-				return res.Lease, outcomeWarm, nil
-			}
+		l, outcome, retry, err := m.claimTask(ctx, p, req, dur, "", outcomeWarm)
+		switch {
+		case err == nil:
+			return l, outcome, nil
+		case retry:
+			lastErr = err
 			attempt++
 			continue
-		}
-		if !errors.Is(err, ErrNoCapacity) {
+		case !errors.Is(err, ErrNoCapacity):
 			return Lease{}, outcomeError, fmt.Errorf("claim a ready task: %w", err)
 		}
 		l, outcome, full, err := m.coldStart(ctx, p, req, dur)
@@ -200,28 +387,22 @@ func (m *Manager) coldStart(ctx context.Context, p *pool, req AcquireRequest, du
 }
 
 // waitForRoom waits until a task of the pool may have become ready or a
-// slot free. It returns nil at once when a task is ready, ErrNoCapacity at
-// once when nothing is launching (for another caller than this replica's
-// cold starts) or stopping, and ErrNoCapacity when ctx ends first.
+// slot free (the direct path). It returns nil at once when a task is ready
+// or the pool has room, ErrNoCapacity at once when nothing is launching
+// (for another caller than this replica's cold starts) or stopping, and
+// ErrNoCapacity when ctx ends first. It reads the counts, not the tasks.
 func (m *Manager) waitForRoom(ctx context.Context, p *pool) error {
 	changed := p.changed.wait() // before reading, so that no change is missed
-	tasks, err := m.store.ListTasks(ctx, p.cfg.Name)
+	c, err := m.store.CountTasks(ctx, p.cfg.Name)
 	if err != nil {
-		return fmt.Errorf("read tasks: %w", err)
+		return fmt.Errorf("count tasks: %w", err)
 	}
-	waitable := false
-	for _, t := range tasks {
-		switch {
-		case t.State == TaskReady:
-			return nil // became ready since the claim: claim again
-		case t.State == TaskStopping || t.State == TaskLaunching && !p.isColdStart(t.ID):
-			waitable = true
-		}
+	if c.Ready > 0 || c.Total() < p.cfg.MaxTotal {
+		return nil // became ready or free since the claim: claim again
 	}
-	if !waitable {
-		return fmt.Errorf("all %d tasks of pool %s are leased or starting for other requests (max_total %d): %w", len(tasks), p.cfg.Name, p.cfg.MaxTotal, ErrNoCapacity)
+	if c.Stopping == 0 && c.Launching <= p.coldStartCount() {
+		return fmt.Errorf("all %d tasks of pool %s are leased or starting for other requests (max_total %d): %w", c.Total(), p.cfg.Name, p.cfg.MaxTotal, ErrNoCapacity)
 	}
-	p.poke() // the reconciler finishes stopping tasks, freeing their slots
 	t := time.NewTimer(roomPoll)
 	defer t.Stop()
 	select {
@@ -246,7 +427,7 @@ func (m *Manager) initLease(ctx context.Context, l Lease) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
 	defer cancel()
 	ended, eerr := m.store.EndLease(cctx, l.ID, LeaseEnd{
-		State: LeaseLost, Reason: "the agent's init failed: " + err.Error(), Now: m.clock.Now(), ForgetIdempotencyKey: true,
+		State: LeaseLost, Reason: "the agent's init failed: " + err.Error(), Now: m.clock.Now(), ForgetIdempotencyKey: true, Read: &l,
 	})
 	if eerr != nil {
 		m.log.Warn("end lease of a task whose init failed", "pool", l.Pool, "lease", l.ID, "err", eerr)
@@ -254,15 +435,6 @@ func (m *Manager) initLease(ctx context.Context, l Lease) error {
 		m.retire(context.WithoutCancel(ctx), ended, false)
 	}
 	return fmt.Errorf("init agent of task %s: %w", l.TaskID, err)
-}
-
-// newTaskRecord returns the record of a task about to be launched.
-func (m *Manager) newTaskRecord(p *pool) TaskRecord {
-	now := m.clock.Now()
-	return TaskRecord{
-		ID: NewTaskID(), Pool: p.cfg.Name, Provider: p.cfg.Provider, State: TaskLaunching,
-		CreatedAt: now, UpdatedAt: now, LaunchDeadline: now.Add(p.startupTimeout()),
-	}
 }
 
 // compatibleAgent reports whether a health answer means ready: status ok,

@@ -18,6 +18,7 @@ const (
 	CallerReconcile = "reconcile" // a pool's reconciler and the launches it starts
 	CallerReaper    = "reaper"
 	CallerOrphans   = "orphans"
+	CallerEvents    = "events"    // handling providers' task events
 	CallerLifecycle = "lifecycle" // Start and Close
 )
 

@@ -52,6 +52,7 @@ type fakeProvider struct {
 	maxRunning int
 	launched   int
 	listCalls  int
+	describes  int
 	stops      []string
 }
 
@@ -108,6 +109,7 @@ func (p *fakeProvider) Launch(ctx context.Context, spec providers.Spec, names []
 func (p *fakeProvider) Describe(_ context.Context, ids []string) ([]providers.Task, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.describes++
 	out := make([]providers.Task, 0, len(ids))
 	for _, id := range ids {
 		if t, ok := p.tasks[id]; ok {
@@ -212,6 +214,47 @@ func (p *fakeProvider) setStartDelay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.StartDelay = d
+}
+
+func (p *fakeProvider) describeCalls() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.describes
+}
+
+// watchingProvider is a fakeProvider with task events (providers.Watcher):
+// Watch forwards what the test sends on events until ctx ends, or returns
+// the error the test sends on fail.
+type watchingProvider struct {
+	*fakeProvider
+	events  chan providers.TaskEvent
+	fail    chan error
+	watches chan struct{} // closed when a Watch runs
+	once    sync.Once
+}
+
+var _ providers.Watcher = (*watchingProvider)(nil)
+
+func newWatchingProvider(prov *fakeProvider) *watchingProvider {
+	return &watchingProvider{fakeProvider: prov, events: make(chan providers.TaskEvent), fail: make(chan error, 1), watches: make(chan struct{})}
+}
+
+func (w *watchingProvider) Watch(ctx context.Context, events chan<- providers.TaskEvent) error {
+	w.once.Do(func() { close(w.watches) })
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-w.fail:
+			return err
+		case ev := <-w.events:
+			select {
+			case events <- ev:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
 }
 
 // fakeAgents answers for the agents of the fake provider's running tasks.

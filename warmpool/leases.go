@@ -39,24 +39,14 @@ func (m *Manager) get(ctx context.Context, id, owner string) (Lease, error) {
 
 // Heartbeat moves the lease's expiry to now + its duration. ErrNotFound
 // for an unknown lease or another owner's; ErrLeaseEnded (with the lease)
-// once it ended or expired. The renewal is a conditional store write,
-// never answered from the lease cache.
+// once it ended or expired. The renewal is one conditional store write (by
+// the lease's stored duration: no read first), never answered from the
+// lease cache.
 func (m *Manager) Heartbeat(ctx context.Context, id, owner string) (Lease, error) {
 	ctx = ContextWithCaller(ctx, CallerHeartbeat)
-	l, err := m.get(ctx, id, owner)
-	if err != nil {
-		return Lease{}, err
-	}
-	if l.State != LeaseActive {
-		return l, fmt.Errorf("heartbeat lease %s: it is %s: %w", id, l.State, ErrLeaseEnded)
-	}
-	d := l.Duration
-	if d <= 0 {
-		d = time.Duration(m.leaseSecondsDefault(l.Pool)) * time.Second
-	}
 	now := m.clock.Now()
 	done := m.cache.writeLease(id)
-	renewed, err := m.store.RenewLease(ctx, id, owner, now.Add(d), now)
+	renewed, err := m.store.RenewLease(ctx, id, owner, time.Time{}, now)
 	done()
 	if err == nil {
 		m.cache.put(renewed, now)
@@ -95,13 +85,25 @@ func (m *Manager) Release(ctx context.Context, id, owner string) (Lease, error) 
 		return l, fmt.Errorf("release lease %s: it is %s: %w", id, l.State, ErrLeaseEnded)
 	}
 	done := m.cache.writeLease(id)
-	ended, err := m.store.EndLease(ctx, id, LeaseEnd{State: LeaseReleased, Reason: "released by its owner", Now: m.clock.Now(), Owner: owner})
+	ended, err := m.store.EndLease(ctx, id, LeaseEnd{State: LeaseReleased, Reason: "released by its owner", Now: m.clock.Now(), Owner: owner, Read: &l})
 	done()
 	if err != nil {
 		return m.leaseResult("release", id, ended, err)
 	}
 	m.retire(context.WithoutCancel(ctx), ended, true)
 	return ended, nil
+}
+
+// ByKey returns, in any state, the lease that owner's idempotency key
+// names (presented as Get does): one store read of the key and its lease
+// (Store.LeaseByKey), whatever the number of leases. ErrNotFound when the
+// key names none, or its lease's key was forgotten (an init that failed).
+func (m *Manager) ByKey(ctx context.Context, owner, key string) (Lease, error) {
+	l, err := m.store.LeaseByKey(ContextWithCaller(ctx, CallerGet), owner, key)
+	if err != nil {
+		return Lease{}, fmt.Errorf("lease by key: %w", err)
+	}
+	return m.present(l), nil
 }
 
 // List returns leases matching f, newest first, at most Config.MaxListLeases
@@ -146,7 +148,7 @@ func (m *Manager) CheckTask(ctx context.Context, l Lease) (Lease, error) {
 	if err != nil || reason == "" {
 		return m.present(cur), err
 	}
-	ended, err := m.store.EndLease(ctx, cur.ID, LeaseEnd{State: LeaseLost, Reason: reason, Now: m.clock.Now()})
+	ended, err := m.store.EndLease(ctx, cur.ID, LeaseEnd{State: LeaseLost, Reason: reason, Now: m.clock.Now(), Read: &cur})
 	switch {
 	case errors.Is(err, ErrLeaseEnded):
 		return m.present(ended), nil
@@ -200,11 +202,4 @@ func (m *Manager) present(l Lease) Lease {
 		l.EndedAt = l.ExpiresAt
 	}
 	return l
-}
-
-func (m *Manager) leaseSecondsDefault(pool string) int {
-	if p := m.pools[pool]; p != nil {
-		return p.cfg.DefaultLeaseSeconds
-	}
-	return DefaultLeaseSeconds
 }

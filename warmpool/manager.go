@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/clock"
@@ -60,9 +61,14 @@ type Manager struct {
 	pools     map[string]*pool // fixed after New
 	names     []string         // pool names in configuration order
 
-	// orphanSeen is when the orphan sweep first saw a provider task that
-	// reports no creation time; only the sweep goroutine uses it.
-	orphanSeen map[string]time.Time
+	// orphans is where the orphan sweep's cycle is; only the sweep
+	// goroutine uses it.
+	orphans orphanSweep
+	// describeLimits hold each provider's Describe rate (Config.DescribeRate).
+	describeLimits map[string]*rate.Limiter
+	// watchers says which providers deliver task events now.
+	watchMu  sync.Mutex
+	watchers map[string]bool
 	// lastPurge is when the reaper last purged ended leases (manager
 	// clock); only the reaper goroutine uses it.
 	lastPurge time.Time
@@ -126,13 +132,18 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		if !ok {
 			return nil, badinput.New(field, "pool %q uses provider %q, which is not configured (configured: %v)", pc.Name, pc.Provider, slices.Sorted(maps.Keys(provs)))
 		}
-		pools[pc.Name] = newPool(pc, prov, log)
+		pools[pc.Name] = newPool(pc, prov, log, cfg.AcquireQueue)
 		names = append(names, pc.Name)
+	}
+	limits := make(map[string]*rate.Limiter, len(provs))
+	for name := range provs {
+		limits[name] = rate.NewLimiter(rate.Limit(cfg.DescribeRate), max(1, int(cfg.DescribeRate)))
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{
 		cfg: cfg, store: deps.Store, providers: provs, agents: deps.Agents, log: log.With("replica", cfg.ReplicaID), clock: clk,
-		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphanSeen: map[string]time.Time{},
+		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphans: orphanSweep{seen: map[string]time.Time{}},
+		describeLimits: limits, watchers: map[string]bool{},
 		locks: lockSet{held: map[string]bool{}, failing: map[string]bool{}}, cache: newLeaseCache(cfg.LeaseCacheTTL), bg: bg, cancel: cancel,
 	}, nil
 }
@@ -160,19 +171,27 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.started = true
 	m.mu.Unlock()
-	tasks, err := m.store.ListTasks(ctx, "")
-	if err != nil {
-		m.mu.Lock()
-		m.started = false // Start may be tried again
-		m.mu.Unlock()
-		return fmt.Errorf("start warm pool manager: read tasks: %w", err)
+	var c TaskCounts
+	for _, name := range m.names {
+		pc, err := m.store.CountTasks(ctx, name)
+		if err != nil {
+			m.mu.Lock()
+			m.started = false // Start may be tried again
+			m.mu.Unlock()
+			return fmt.Errorf("start warm pool manager: count the tasks of pool %s: %w", name, err)
+		}
+		c.Ready, c.Launching, c.Leased, c.Stopping = c.Ready+pc.Ready, c.Launching+pc.Launching, c.Leased+pc.Leased, c.Stopping+pc.Stopping
 	}
-	c := countTasks(tasks)
-	m.log.Info("warm pools starting", "pools", len(m.pools), "ready", c.ready, "launching", c.launching,
-		"leased", c.leased, "stopping", c.stopping)
+	m.log.Info("warm pools starting", "pools", len(m.pools), "ready", c.Ready, "launching", c.Launching,
+		"leased", c.Leased, "stopping", c.Stopping)
 	for _, name := range m.names {
 		p := m.pools[name]
 		m.goBackground(CallerReconcile, func(ctx context.Context) { m.reconcileLoop(ctx, p) })
+	}
+	for _, name := range m.providersInUse() {
+		if w, ok := m.providers[name].(providers.Watcher); ok {
+			m.goBackground(CallerEvents, func(ctx context.Context) { m.watchEvents(ctx, name, w) })
+		}
 	}
 	m.goBackground(CallerReaper, func(ctx context.Context) {
 		m.every(ctx, m.cfg.ReapInterval, m.locked(lockReaper, m.cfg.ReapInterval, m.reap))
@@ -181,6 +200,16 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.every(ctx, m.cfg.OrphanInterval, m.locked(lockOrphans, m.cfg.OrphanInterval, m.sweepOrphans))
 	})
 	return nil
+}
+
+// providersInUse returns the names of the providers that pools use,
+// sorted.
+func (m *Manager) providersInUse() []string {
+	inUse := map[string]bool{}
+	for _, p := range m.pools {
+		inUse[p.cfg.Provider] = true
+	}
+	return slices.Sorted(maps.Keys(inUse))
 }
 
 // Close stops the background work and waits for it (or for ctx), then
@@ -261,40 +290,20 @@ func (m *Manager) Ready(ctx context.Context) error {
 const readinessProbeID = LeaseIDPrefix + "readiness-probe"
 
 // Pools returns every configured pool with its current task counts, in
-// configuration order.
+// configuration order: one counter read per pool (CountTasks), whatever
+// the number of tasks.
 func (m *Manager) Pools(ctx context.Context) ([]PoolStatus, error) {
 	ctx = ContextWithCaller(ctx, CallerPools)
 	out := make([]PoolStatus, 0, len(m.names))
 	for _, name := range m.names {
-		tasks, err := m.store.ListTasks(ctx, name)
+		c, err := m.store.CountTasks(ctx, name)
 		if err != nil {
 			return nil, fmt.Errorf("pool status %s: %w", name, err)
 		}
-		c := countTasks(tasks)
 		out = append(out, PoolStatus{
 			PoolConfig: m.pools[name].cfg,
-			Ready:      c.ready, Launching: c.launching, Leased: c.leased, Stopping: c.stopping,
+			Ready:      c.Ready, Launching: c.Launching, Leased: c.Leased, Stopping: c.Stopping,
 		})
 	}
 	return out, nil
-}
-
-// taskCounts counts a pool's tasks by state.
-type taskCounts struct{ ready, launching, leased, stopping int }
-
-func countTasks(tasks []TaskRecord) taskCounts {
-	var c taskCounts
-	for _, t := range tasks {
-		switch t.State {
-		case TaskReady:
-			c.ready++
-		case TaskLaunching:
-			c.launching++
-		case TaskLeased:
-			c.leased++
-		case TaskStopping:
-			c.stopping++
-		}
-	}
-	return c
 }

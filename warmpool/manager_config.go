@@ -68,6 +68,40 @@ type Config struct {
 	// lock of a job is held for at least twice the job's interval (default
 	// 15 s).
 	LockTTL time.Duration `envconfig:"QUARRY_LOCK_TTL"`
+	// LaunchChunk is how many tasks one ReserveTasks and one provider
+	// Launch carry (default 50; never more than the store takes at once,
+	// ReserveLimiter); LaunchBudget bounds the tasks one refill reserves
+	// (default 500); LaunchConcurrency the Launch calls of a pool in flight
+	// on this replica (default 4).
+	LaunchChunk       int `envconfig:"QUARRY_LAUNCH_CHUNK"`
+	LaunchBudget      int `envconfig:"QUARRY_LAUNCH_BUDGET"`
+	LaunchConcurrency int `envconfig:"QUARRY_LAUNCH_CONCURRENCY"`
+	// LaunchQueueTimeout is how long a reserved task may wait for its
+	// Launch call to return (queued behind the provider's rate limits)
+	// before it is given up (default 5 min); its startup deadline (the
+	// pool's startup_timeout_seconds) starts when the provider launched it.
+	LaunchQueueTimeout time.Duration `envconfig:"QUARRY_LAUNCH_QUEUE_TIMEOUT"`
+	// SweepInterval is how often at the most a walk over a pool's tasks
+	// starts (default 30 s): it gives up launches past their deadline,
+	// finishes stopping tasks, health-checks ready tasks and, for providers
+	// without task events, describes ready and leased tasks. SweepBudget
+	// bounds the records one pass walks (default 500); DescribeRate the
+	// Describe calls per second of a provider's walks and starts on this
+	// replica (default 10).
+	SweepInterval time.Duration `envconfig:"QUARRY_SWEEP_INTERVAL"`
+	SweepBudget   int           `envconfig:"QUARRY_SWEEP_BUDGET"`
+	DescribeRate  float64       `envconfig:"QUARRY_DESCRIBE_RATE"`
+	// AcquireQueue bounds the acquires of one pool that wait on this
+	// replica for a task (default 10000); beyond it an acquire fails at
+	// once with no capacity.
+	AcquireQueue int `envconfig:"QUARRY_ACQUIRE_QUEUE"`
+	// EventQueue bounds the task events (providers.Watcher) waiting to be
+	// handled (default 4096); events beyond it are dropped, and the next
+	// walks describe that provider's tasks again.
+	EventQueue int `envconfig:"QUARRY_EVENT_QUEUE"`
+	// OrphanBudget bounds the task records one orphan-sweep pass walks
+	// (default 2000).
+	OrphanBudget int `envconfig:"QUARRY_ORPHAN_BUDGET"`
 	// LeaseCacheTTL is how long a lease read from the store may serve the
 	// lease lookups of this replica (never past the lease's ExpiresAt;
 	// dropped at once when this replica ends or renews the lease). Default
@@ -107,6 +141,16 @@ func (c Config) WithDefaults() Config {
 	}
 	defaults.Set(&c.LockTTL, 15*time.Second)
 	defaults.Set(&c.LeaseCacheTTL, time.Second)
+	defaults.Set(&c.LaunchChunk, 50)
+	defaults.Set(&c.LaunchBudget, 500)
+	defaults.Set(&c.LaunchConcurrency, 4)
+	defaults.Set(&c.LaunchQueueTimeout, 5*time.Minute)
+	defaults.Set(&c.SweepInterval, 30*time.Second)
+	defaults.Set(&c.SweepBudget, 500)
+	defaults.Set(&c.DescribeRate, 10)
+	defaults.Set(&c.AcquireQueue, 10000)
+	defaults.Set(&c.EventQueue, 4096)
+	defaults.Set(&c.OrphanBudget, 2000)
 	return c
 }
 
@@ -130,6 +174,22 @@ func (c Config) Validate() error {
 	positive("PROVIDER_TIMEOUT", c.ProviderTimeout)
 	positive("LAUNCH_BACKOFF", c.LaunchBackoff)
 	positive("LOCK_TTL", c.LockTTL)
+	positive("LAUNCH_QUEUE_TIMEOUT", c.LaunchQueueTimeout)
+	positive("SWEEP_INTERVAL", c.SweepInterval)
+	for _, n := range []struct {
+		name string
+		v    int
+	}{
+		{"LAUNCH_CHUNK", c.LaunchChunk}, {"LAUNCH_BUDGET", c.LaunchBudget}, {"LAUNCH_CONCURRENCY", c.LaunchConcurrency},
+		{"SWEEP_BUDGET", c.SweepBudget}, {"ACQUIRE_QUEUE", c.AcquireQueue}, {"EVENT_QUEUE", c.EventQueue}, {"ORPHAN_BUDGET", c.OrphanBudget},
+	} {
+		if n.v < 1 {
+			errs = append(errs, fmt.Errorf("QUARRY_%s: %d; at least 1", n.name, n.v))
+		}
+	}
+	if !(c.DescribeRate > 0) {
+		errs = append(errs, fmt.Errorf("QUARRY_DESCRIBE_RATE: %v; a positive number of calls per second", c.DescribeRate))
+	}
 	if c.LeaseCacheTTL > maxLeaseCacheTTL {
 		errs = append(errs, fmt.Errorf("QUARRY_LEASE_CACHE_TTL: %s is above the maximum %s", c.LeaseCacheTTL, maxLeaseCacheTTL))
 	}

@@ -40,6 +40,9 @@ type env struct {
 	pools  []warmpool.PoolConfig
 	// wrap, when set, wraps the store the manager uses (not e.store).
 	wrap func(warmpool.Store) warmpool.Store
+	// provider, when set, is the provider "fake" the manager uses (e.prov
+	// with more capabilities).
+	provider providers.Provider
 }
 
 func testPool(minWarm, maxTotal int) warmpool.PoolConfig {
@@ -52,7 +55,7 @@ func fastConfig() warmpool.Config {
 		ReconcileInterval: 10 * time.Millisecond, ReapInterval: 10 * time.Millisecond,
 		OrphanInterval: 10 * time.Millisecond, OrphanGrace: time.Minute,
 		HealthCheckInterval: time.Hour, AcquireTimeout: waitFor, LaunchBackoff: 10 * time.Millisecond,
-		LaunchBackoffMax: 50 * time.Millisecond,
+		LaunchBackoffMax: 50 * time.Millisecond, SweepInterval: 10 * time.Millisecond,
 	}
 }
 
@@ -89,8 +92,12 @@ func (e *env) start() {
 	if e.wrap != nil {
 		store = e.wrap(s)
 	}
+	var prov providers.Provider = e.prov
+	if e.provider != nil {
+		prov = e.provider
+	}
 	m, err := warmpool.New(e.cfg, warmpool.Deps{
-		Store: store, Providers: map[string]providers.Provider{"fake": e.prov}, Pools: e.pools,
+		Store: store, Providers: map[string]providers.Provider{"fake": prov}, Pools: e.pools,
 		Agents: e.agents, Clock: e.clock, Metrics: e.reg,
 	})
 	require.NoError(t, err)

@@ -28,6 +28,14 @@ type metrics struct {
 	lockAttempts   *prometheus.CounterVec
 	lockHeld       *prometheus.GaugeVec
 	lockedPasses   *prometheus.CounterVec
+	refillBlocked  *prometheus.CounterVec
+	queueFull      *prometheus.CounterVec
+	queueLength    *prometheus.GaugeVec
+	passSeconds    *prometheus.HistogramVec
+	walked         *prometheus.CounterVec
+	describes      *prometheus.CounterVec
+	taskEvents     *prometheus.CounterVec
+	orphanWalked   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -73,13 +81,47 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "quarry_locked_passes_total",
 			Help: "Passes of a background job that this replica ran while holding its lock, by lock.",
 		}, []string{"lock"}),
+		refillBlocked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_refill_blocked_total",
+			Help: "Refills of a pool that could not launch all they wanted, by pool and reason (max_total: acquires wait at max_total; store: the reservation failed; backoff: launches failed recently; concurrency: QUARRY_LAUNCH_CONCURRENCY launch calls in flight).",
+		}, []string{"pool", "reason"}),
+		queueFull: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_acquire_queue_full_total",
+			Help: "Acquires refused at once because QUARRY_ACQUIRE_QUEUE acquires of the pool waited already on this gateway, by pool.",
+		}, []string{"pool"}),
+		queueLength: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quarry_acquire_queue_length",
+			Help: "Acquires of a pool waiting on this gateway for a task, by pool.",
+		}, []string{"pool"}),
+		passSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "quarry_reconcile_pass_duration_seconds",
+			Help:    "Time of one reconciler pass over a pool (one budget of its walk, and a refill), by pool.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"pool"}),
+		walked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_walked_tasks_total",
+			Help: "Task records the reconciler's walks read, by pool.",
+		}, []string{"pool"}),
+		describes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_describe_calls_total",
+			Help: "Describe calls of the starter and the walks (QUARRY_DESCRIBE_RATE bounds them), by provider.",
+		}, []string{"provider"}),
+		taskEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_task_events_total",
+			Help: "Task events of providers with events, by provider and outcome (handled; ignored: not a task of a configured pool, or its record disagrees; dropped: QUARRY_EVENT_QUEUE was full).",
+		}, []string{"provider", "outcome"}),
+		orphanWalked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quarry_orphan_walked_tasks_total",
+			Help: "Task records the orphan sweep's walks read.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{
 		m.acquires, m.acquireSeconds, m.tasks, m.launches, m.launchFailures, m.reaped, m.orphans,
-		m.lockAttempts, m.lockHeld, m.lockedPasses,
+		m.lockAttempts, m.lockHeld, m.lockedPasses, m.refillBlocked, m.queueFull, m.queueLength, m.passSeconds,
+		m.walked, m.describes, m.taskEvents, m.orphanWalked,
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -93,9 +135,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // setTaskCounts publishes a pool's task counts.
-func (m *metrics) setTaskCounts(pool string, c taskCounts) {
-	m.tasks.WithLabelValues(pool, string(TaskReady)).Set(float64(c.ready))
-	m.tasks.WithLabelValues(pool, string(TaskLaunching)).Set(float64(c.launching))
-	m.tasks.WithLabelValues(pool, string(TaskLeased)).Set(float64(c.leased))
-	m.tasks.WithLabelValues(pool, string(TaskStopping)).Set(float64(c.stopping))
+func (m *metrics) setTaskCounts(pool string, c TaskCounts) {
+	m.tasks.WithLabelValues(pool, string(TaskReady)).Set(float64(c.Ready))
+	m.tasks.WithLabelValues(pool, string(TaskLaunching)).Set(float64(c.Launching))
+	m.tasks.WithLabelValues(pool, string(TaskLeased)).Set(float64(c.Leased))
+	m.tasks.WithLabelValues(pool, string(TaskStopping)).Set(float64(c.Stopping))
 }

@@ -21,20 +21,37 @@ type pool struct {
 	log      *slog.Logger
 	wake     chan struct{} // buffered 1: wakes the reconciler
 	changed  notifier      // a task became ready or a slot was freed
+	queue    *acquireQueue // acquires of this replica waiting for a task
+	start    *starter      // launched tasks of this replica, until ready
 
 	mu         sync.Mutex
 	coldStarts map[string]bool         // launching tasks an Acquire of this replica will claim
 	health     map[string]*healthState // ready task id → check bookkeeping
 	failures   int                     // launch failures in a row
 	nextLaunch time.Time               // no reconciler launch before (real time)
+	launching  int                     // Launch calls of this replica in flight
+	local      int                     // tasks this replica reserved that are not yet ready or given up
+	blockedBy  string                  // why the last refill could not proceed ("": it could)
+	walk       walkState               // the reconciler's walk over the pool's tasks
+	resync     bool                    // events were dropped: the next walk describes
+}
+
+// walkState is where the reconciler's walk over a pool's tasks is.
+type walkState struct {
+	active   bool
+	cursor   string
+	started  time.Time // real time the current (or last) walk started
+	cycle    int       // walks started
+	describe bool      // this walk describes ready and leased tasks
 }
 
 type healthState struct {
 	next     time.Time // real time of the next check
 	failures int       // failed checks in a row
+	cycle    int       // the last walk that saw the task ready
 }
 
-func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger) *pool {
+func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger, queueSize int) *pool {
 	// The provider attaches the quarry.* labels itself (the gateway id from
 	// its own config); the spec carries only the pool's own labels.
 	labels := maps.Clone(cfg.Labels)
@@ -55,6 +72,79 @@ func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger) *pool {
 		wake:       make(chan struct{}, 1),
 		coldStarts: map[string]bool{},
 		health:     map[string]*healthState{},
+		queue:      newAcquireQueue(queueSize),
+		start:      newStarter(),
+	}
+}
+
+// startLaunch takes one of the pool's max Launch calls in flight; false
+// when all are taken.
+func (p *pool) startLaunch(max int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.launching >= max {
+		return false
+	}
+	p.launching++
+	return true
+}
+
+// endLaunch gives a Launch call back; unstarted of its tasks did not start
+// (they are settled now).
+func (p *pool) endLaunch(unstarted int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.launching--
+	p.local -= unstarted
+}
+
+func (p *pool) addLocal(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.local += n
+}
+
+func (p *pool) endLocal(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.local -= n
+}
+
+// localTasks is how many tasks this replica has reserved that are not yet
+// ready or given up.
+func (p *pool) localTasks() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.local
+}
+
+// blocked records why a refill that wanted want more tasks could not
+// proceed (reason "" when it could): it counts quarry_refill_blocked_total
+// and logs once when a streak starts, naming the limit, and once when it
+// ends.
+func (p *pool) blocked(m *Manager, reason string, want int, args ...any) {
+	p.mu.Lock()
+	was := p.blockedBy
+	p.blockedBy = reason
+	p.mu.Unlock()
+	if reason != "" {
+		m.metrics.refillBlocked.WithLabelValues(p.cfg.Name, reason).Inc()
+	}
+	if reason == was {
+		return
+	}
+	log := p.log.With(append([]any{"wanted", want}, args...)...)
+	switch reason {
+	case "":
+		log.Info("refill proceeds again", "was", was)
+	case blockedMaxTotal:
+		log.Warn("refill blocked: the pool is at max_total; waiting acquires wait for a task to free", "max_total", p.cfg.MaxTotal, "waiting", p.queue.len())
+	case blockedStore:
+		log.Warn("refill blocked: the lease store refused the reservation; backing off (QUARRY_LAUNCH_BACKOFF)")
+	case blockedBackoff:
+		log.Warn("refill blocked: launches failed; backing off before the next (QUARRY_LAUNCH_BACKOFF, QUARRY_LAUNCH_BACKOFF_MAX)")
+	case blockedInFlight:
+		log.Debug("refill held: QUARRY_LAUNCH_CONCURRENCY launch calls are in flight", "limit", m.cfg.LaunchConcurrency)
 	}
 }
 
@@ -84,6 +174,43 @@ func (p *pool) isColdStart(id string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.coldStarts[id]
+}
+
+// takeResync reports (and clears) whether the next walk must describe.
+func (p *pool) takeResync() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.resync
+	p.resync = false
+	return r
+}
+
+// endWalk drops the health bookkeeping of the tasks that walk cycle did
+// not see ready (leased, stopped, or deleted by another replica).
+func (p *pool) endWalk(cycle int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, h := range p.health {
+		if h.cycle < cycle {
+			delete(p.health, id)
+		}
+	}
+}
+
+// coldStartCount is how many launching tasks this replica's cold starts
+// will claim.
+func (p *pool) coldStartCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.coldStarts)
+}
+
+// setResync makes the next walk describe the pool's tasks (events were
+// dropped).
+func (p *pool) setResync() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.resync = true
 }
 
 // forget drops the bookkeeping of a deleted task.

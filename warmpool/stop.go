@@ -9,46 +9,39 @@ import (
 	"github.com/quarryhq/quarry/providers"
 )
 
-// findTask returns the record of task id in pool: one read when the store
-// is a TaskGetter, else a listing of the pool's tasks.
+// findTask returns the record of task id in pool (one read).
 func (m *Manager) findTask(ctx context.Context, pool, id string) (TaskRecord, bool, error) {
-	if g, ok := m.store.(TaskGetter); ok {
-		rec, err := g.GetTask(ctx, id)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			return TaskRecord{}, false, nil
-		case err != nil:
-			return TaskRecord{}, false, fmt.Errorf("read task %s: %w", id, err)
-		}
-		return rec, rec.Pool == pool, nil
+	rec, err := m.store.GetTask(ctx, id)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return TaskRecord{}, false, nil
+	case err != nil:
+		return TaskRecord{}, false, fmt.Errorf("read task %s: %w", id, err)
 	}
-	tasks, err := m.store.ListTasks(ctx, pool)
-	if err != nil {
-		return TaskRecord{}, false, fmt.Errorf("read tasks of pool %s: %w", pool, err)
-	}
-	for _, t := range tasks {
-		if t.ID == id {
-			return t, true, nil
-		}
-	}
-	return TaskRecord{}, false, nil
+	return rec, rec.Pool == pool, nil
 }
 
 // retire finishes an ended lease: it stops the task (fencing its agent
-// first when the agent may still answer) and deletes its record. Best
-// effort with bounded calls: whatever fails is logged and left to the
-// reconciler (the task is "stopping").
+// first when the agent may still answer) and deletes its record. The
+// lease's copy of the task's provider id and agent spares reading the
+// record (a lease made before leases carried it reads it). Best effort
+// with bounded calls: whatever fails is logged and left to the reconciler
+// (the task is "stopping"); stopping and deleting again are no-ops.
 func (m *Manager) retire(ctx context.Context, l Lease, fence bool) {
 	log := m.log.With("pool", l.Pool, "lease", l.ID, "task", l.TaskID)
-	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-	rec, ok, err := m.findTask(sctx, l.Pool, l.TaskID)
-	cancel()
-	if err != nil {
-		log.Warn("retire task: the reconciler will stop it", "err", err)
-		return
-	}
-	if !ok || rec.State != TaskStopping {
-		return // the reconciler got there first
+	rec, ok := m.leaseTask(l)
+	if !ok {
+		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+		var err error
+		rec, ok, err = m.findTask(sctx, l.Pool, l.TaskID)
+		cancel()
+		if err != nil {
+			log.Warn("retire task: the reconciler will stop it", "err", err)
+			return
+		}
+		if !ok || rec.State != TaskStopping {
+			return // the reconciler got there first
+		}
 	}
 	if !fence {
 		rec.AgentURL = ""
@@ -56,6 +49,20 @@ func (m *Manager) retire(ctx context.Context, l Lease, fence bool) {
 	if err := m.stopTask(ctx, rec, "lease "+string(l.State)); err != nil {
 		log.Warn("stop task: the reconciler will retry", "err", err)
 	}
+}
+
+// leaseTask is the record of an ended lease's task (stopping) as the lease
+// knows it; false when the lease does not name the provider's task or its
+// pool is not configured.
+func (m *Manager) leaseTask(l Lease) (TaskRecord, bool) {
+	p := m.pools[l.Pool]
+	if l.ProviderTaskID == "" || p == nil {
+		return TaskRecord{}, false
+	}
+	return TaskRecord{
+		ID: l.TaskID, Pool: l.Pool, Provider: p.cfg.Provider, ProviderID: l.ProviderTaskID, State: TaskStopping,
+		AgentURL: l.AgentURL, AgentToken: l.AgentToken, LeaseID: l.ID, Generation: l.Generation,
+	}, true
 }
 
 // stopTask stops a stopping task in its provider (finding it by name when
@@ -99,15 +106,22 @@ func (m *Manager) stopTask(ctx context.Context, rec TaskRecord, reason string) e
 	}
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	defer cancel()
-	if err := m.store.DeleteTask(sctx, rec.ID); err != nil {
+	if err := m.store.DeleteTask(sctx, rec); err != nil {
 		return fmt.Errorf("delete task %s: %w", rec.ID, err)
 	}
 	if p := m.pools[rec.Pool]; p != nil {
-		p.forget(rec.ID)
-		p.changed.broadcast()
-		p.poke() // a slot is free: the pool may refill
+		m.freed(p, rec.ID)
 	}
 	return nil
+}
+
+// freed notes that task id of p was deleted: a slot is free, so waiting
+// acquires look again and the pool may refill.
+func (m *Manager) freed(p *pool, id string) {
+	p.forget(id)
+	p.changed.broadcast()
+	p.queue.poll()
+	p.poke()
 }
 
 // stoppedReason says why a provider task stopped.

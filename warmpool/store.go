@@ -92,16 +92,24 @@ const (
 // ExpiresAt. It carries a copy of what is needed to reach the task's agent,
 // so serving a request needs one lease read.
 type Lease struct {
-	ID             string            `json:"id"`
-	Pool           string            `json:"pool"`
-	TaskID         string            `json:"task_id"`
-	Owner          string            `json:"owner"` // a hash of the API key, never the key
-	State          LeaseState        `json:"state"`
-	Reason         string            `json:"reason,omitempty"`
-	Generation     int64             `json:"generation"`
-	AgentURL       string            `json:"agent_url,omitempty"`
-	AgentToken     string            `json:"agent_token,omitempty"`
+	ID         string     `json:"id"`
+	Pool       string     `json:"pool"`
+	TaskID     string     `json:"task_id"`
+	Owner      string     `json:"owner"` // a hash of the API key, never the key
+	State      LeaseState `json:"state"`
+	Reason     string     `json:"reason,omitempty"`
+	Generation int64      `json:"generation"`
+	AgentURL   string     `json:"agent_url,omitempty"`
+	AgentToken string     `json:"agent_token,omitempty"`
+	// ProviderTaskID is the provider's id of the task (TaskRecord.ProviderID
+	// when it was claimed), so that the task of an ended lease can be
+	// stopped without reading its record.
+	ProviderTaskID string            `json:"provider_task_id,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
+	// Env is what the acquire asked to set in the sandbox, given to its
+	// agent's init. Stores keep it apart from the lease's record, which
+	// every heartbeat rewrites: only Claim returns it; every read returns
+	// the lease without it.
 	Env            map[string]string `json:"env,omitempty"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
 	// RequestDigest, with an IdempotencyKey, is the digest of the request
@@ -164,7 +172,7 @@ type ClaimRequest struct {
 	TaskID string
 	// Lease is the lease to create. ID, Owner, Duration, ExpiresAt, Labels,
 	// Env, IdempotencyKey and RequestDigest are taken from it; the store fills TaskID,
-	// Generation, AgentURL, AgentToken, State and Version.
+	// Generation, AgentURL, AgentToken, ProviderTaskID, State and Version.
 	Lease Lease
 	Now   time.Time
 }
@@ -194,6 +202,11 @@ type LeaseEnd struct {
 	// use it (the agent's init failed). The lease keeps its IdempotencyKey
 	// field; only the key's index entry goes.
 	ForgetIdempotencyKey bool
+	// Read, when set, is the lease as the caller last read it (any age). A
+	// store may end the lease with a write conditional on Read.Version
+	// instead of reading it first; a stale copy costs it a read, never a
+	// wrong write.
+	Read *Lease
 }
 
 // LeaseFilter selects leases in ListLeases. Zero fields match everything.
@@ -254,14 +267,34 @@ func CheckReserve(pool string, recs []TaskRecord) error {
 	return nil
 }
 
-// CheckUpdate checks the record given to UpdateTask: it has an id and a
-// valid state.
-func CheckUpdate(rec TaskRecord) error {
+// CheckUpdate checks the arguments of UpdateTask: the record has an id and
+// a valid state, and from is a valid state.
+func CheckUpdate(rec TaskRecord, from TaskState) error {
 	if rec.ID == "" {
 		return errors.New("update task: id is empty")
 	}
 	if !rec.State.Valid() {
 		return fmt.Errorf("update task %s: unknown state %q", rec.ID, rec.State)
+	}
+	if !from.Valid() {
+		return fmt.Errorf("update task %s: unknown previous state %q", rec.ID, from)
+	}
+	return nil
+}
+
+// CheckDelete checks the record given to DeleteTask: it has an id and a
+// pool.
+func CheckDelete(rec TaskRecord) error {
+	if rec.ID == "" || rec.Pool == "" {
+		return fmt.Errorf("delete task %q: id and pool are required", rec.ID)
+	}
+	return nil
+}
+
+// CheckPage checks the arguments of ListTasksPage: limit is positive.
+func CheckPage(limit int) error {
+	if limit < 1 {
+		return fmt.Errorf("list tasks page: limit %d; at least 1", limit)
 	}
 	return nil
 }
@@ -313,35 +346,105 @@ func CheckLock(name, holder string, ttl time.Duration) error {
 	return nil
 }
 
+// TaskCounts counts one pool's tasks by state.
+type TaskCounts struct {
+	Launching int `json:"launching"`
+	Ready     int `json:"ready"`
+	Leased    int `json:"leased"`
+	Stopping  int `json:"stopping"`
+}
+
+// Total is the number of tasks counted: what max_total bounds.
+func (c TaskCounts) Total() int { return c.Launching + c.Ready + c.Leased + c.Stopping }
+
+// Add counts n more tasks in state (n may be negative); an unknown state
+// is ignored.
+func (c *TaskCounts) Add(state TaskState, n int) {
+	switch state {
+	case TaskLaunching:
+		c.Launching += n
+	case TaskReady:
+		c.Ready += n
+	case TaskLeased:
+		c.Leased += n
+	case TaskStopping:
+		c.Stopping += n
+	}
+}
+
+// CountStates counts recs by state (tests and audits compare it with
+// CountTasks).
+func CountStates(recs []TaskRecord) TaskCounts {
+	var c TaskCounts
+	for _, r := range recs {
+		c.Add(r.State, 1)
+	}
+	return c
+}
+
+// TaskPage is one page of a walk over a pool's task records
+// (ListTasksPage).
+type TaskPage struct {
+	Tasks []TaskRecord
+	// Next is the cursor of the next page, "" after the last one.
+	Next string
+}
+
 // TaskStore records the tasks of every pool. Implementations must be safe
 // for concurrent use by many goroutines and many gateway replicas.
+//
+// Every write that changes a task's state changes the pool's counts
+// (CountTasks) in the same atomic write, so the counts are right however
+// writers race; a store never lists tasks to count them.
 type TaskStore interface {
 	// ReserveTasks creates the records (state launching) only if the pool's
 	// task count plus len(recs) stays within maxTotal: all or none. It
 	// returns ErrNoCapacity when the pool is full and ErrConflict when an id
 	// exists already. Arguments CheckReserve refuses are refused with its
-	// error, before anything is written.
+	// error, before anything is written; so are more records than the
+	// store's ReserveLimiter allows.
 	ReserveTasks(ctx context.Context, pool string, maxTotal int, recs []TaskRecord) error
-	// UpdateTask writes rec if the stored version equals rec.Version and
-	// returns the record as stored (Version incremented). ErrConflict on a
-	// version mismatch, ErrNotFound when it does not exist; CheckUpdate's
-	// error for a record it refuses.
-	UpdateTask(ctx context.Context, rec TaskRecord) (TaskRecord, error)
-	// DeleteTask removes a task record and frees its slot in the pool. It is
-	// idempotent: deleting an unknown id returns nil.
-	DeleteTask(ctx context.Context, id string) error
-	// ListTasks returns every task record of the pool ("" for all pools).
-	ListTasks(ctx context.Context, pool string) ([]TaskRecord, error)
-}
-
-// TaskGetter is an optional TaskStore capability, discovered by type
-// assertion: reading one task record by id. The manager uses it, when the
-// store has it, to find the task of a lease that ended (one read instead of
-// listing the pool's tasks, which on DynamoDB is a query per shard).
-type TaskGetter interface {
+	// UpdateTask writes rec if the stored record is at rec.Version and in
+	// state from (the state the caller read: the store moves the counts
+	// from it to rec.State), and returns the record as stored (Version
+	// incremented). ErrConflict when the version or the state differs,
+	// ErrNotFound when it does not exist; CheckUpdate's error for arguments
+	// it refuses.
+	UpdateTask(ctx context.Context, rec TaskRecord, from TaskState) (TaskRecord, error)
+	// DeleteTask removes task rec.ID of pool rec.Pool and frees its slot in
+	// the pool, whatever its state. rec.State is the state the caller last
+	// saw: a store may rely on it to delete without reading first (a wrong
+	// state costs it a read, never a wrong count). It is idempotent:
+	// deleting an unknown id returns nil. CheckDelete's error for a record
+	// it refuses.
+	DeleteTask(ctx context.Context, rec TaskRecord) error
 	// GetTask returns the record of task id, read consistently.
 	// ErrNotFound when it does not exist.
 	GetTask(ctx context.Context, id string) (TaskRecord, error)
+	// CountTasks returns the pool's counts by state: one read of the
+	// counters, whatever the number of tasks.
+	CountTasks(ctx context.Context, pool string) (TaskCounts, error)
+	// ListTasksPage returns at most limit records of the pool ("" for all
+	// pools) after cursor (the Next of the previous page; "" starts a
+	// walk), in an order of the store's. A walk sees every record that
+	// exists from its start to its end once; one created or deleted during
+	// the walk may be missed. Records may be read eventually consistently:
+	// a caller decides with conditional writes. CheckPage's error for a
+	// limit it refuses.
+	ListTasksPage(ctx context.Context, pool, cursor string, limit int) (TaskPage, error)
+	// ListTasks returns every task record of the pool ("" for all pools),
+	// oldest first. It reads every record: for operators and tests; the
+	// manager walks pages instead.
+	ListTasks(ctx context.Context, pool string) ([]TaskRecord, error)
+}
+
+// ReserveLimiter is an optional TaskStore capability, discovered by type
+// assertion: the most records one ReserveTasks call takes (DynamoDB: one
+// transaction of at most 100 items holds the records and the counters they
+// touch). The manager reserves in chunks within it. A store without it
+// takes any number.
+type ReserveLimiter interface {
+	MaxReserve() int
 }
 
 // LeaseStore records leases. Every ownership decision is a conditional write.
@@ -355,10 +458,12 @@ type LeaseStore interface {
 	// GetLease returns a lease in any state. ErrNotFound when unknown (or
 	// purged after its retention).
 	GetLease(ctx context.Context, id string) (Lease, error)
-	// RenewLease moves an active, unexpired lease's ExpiresAt to expiresAt.
-	// ErrLeaseEnded when it ended or expired (ExpiresAt <= now), ErrLeaseNotHeld
-	// when owner differs, ErrNotFound when unknown; CheckRenew's error when
-	// it refuses now.
+	// RenewLease moves an active, unexpired lease's ExpiresAt to expiresAt,
+	// or, when expiresAt is zero, to now plus the lease's own Duration (one
+	// conditional write, no read: a heartbeat). ErrLeaseEnded when it ended
+	// or expired (ExpiresAt <= now), ErrLeaseNotHeld when owner differs,
+	// ErrNotFound when unknown; an error for a zero expiresAt on a lease
+	// without a Duration; CheckRenew's error when it refuses now.
 	RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (Lease, error)
 	// EndLease ends an active lease and moves its task to stopping, in one
 	// atomic write. Ending an already-ended lease returns it with ErrLeaseEnded.
@@ -367,6 +472,11 @@ type LeaseStore interface {
 	// ListLeases returns the leases f matches (LeaseFilter.Matches), newest
 	// first, at most f.Limit of them when it is set.
 	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
+	// LeaseByKey returns, in any state, the lease that owner's idempotency
+	// key names (the lease its last successful Claim with the key made,
+	// unless that lease's key was forgotten since). ErrNotFound when the key
+	// names none. It reads the key and the lease: no listing.
+	LeaseByKey(ctx context.Context, owner, key string) (Lease, error)
 	// PurgeLeases deletes leases that ended before endedBefore and returns
 	// how many it deleted.
 	PurgeLeases(ctx context.Context, endedBefore time.Time) (int, error)

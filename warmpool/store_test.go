@@ -52,18 +52,31 @@ func TestCheckUpdate(t *testing.T) {
 	tests := []struct {
 		name string
 		rec  warmpool.TaskRecord
+		from warmpool.TaskState
 		want string
 	}{
-		{name: "every state", rec: warmpool.TaskRecord{ID: "t", State: warmpool.TaskStopping}},
-		{name: "empty id", rec: warmpool.TaskRecord{State: warmpool.TaskReady}, want: "update task: id is empty"},
-		{name: "unknown state", rec: warmpool.TaskRecord{ID: "t", State: "gone"}, want: `update task t: unknown state "gone"`},
-		{name: "no state", rec: warmpool.TaskRecord{ID: "t"}, want: `update task t: unknown state ""`},
+		{name: "every state", rec: warmpool.TaskRecord{ID: "t", State: warmpool.TaskStopping}, from: warmpool.TaskLeased},
+		{name: "empty id", rec: warmpool.TaskRecord{State: warmpool.TaskReady}, from: warmpool.TaskLaunching, want: "update task: id is empty"},
+		{name: "unknown state", rec: warmpool.TaskRecord{ID: "t", State: "gone"}, from: warmpool.TaskReady, want: `update task t: unknown state "gone"`},
+		{name: "no state", rec: warmpool.TaskRecord{ID: "t"}, from: warmpool.TaskReady, want: `update task t: unknown state ""`},
+		{name: "unknown previous state", rec: warmpool.TaskRecord{ID: "t", State: warmpool.TaskReady}, from: "gone", want: `update task t: unknown previous state "gone"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			assertCheck(t, warmpool.CheckUpdate(tc.rec), tc.want)
+			assertCheck(t, warmpool.CheckUpdate(tc.rec, tc.from), tc.want)
 		})
 	}
+}
+
+func TestCheckDelete(t *testing.T) {
+	assertCheck(t, warmpool.CheckDelete(warmpool.TaskRecord{ID: "t", Pool: "p"}), "")
+	assertCheck(t, warmpool.CheckDelete(warmpool.TaskRecord{ID: "t"}), `delete task "t": id and pool are required`)
+	assertCheck(t, warmpool.CheckDelete(warmpool.TaskRecord{Pool: "p"}), `delete task "": id and pool are required`)
+}
+
+func TestCheckPage(t *testing.T) {
+	assertCheck(t, warmpool.CheckPage(1), "")
+	assertCheck(t, warmpool.CheckPage(0), "list tasks page: limit 0; at least 1")
 }
 
 func TestCheckClaim(t *testing.T) {

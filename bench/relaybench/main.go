@@ -3,8 +3,13 @@
 // answer to reach the agent, on the memory broker and (with -dynamodb) on
 // the DynamoDB broker against the AWS emulator, with the call and the
 // answer on one replica and on two; the time to first byte that the
-// passthrough adds in front of an OpenAI-compatible upstream; and 1,000
-// sandboxes with one call in flight each, served by one trainer poller.
+// passthrough adds in front of an OpenAI-compatible upstream; 1,000
+// sandboxes with one call in flight each, served by one trainer poller;
+// and, with -dynamodb, what one trainer key's calls cost the relay's table
+// per partition key (a fan-in with calls on one replica and answers on
+// another, every DynamoDB call accounted by a meter: meter.go), hence the
+// call rate one trainer key sustains under DynamoDB's per-partition
+// limits.
 //
 // The gateway runs in this process (gateway.New over a lease table in
 // memory): the relay is gateway-side, so no sandbox needs to run; agents
@@ -56,9 +61,12 @@ func main() {
 type options struct {
 	calls      int
 	sandboxes  int
+	memory     bool
 	dynamo     bool
 	dynamoCall int
 	dynamoFan  int
+	capFan     int
+	capBody    int
 	out        string
 }
 
@@ -73,9 +81,12 @@ func run(ctx context.Context) error {
 	var o options
 	flag.IntVar(&o.calls, "calls", 2000, "sequential calls per latency measurement")
 	flag.IntVar(&o.sandboxes, "sandboxes", 1000, "sandboxes with one call in flight each")
+	flag.BoolVar(&o.memory, "memory", true, "measure the memory broker and the passthrough")
 	flag.BoolVar(&o.dynamo, "dynamodb", false, "also measure the DynamoDB broker (AWS_ENDPOINT_URL, AWS_REGION, credentials from the environment)")
-	flag.IntVar(&o.dynamoCall, "dynamodb-calls", 300, "sequential calls per DynamoDB latency measurement")
+	flag.IntVar(&o.dynamoCall, "dynamodb-calls", 300, "sequential calls per DynamoDB latency measurement (0: skip the latency rows and their fan-in)")
 	flag.IntVar(&o.dynamoFan, "dynamodb-sandboxes", 100, "sandboxes of the DynamoDB fan-in")
+	flag.IntVar(&o.capFan, "capacity-sandboxes", 200, "sandboxes of the DynamoDB capacity fan-in (0: skip it)")
+	flag.IntVar(&o.capBody, "capacity-body", 5000, "bytes of each request body in the capacity fan-in")
 	flag.StringVar(&o.out, "json", "", "write results as JSON to this file")
 	flag.Parse()
 
@@ -89,21 +100,21 @@ func run(ctx context.Context) error {
 		b := membroker.New(membroker.Config{})
 		return b, func() { _ = b.Close(context.Background()) }, nil
 	}
-	r, err := measureRelay(ctx, "memory broker", mem, nil, o.calls)
-	if err != nil {
-		return err
+	if o.memory {
+		r, err := measureRelay(ctx, "memory broker", mem, nil, o.calls)
+		if err != nil {
+			return err
+		}
+		add(r)
+		if r, err = measurePassthrough(ctx, o.calls); err != nil {
+			return err
+		}
+		add(r)
+		if r, err = measureFanIn(ctx, "memory broker", mem, nil, o.sandboxes, nil); err != nil {
+			return err
+		}
+		add(r)
 	}
-	add(r)
-	r, err = measurePassthrough(ctx, o.calls)
-	if err != nil {
-		return err
-	}
-	add(r)
-	r, err = measureFanIn(ctx, "memory broker", mem, o.sandboxes)
-	if err != nil {
-		return err
-	}
-	add(r)
 
 	if o.dynamo {
 		api, table, cleanup, err := dynamoTable(ctx)
@@ -117,21 +128,32 @@ func run(ctx context.Context) error {
 			b := dynamobroker.New(dynamobroker.Config{Table: table, CallTimeout: 30 * time.Second}, api, nil)
 			return b, func() { _ = b.Close(context.Background()) }, nil
 		}
-		r, err = measureRelay(ctx, "DynamoDB broker, one replica", dyn, nil, o.dynamoCall)
-		if err != nil {
-			return err
+		if o.dynamoCall > 0 {
+			r, err := measureRelay(ctx, "DynamoDB broker, one replica", dyn, nil, o.dynamoCall)
+			if err != nil {
+				return err
+			}
+			add(r)
+			r, err = measureRelay(ctx, "DynamoDB broker, call on A, answer on B", dyn, dyn, o.dynamoCall)
+			if err != nil {
+				return err
+			}
+			add(r)
+			r, err = measureFanIn(ctx, "DynamoDB broker", dyn, nil, min(o.sandboxes, o.dynamoFan), nil)
+			if err != nil {
+				return err
+			}
+			add(r)
 		}
-		add(r)
-		r, err = measureRelay(ctx, "DynamoDB broker, call on A, answer on B", dyn, dyn, o.dynamoCall)
-		if err != nil {
-			return err
+		if o.capFan > 0 {
+			rs, err := measureCapacity(ctx, api, o.capFan, o.capBody)
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				add(r)
+			}
 		}
-		add(r)
-		r, err = measureFanIn(ctx, "DynamoDB broker", dyn, min(o.sandboxes, o.dynamoFan))
-		if err != nil {
-			return err
-		}
-		add(r)
 	}
 	if o.out != "" {
 		b, _ := json.MarshalIndent(results, "", "  ")
@@ -251,6 +273,43 @@ func startReplica(ls *leases, broker modelservice.Broker, pools []warmpool.PoolC
 	}}, nil
 }
 
+// startReplicas serves replica a on a broker from open and, with other
+// set, replica b on a broker from other (else b is a); closeAll stops both
+// and closes their brokers.
+func startReplicas(ls *leases, pools []warmpool.PoolConfig, open, other func() (modelservice.Broker, func(), error)) (a, b *replica, closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	start := func(open func() (modelservice.Broker, func(), error)) (*replica, error) {
+		br, closeBr, err := open()
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, closeBr)
+		rep, err := startReplica(ls, br, pools)
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, rep.close)
+		return rep, nil
+	}
+	if a, err = start(open); err != nil {
+		closeAll()
+		return nil, nil, nil, err
+	}
+	b = a
+	if other != nil {
+		if b, err = start(other); err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+	}
+	return a, b, closeAll, nil
+}
+
 // httpClient is shared by agents and trainers: keep-alive, enough idle
 // connections for the fan-in.
 var httpClient = &http.Client{Timeout: 5 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxConnsPerHost: 0}}
@@ -285,29 +344,11 @@ func agentCall(url, token string, body []byte) error {
 func measureRelay(ctx context.Context, name string, open, other func() (modelservice.Broker, func(), error), n int) (result, error) {
 	ls := &leases{m: map[string]warmpool.Lease{}}
 	ls.add("sbx-bench", "default")
-	pools := []warmpool.PoolConfig{{Name: "default"}}
-	ba, closeA, err := open()
+	a, b, closeAll, err := startReplicas(ls, []warmpool.PoolConfig{{Name: "default"}}, open, other)
 	if err != nil {
 		return result{}, err
 	}
-	defer closeA()
-	a, err := startReplica(ls, ba, pools)
-	if err != nil {
-		return result{}, err
-	}
-	defer a.close()
-	b := a
-	if other != nil {
-		bb, closeB, err := other()
-		if err != nil {
-			return result{}, err
-		}
-		defer closeB()
-		if b, err = startReplica(ls, bb, pools); err != nil {
-			return result{}, err
-		}
-		defer b.close()
-	}
+	defer closeAll()
 	env := a.svc.LeaseEnv("sbx-bench", "")
 	url, token := env["OPENAI_BASE_URL"]+"/chat/completions", env["OPENAI_API_KEY"]
 	tr := &modeltest.Trainer{URL: b.url, Key: benchKey, HTTP: httpClient}
@@ -433,20 +474,17 @@ func measurePassthrough(ctx context.Context, n int) (result, error) {
 
 // measureFanIn starts one call in each of n sandboxes at once and serves
 // them with one trainer poller (claims of up to 1000, answers sent by 16
-// workers); it reports the calls' latencies and the throughput.
-func measureFanIn(ctx context.Context, name string, open func() (modelservice.Broker, func(), error), n int) (result, error) {
+// workers); it reports the calls' latencies and the throughput. With
+// other set, the trainer uses a second replica on its own broker handle.
+// body is each agent's request body (nil: a short one).
+func measureFanIn(ctx context.Context, name string, open, other func() (modelservice.Broker, func(), error), n int, body []byte) (result, error) {
 	ls := &leases{m: map[string]warmpool.Lease{}}
-	pools := []warmpool.PoolConfig{{Name: "default"}}
-	br, closeBr, err := open()
+	rep, trep, closeAll, err := startReplicas(ls, []warmpool.PoolConfig{{Name: "default"}}, open, other)
 	if err != nil {
 		return result{}, err
 	}
-	defer closeBr()
-	rep, err := startReplica(ls, br, pools)
-	if err != nil {
-		return result{}, err
-	}
-	defer rep.close()
+	defer closeAll()
+	trainerURL := trep.url
 	type agent struct{ url, token string }
 	agents := make([]agent, n)
 	for i := range agents {
@@ -455,9 +493,11 @@ func measureFanIn(ctx context.Context, name string, open func() (modelservice.Br
 		env := rep.svc.LeaseEnv(id, "")
 		agents[i] = agent{env["OPENAI_BASE_URL"] + "/chat/completions", env["OPENAI_API_KEY"]}
 	}
-	body := []byte(`{"model":"policy","messages":[{"role":"user","content":"fan in"}]}`)
+	if body == nil {
+		body = []byte(`{"model":"policy","messages":[{"role":"user","content":"fan in"}]}`)
+	}
 	answer := modeltest.ChatCompletion("chatcmpl-fan", "policy", "ok")
-	tr := &modeltest.Trainer{URL: rep.url, Key: benchKey, HTTP: httpClient}
+	tr := &modeltest.Trainer{URL: trainerURL, Key: benchKey, HTTP: httpClient}
 
 	lat := make([]time.Duration, n)
 	errs := make(chan error, n+1)
@@ -524,6 +564,41 @@ func measureFanIn(ctx context.Context, name string, open func() (modelservice.Br
 		},
 		Note: "call: the agent's whole call (queue, claim, answer); claims: long-polls the poller needed",
 	}, nil
+}
+
+// measureCapacity runs the fan-in of n sandboxes of one trainer key with
+// bodies of bodySize bytes, calls on replica A and answers on replica B,
+// both brokers on one meter over a fresh table, and reports what the calls
+// cost the table per partition key.
+func measureCapacity(ctx context.Context, api *dynamodb.Client, n, bodySize int) ([]result, error) {
+	table := fmt.Sprintf("relaybench-cap-%d", time.Now().UnixNano())
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := dynamobroker.CreateTables(cctx, api, table); err != nil {
+		return nil, err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = dynamobroker.DeleteTables(dctx, api, table)
+	}()
+	m := newMeter(api, dynamobroker.TableDefinition(table))
+	open := func() (modelservice.Broker, func(), error) {
+		b := dynamobroker.New(dynamobroker.Config{Table: table, CallTimeout: 30 * time.Second}, m, nil)
+		return b, func() { _ = b.Close(context.Background()) }, nil
+	}
+	content := strings.Repeat("x", max(0, bodySize-70))
+	body := []byte(`{"model":"policy","messages":[{"role":"user","content":"` + content + `"}]}`)
+	fan, err := measureFanIn(ctx, "DynamoDB broker, calls on A, answers on B, metered", open, open, n, body)
+	if err != nil {
+		return nil, err
+	}
+	values, note := m.snapshot().report(n)
+	values["body_bytes"] = float64(len(body))
+	return []result{fan, {
+		Name:   fmt.Sprintf("DynamoDB capacity per call, %d sandboxes of one trainer key", n),
+		Values: values, Note: note,
+	}}, nil
 }
 
 // dynamoTable creates a fresh relay table on the configured endpoint.

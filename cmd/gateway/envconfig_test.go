@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 	"github.com/quarryhq/quarry/providers/docker"
 )
 
@@ -17,7 +18,7 @@ import (
 // prefixed one is unset, so a prefix given to Process would let an unrelated
 // ADDR or LOG_LEVEL in the environment configure the gateway.
 func TestConfig_EveryVariableIsQuarryPrefixed(t *testing.T) {
-	specs := map[string]any{"gateway": &Config{}, "relay": &RelayConfig{}, "docker": &docker.Config{}, "ecs": &ecsEnv{}}
+	specs := map[string]any{"gateway": &Config{}, "relay": &RelayConfig{}, "relay dynamodb": &dynamobroker.Config{}, "docker": &docker.Config{}, "ecs": &ecsEnv{}}
 	for name, spec := range specs {
 		var buf bytes.Buffer
 		require.NoError(t, envconfig.Usagef("", spec, &buf, "{{range .}}{{usage_key .}}\n{{end}}"), name)

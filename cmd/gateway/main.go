@@ -91,14 +91,20 @@ func storeOpeners() map[string]storeOpener {
 	}
 }
 
+// providerMaker builds one kind of provider.
+type providerMaker func(cfg Config, log *slog.Logger) (providers.Provider, error)
+
 // providerMakers returns the providers by name (QUARRY_PROVIDER and the
-// pools' provider).
-func providerMakers() map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error) {
-	return map[string]func(cfg Config, log *slog.Logger) (providers.Provider, error){
+// pools' provider). A gateway built with the tag benchfarm also has the
+// benchmarks' farm provider (farm.go).
+func providerMakers() map[string]providerMaker {
+	m := map[string]providerMaker{
 		"process": newProcessProvider,
 		"docker":  makeDockerProvider,
 		"ecs":     makeECSProvider,
 	}
+	addBenchProviders(m)
+	return m
 }
 
 // knownProviders lists the provider names for error messages.
@@ -163,6 +169,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	applyMemoryLimit(log)
 	if inLambda(os.Getenv) {
 		return runLambda(ctx, cfg, log)
 	}
@@ -253,6 +260,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 	if err := cfg.GatewayConfig.Validate(); err != nil { // now with its keys
 		return nil, err
 	}
+	cfg.MaxAgentClients = maxAgentClients(cfg.MaxAgentClients, pools)
 	st.cfg = cfg
 
 	reg := prometheus.NewRegistry()
@@ -288,7 +296,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 
 	agentHTTP := &http.Client{
 		Timeout:   30 * time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
+		Transport: managerAgentTransport(),
 	}
 	relay, closeRelay, err := newModelRelay(ctx, cfg.DataDir, cfg.Addr, pools, store, log)
 	if err != nil {
@@ -543,4 +551,28 @@ func agentBinary(configured string) (string, error) {
 		return "", errors.New("QUARRY_AGENT_BINARY: not set, and no execagent next to the gateway or in PATH (make build puts one in bin/)")
 	}
 	return p, nil
+}
+
+// managerAgentTransport is the transport of the manager's agent calls
+// (health checks, inits, fences): it keeps at most 2 idle connections per
+// agent and 256 in all, each for 10 s. An idle connection costs two
+// goroutines and 8 KiB of buffers, and a file: kept per agent for 90 s (as
+// before), 10,000 ready tasks, each checked every 30 s, held 10,000.
+func managerAgentTransport() *http.Transport {
+	return &http.Transport{MaxIdleConnsPerHost: 2, MaxIdleConns: 256, IdleConnTimeout: 10 * time.Second}
+}
+
+// maxAgentClients is the gateway's agent-client bound: QUARRY_MAX_AGENT_CLIENTS
+// when set, else the default or, when larger, the pools' total max_total
+// (every task that can exist), so that the bound drops no live sandbox's
+// client.
+func maxAgentClients(set int, pools []warmpool.PoolConfig) int {
+	if set != 0 {
+		return set
+	}
+	total := 0
+	for _, p := range pools {
+		total += p.MaxTotal
+	}
+	return max(gateway.DefaultMaxAgentClients, total)
 }

@@ -36,13 +36,21 @@ type RelayConfig struct {
 	Retention time.Duration `envconfig:"QUARRY_RELAY_RETENTION" default:"24h"`
 	// MemoryMaxBytes bounds the bodies the memory broker holds.
 	MemoryMaxBytes int64 `envconfig:"QUARRY_RELAY_MEMORY_MAX_BYTES" default:"1073741824"`
-	// DynamoTable, DynamoAwaitPoll, DynamoClaimPollMax: the DynamoDB
-	// broker's table and polls (dynamobroker.Config).
-	DynamoTable        string        `envconfig:"QUARRY_RELAY_DYNAMODB_TABLE" default:"quarry-model-relay"`
-	DynamoAwaitPoll    time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_AWAIT_POLL" default:"50ms"`
-	DynamoClaimPollMax time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_CLAIM_POLL_MAX" default:"400ms"`
 
 	modelservice.Config
+}
+
+// relayDynamoConfig is the DynamoDB broker's configuration: envconfig
+// fills dynamobroker.Config from QUARRY_RELAY_DYNAMODB_* (its tags name
+// the variables; unset ones take its defaults), with the relay's
+// retention; Validate's error names the variable.
+func relayDynamoConfig(rc RelayConfig) (dynamobroker.Config, error) {
+	var dc dynamobroker.Config
+	if err := envconfig.Process("", &dc); err != nil {
+		return dc, fmt.Errorf("read QUARRY_RELAY_DYNAMODB_* configuration: %w", err)
+	}
+	dc.Retention = rc.Retention
+	return dc, dc.Validate()
 }
 
 // relaySecretFile is where the generated relay secret is kept.
@@ -68,9 +76,6 @@ func (c RelayConfig) Validate() error {
 	}
 	if c.MemoryMaxBytes < 1 {
 		return fmt.Errorf("QUARRY_RELAY_MEMORY_MAX_BYTES: %d; at least 1", c.MemoryMaxBytes)
-	}
-	if c.DynamoAwaitPoll <= 0 || c.DynamoClaimPollMax <= 0 {
-		return errors.New("QUARRY_RELAY_DYNAMODB_AWAIT_POLL and QUARRY_RELAY_DYNAMODB_CLAIM_POLL_MAX: must be positive durations")
 	}
 	return nil
 }
@@ -120,6 +125,10 @@ func newModelRelay(ctx context.Context, dataDir, addr string, pools []warmpool.P
 	var broker modelservice.Broker
 	switch rc.Broker {
 	case "dynamodb":
+		dc, err := relayDynamoConfig(rc)
+		if err != nil {
+			return nil, nil, err
+		}
 		awsCfg, err := config.LoadDefaultConfig(ctx)
 		if err != nil {
 			return nil, nil, fmt.Errorf("load AWS configuration: %w", err)
@@ -127,9 +136,7 @@ func newModelRelay(ctx context.Context, dataDir, addr string, pools []warmpool.P
 		if awsCfg.Region == "" {
 			return nil, nil, errors.New("AWS_REGION: no AWS region is configured (QUARRY_RELAY_BROKER=dynamodb)")
 		}
-		broker = dynamobroker.New(dynamobroker.Config{
-			Table: rc.DynamoTable, Retention: rc.Retention, AwaitPoll: rc.DynamoAwaitPoll, ClaimPollMax: rc.DynamoClaimPollMax,
-		}, dynamodb.NewFromConfig(awsCfg), log)
+		broker = dynamobroker.New(dc, dynamodb.NewFromConfig(awsCfg), log)
 	default:
 		broker = membroker.New(membroker.Config{Retention: rc.Retention, MaxBytes: rc.MemoryMaxBytes})
 	}

@@ -5,13 +5,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/modelservice/dynamobroker"
 )
 
 func TestRelayConfig_Validate_NamesTheVariable(t *testing.T) {
-	ok := RelayConfig{Broker: "memory", Retention: 1, MemoryMaxBytes: 1, DynamoAwaitPoll: 1, DynamoClaimPollMax: 1}
+	ok := RelayConfig{Broker: "memory", Retention: 1, MemoryMaxBytes: 1}
 	tests := []struct {
 		name   string
 		mutate func(*RelayConfig)
@@ -36,6 +39,46 @@ func TestRelayConfig_Validate_NamesTheVariable(t *testing.T) {
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 		})
+	}
+}
+
+// Every QUARRY_RELAY_DYNAMODB_* variable reaches the DynamoDB broker
+// (before, the gateway copied three of them by hand and ignored the
+// others), and a bad one is refused naming it.
+func TestRelayDynamoConfig_ReadsEveryVariable(t *testing.T) {
+	env := map[string]string{
+		"QUARRY_RELAY_DYNAMODB_TABLE":          "relay-t",
+		"QUARRY_RELAY_DYNAMODB_AWAIT_POLL":     "70ms",
+		"QUARRY_RELAY_DYNAMODB_CLAIM_POLL_MIN": "10ms",
+		"QUARRY_RELAY_DYNAMODB_CLAIM_POLL_MAX": "900ms",
+		"QUARRY_RELAY_DYNAMODB_RECHECK":        "3s",
+		"QUARRY_RELAY_DYNAMODB_RECHECK_MAX":    "40s",
+		"QUARRY_RELAY_DYNAMODB_CALL_TIMEOUT":   "7s",
+		"QUARRY_RELAY_DYNAMODB_QUEUE_SHARDS":   "32",
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	dc, err := relayDynamoConfig(RelayConfig{Retention: 2 * time.Hour})
+	require.NoError(t, err)
+	assert.Equal(t, dynamobroker.Config{Table: "relay-t", Retention: 2 * time.Hour, AwaitPoll: 70 * time.Millisecond,
+		ClaimPollMin: 10 * time.Millisecond, ClaimPollMax: 900 * time.Millisecond, Recheck: 3 * time.Second,
+		RecheckMax: 40 * time.Second, CallTimeout: 7 * time.Second, QueueShards: 32}, dc)
+
+	t.Setenv("QUARRY_RELAY_DYNAMODB_QUEUE_SHARDS", "1000")
+	_, err = relayDynamoConfig(RelayConfig{Retention: time.Hour})
+	assert.ErrorContains(t, err, "QUARRY_RELAY_DYNAMODB_QUEUE_SHARDS")
+}
+
+// Every variable the DynamoDB broker reads has a row in docs/CONFIG.md
+// (three of them had none while the gateway copied its settings by hand).
+func TestRelayDynamoConfig_EveryVariableIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "CONFIG.md"))
+	require.NoError(t, err)
+	keys := envKeys(t, &dynamobroker.Config{})
+	require.Contains(t, keys, "QUARRY_RELAY_DYNAMODB_QUEUE_SHARDS")
+	for _, k := range keys {
+		assert.True(t, strings.Contains(string(doc), "| `"+k+"` |"), "docs/CONFIG.md has no row for %s", k)
 	}
 }
 

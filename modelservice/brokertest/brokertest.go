@@ -64,6 +64,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) modelservice.Broker, opts Op
 		{"Claim_FiltersByPoolAndLabels", testClaimFilters},
 		{"Claim_MaxOldestFirst", testClaimMax},
 		{"Claim_MaxBelowOneClaimsOne", testClaimMaxBelowOne},
+		{"Claim_OldestFirstAcrossManyRequests", testClaimOldestFirstMany},
 		{"Claim_MaxBytesBoundsTheBatch", testClaimMaxBytes},
 		{"Claim_MaxBytesBoundsTheBatchAcrossPages", testClaimMaxBytesPages},
 		{"Claim_WaitsForASubmit", testClaimWaits},
@@ -79,6 +80,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) modelservice.Broker, opts Op
 		{"Cancel_IsIdempotent", testCancelIdempotent},
 		{"Await_CancelledIsGone", testAwaitCancelled},
 		{"Await_ReturnsWhenCtxEnds", testAwaitCtx},
+		{"Await_InStepsGetsAnAnswerGivenBetweenThem", testAwaitSteps},
 		{"Transcript_PagesOldestFirst", testTranscript},
 		{"Transcript_LimitBelowOneReturnsOne", testTranscriptLimitBelowOne},
 		{"Transcript_OwnerSeesOnlyItsOwn", testTranscriptOwner},
@@ -276,6 +278,30 @@ func testClaimMaxBelowOne(t *testing.T, b modelservice.Broker, _ Options) {
 		require.NoError(t, err)
 		assert.Equal(t, want[i:i+1], ids(got), "Max %d claims the oldest one", max)
 	}
+}
+
+// testClaimOldestFirstMany queues more requests than one claim takes, so
+// that a broker that spreads its queue (over partitions, shards) must
+// merge them: every batch is the oldest of what is left, in order.
+func testClaimOldestFirstMany(t *testing.T, b modelservice.Broker, _ Options) {
+	ctx := ctxT(t)
+	want := submitEach(t, b, 40)
+	q := claimQuery("o1")
+	q.Max = 7
+	var got []string
+	for batch := 0; len(got) < len(want); batch++ {
+		require.Less(t, batch, 10, "claims stopped returning requests: got %d of %d", len(got), len(want))
+		rs, err := b.Claim(ctx, q)
+		require.NoError(t, err)
+		require.NotEmpty(t, rs)
+		require.LessOrEqual(t, len(rs), q.Max)
+		end := min(len(got)+q.Max, len(want))
+		assert.Equal(t, want[len(got):end], ids(rs), "batch %d: the oldest requests left, oldest first", batch)
+		got = append(got, ids(rs)...)
+	}
+	rs, err := b.Claim(ctx, q)
+	require.NoError(t, err)
+	assert.Empty(t, rs)
 }
 
 func testClaimMaxBytes(t *testing.T, b modelservice.Broker, _ Options) {
@@ -545,6 +571,43 @@ func testAwaitCtx(t *testing.T, b modelservice.Broker, _ Options) {
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	// The request is untouched: it can still be answered.
 	require.NoError(t, b.Respond(ctx, req.ID, "o1", answer(`{}`)))
+}
+
+// testAwaitSteps waits as the relay does, in short steps (each Await ends
+// with its ctx, the next one starts), while another replica answers: the
+// answer reaches a later step, whether it arrived during a step or between
+// two.
+func testAwaitSteps(t *testing.T, a modelservice.Broker, o Options) {
+	ctx := ctxT(t)
+	b := a
+	if o.NewReplica != nil {
+		b = o.NewReplica(t, a)
+	}
+	for i := 0; i < 3; i++ {
+		req := newRequest("o1", "sbx-s")
+		require.NoError(t, a.Submit(ctx, req))
+		answered := make(chan error, 1)
+		go func() {
+			time.Sleep(time.Duration(i) * 70 * time.Millisecond)
+			answered <- b.Respond(ctx, req.ID, "o1", answer(fmt.Sprintf(`{"step":%d}`, i)))
+		}()
+		deadline := time.Now().Add(waitLong)
+		var (
+			resp modelservice.Response
+			err  error
+		)
+		for time.Now().Before(deadline) {
+			sctx, cancel := context.WithTimeout(ctx, 40*time.Millisecond)
+			resp, err = a.Await(sctx, req.ID)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				break
+			}
+		}
+		require.NoError(t, <-answered)
+		require.NoError(t, err, "request %d", i)
+		assert.Equal(t, fmt.Sprintf(`{"step":%d}`, i), string(resp.Body))
+	}
 }
 
 func testTranscript(t *testing.T, b modelservice.Broker, _ Options) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -13,7 +14,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/internal/defaults"
@@ -22,22 +22,25 @@ import (
 
 var _ modelservice.Broker = (*Broker)(nil)
 
-// Sizes of bodies: at most inlineLimit bytes live in the meta item (both
-// bodies inline stay well under DynamoDB's 400 KB item limit); larger ones
-// are split into chunk items of chunkSize bytes.
+// Sizes of bodies: an answer of at most inlineLimit bytes lives in the meta
+// item (well under DynamoDB's 400 KB item limit); a larger one, and every
+// request body, is split into chunk items of chunkSize bytes.
 const (
 	inlineLimit = 128 << 10
 	chunkSize   = 300 << 10
 )
 
-// Defaults of Config's zero fields.
+// Defaults of Config's zero fields, and bounds.
 const (
 	DefaultRetention    = 24 * time.Hour
 	DefaultAwaitPoll    = 50 * time.Millisecond
 	DefaultClaimPollMin = 25 * time.Millisecond
 	DefaultClaimPollMax = 400 * time.Millisecond
 	DefaultRecheck      = 2 * time.Second
+	DefaultRecheckMax   = 30 * time.Second
 	DefaultCallTimeout  = 5 * time.Second
+	DefaultQueueShards  = 16
+	MaxQueueShards      = 256
 )
 
 // Config tunes the Broker. cmd/gateway fills it from QUARRY_RELAY_DYNAMODB_*
@@ -59,11 +62,21 @@ type Config struct {
 	// replica wakes it at once.
 	ClaimPollMin time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_CLAIM_POLL_MIN"`
 	ClaimPollMax time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_CLAIM_POLL_MAX"`
-	// Recheck is how often a waiting call reads its own request, in case its
-	// answer's notice was lost (default 2 s).
-	Recheck time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_RECHECK"`
+	// Recheck and RecheckMax bound how often a waiting call reads its own
+	// request's state, in case its answer's notice was lost: first when it
+	// starts waiting, then after Recheck, doubling up to RecheckMax
+	// (defaults 2 s, 30 s), across the relay's successive waits for it.
+	Recheck    time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_RECHECK"`
+	RecheckMax time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_RECHECK_MAX"`
 	// CallTimeout bounds each DynamoDB call (default 5 s).
 	CallTimeout time.Duration `envconfig:"QUARRY_RELAY_DYNAMODB_CALL_TIMEOUT"`
+	// QueueShards is how many partition keys the queue index spreads one
+	// owner's requests over (default 16, at most 256): one trainer key
+	// sustains about 250 calls/s per shard (docs/ARCHITECTURE.md), and a
+	// claim queries every shard. Every replica must use the same value;
+	// raising it is safe at any time, lowering it strands the requests
+	// queued in the removed shards until their deadline.
+	QueueShards int `envconfig:"QUARRY_RELAY_DYNAMODB_QUEUE_SHARDS"`
 	// Clock tells the time (nil: clock.System).
 	Clock clock.Clock `ignored:"true"`
 }
@@ -78,14 +91,41 @@ func (c Config) WithDefaults() Config {
 	defaults.Positive(&c.ClaimPollMin, DefaultClaimPollMin)
 	defaults.Positive(&c.ClaimPollMax, DefaultClaimPollMax)
 	defaults.Positive(&c.Recheck, DefaultRecheck)
+	defaults.Positive(&c.RecheckMax, DefaultRecheckMax)
 	defaults.Positive(&c.CallTimeout, DefaultCallTimeout)
-	if c.ClaimPollMax < c.ClaimPollMin {
-		c.ClaimPollMax = c.ClaimPollMin
-	}
+	defaults.Positive(&c.QueueShards, DefaultQueueShards)
+	c.ClaimPollMax = max(c.ClaimPollMax, c.ClaimPollMin)
+	c.RecheckMax = max(c.RecheckMax, c.Recheck)
 	if c.Clock == nil {
 		c.Clock = clock.System{}
 	}
 	return c
+}
+
+// Validate reports the first invalid field of c, named by its variable:
+// durations must not be negative (zero takes the default), QueueShards must
+// be at most MaxQueueShards.
+func (c Config) Validate() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"QUARRY_RELAY_RETENTION", c.Retention},
+		{"QUARRY_RELAY_DYNAMODB_AWAIT_POLL", c.AwaitPoll},
+		{"QUARRY_RELAY_DYNAMODB_CLAIM_POLL_MIN", c.ClaimPollMin},
+		{"QUARRY_RELAY_DYNAMODB_CLAIM_POLL_MAX", c.ClaimPollMax},
+		{"QUARRY_RELAY_DYNAMODB_RECHECK", c.Recheck},
+		{"QUARRY_RELAY_DYNAMODB_RECHECK_MAX", c.RecheckMax},
+		{"QUARRY_RELAY_DYNAMODB_CALL_TIMEOUT", c.CallTimeout},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("%s: %s is negative (0 takes the default)", d.name, d.v)
+		}
+	}
+	if c.QueueShards < 0 || c.QueueShards > MaxQueueShards {
+		return fmt.Errorf("QUARRY_RELAY_DYNAMODB_QUEUE_SHARDS: %d; want 1 to %d (0 takes the default, %d)", c.QueueShards, MaxQueueShards, DefaultQueueShards)
+	}
+	return nil
 }
 
 // Broker is the DynamoDB-backed broker: every request is an item in one
@@ -93,8 +133,9 @@ func (c Config) WithDefaults() Config {
 // concurrent use by many goroutines and replicas.
 //
 // Each Broker is one replica with its own id. A request records the replica
-// that submitted it; an answer given on another replica leaves a notice in
-// that replica's inbox (items "N#<replica>"), which the replica reads every
+// that submitted it; an answer given on another replica queues a notice for
+// that replica, and a flusher writes the notices queued for one replica as
+// one item in its inbox ("N#<replica>"), which that replica reads every
 // AwaitPoll while calls wait: one Query per poll, whatever the number of
 // calls in flight.
 type Broker struct {
@@ -106,23 +147,26 @@ type Broker struct {
 	mu        sync.Mutex
 	closed    bool
 	done      chan struct{}
-	waiters   map[string]chan struct{} // request id → closed when its end is noticed
-	claimWake chan struct{}            // closed and replaced by a local Submit
-	polling   bool
+	watches   map[string]*watch // request id → this replica's waits for it
+	waiting   int               // Await calls waiting now
+	polling   bool              // the inbox poller runs
+	claimWake chan struct{}     // closed and replaced by a local Submit
+	notices   map[string][]string
+	queued    int  // ids in notices
+	flushing  bool // the notice flusher runs
 	wg        sync.WaitGroup
 }
 
 // New returns a Broker on the table cfg.Table (which CreateTables makes).
-// It makes no call.
+// It makes no call; cfg is expected to have passed Validate.
 func New(cfg Config, api API, log *slog.Logger) *Broker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
 	return &Broker{
-		cfg: cfg.WithDefaults(), api: api, log: log, replica: hex.EncodeToString(id[:]),
-		done: make(chan struct{}), waiters: map[string]chan struct{}{}, claimWake: make(chan struct{}),
+		cfg: cfg.WithDefaults(), api: api, log: log, replica: newID(8),
+		done: make(chan struct{}), watches: map[string]*watch{}, claimWake: make(chan struct{}),
+		notices: map[string][]string{},
 	}
 }
 
@@ -139,7 +183,9 @@ func (br *Broker) keep(deadline time.Time) (types.AttributeValue, types.Attribut
 	return ms(end), n(end.Unix() + 1)
 }
 
-// metaItem builds the meta item of ex and its chunk items.
+// metaItem builds the meta item of ex and its body items: the request body
+// always in items of its own (so that the meta item stays small: claims
+// rewrite it, waiting calls read it), an answer inline up to inlineLimit.
 func (br *Broker) metaItem(ex modelservice.Exchange) (item, []item) {
 	keep, ttl := br.keep(ex.Deadline)
 	it := metaKey(ex.ID)
@@ -159,22 +205,26 @@ func (br *Broker) metaItem(ex modelservice.Exchange) (item, []item) {
 	if !ex.EndedAt.IsZero() {
 		it[aEnded] = ms(ex.EndedAt)
 	}
-	chunks := setBody(it, ex.ID, "Q#", aQBody, aQChunks, aQSize, ex.Body, ttl)
+	chunks := setBody(it, ex.ID, requestBody, newID(6), ex.Body, -1, ttl)
 	if r := ex.Response; r != nil {
-		aid := newAnswerID()
-		it[aStatus], it[aCType], it[aAnsAt], it[aAnsID] = n(int64(r.Status)), s(r.ContentType), ms(r.AnsweredAt), s(aid)
-		chunks = append(chunks, setBody(it, ex.ID, "A#"+aid+"#", aABody, aAChunks, aASize, r.Body, ttl)...)
+		it[aStatus], it[aCType], it[aAnsAt] = n(int64(r.Status)), s(r.ContentType), ms(r.AnsweredAt)
+		chunks = append(chunks, setBody(it, ex.ID, answerBody, newID(6), r.Body, inlineLimit, ttl)...)
 	}
 	return it, chunks
 }
 
-func newAnswerID() string {
-	var id [6]byte
-	_, _ = rand.Read(id[:])
-	return hex.EncodeToString(id[:])
+// newID returns n random bytes in hex.
+func newID(n int) string {
+	id := make([]byte, n)
+	_, _ = rand.Read(id)
+	return hex.EncodeToString(id)
 }
 
-// put writes chunks, then the meta item if its id is new (ErrConflict).
+// put writes chunks, then the meta item if its id is new (ErrConflict; the
+// chunks, under ids of their own, are then deleted). A failed condition
+// may be the SDK's retry of this very write after its first attempt
+// succeeded (its answer lost or garbled): when the stored meta item names
+// this write's body id, the write is done, and its body stays.
 func (br *Broker) put(ctx context.Context, action string, it item, chunks []item) error {
 	if br.isClosed() {
 		return fmt.Errorf("%s: %w", action, modelservice.ErrClosed)
@@ -188,18 +238,36 @@ func (br *Broker) put(ctx context.Context, action string, it item, chunks []item
 		TableName: aws.String(br.cfg.Table), Item: it, ConditionExpression: aws.String("attribute_not_exists(pk)"),
 	})
 	if isConditionFailed(err) {
+		rid := getS(it, aRID)
+		cur, gerr := br.getMeta(ctx, rid, requestBody.id, aKeep)
+		switch {
+		case gerr != nil: // unknown: keep the chunks (they expire by TTL)
+			return fmt.Errorf("%s: %w", action, gerr)
+		case cur != nil && getS(cur, requestBody.id) == getS(it, requestBody.id):
+			return nil
+		}
+		br.deleteOrphans(ctx, rid, chunks)
 		return fmt.Errorf("%s: %w", action, modelservice.ErrConflict)
 	}
 	return translate(action, err)
 }
 
-// Submit queues req: one PutItem (plus chunk writes for a body over 128
-// KiB).
+// deleteOrphans deletes body chunks that no meta item refers to (best
+// effort: they expire by TTL anyway).
+func (br *Broker) deleteOrphans(ctx context.Context, rid string, chunks []item) {
+	if err := br.deleteItems(context.WithoutCancel(ctx), chunks); err != nil {
+		br.log.Debug("delete orphan body chunks", "request", rid, "err", err)
+	}
+}
+
+// Submit queues req: one BatchWriteItem of its body's items (items of 300
+// KiB, 25 a call), then one PutItem of its meta item, which enters the
+// queue index on shard fnv32a(id) mod QueueShards.
 func (br *Broker) Submit(ctx context.Context, req modelservice.Request) error {
 	ex := modelservice.Exchange{Request: req, State: modelservice.StatePending}
 	ex.Attempt = 0
 	it, chunks := br.metaItem(ex)
-	it[aQOwner], it[aQKey] = s(req.Owner), s(queueKey(br.now(), req.ID))
+	it[aQPart], it[aQKey] = s(queuePart(req.Owner, shardOf(req.ID, br.cfg.QueueShards))), s(queueKey(br.now(), req.ID))
 	if err := br.put(ctx, "submit model request "+req.ID, it, chunks); err != nil {
 		return err
 	}
@@ -216,191 +284,23 @@ func (br *Broker) Record(ctx context.Context, ex modelservice.Exchange) error {
 	return br.put(ctx, "record model exchange "+ex.ID, it, chunks)
 }
 
-// Claim queries the owner's queue index for visible requests and claims
-// each with a conditional update on its queue key; with none, it waits
-// (local submits wake it; otherwise it queries again with backoff).
-func (br *Broker) Claim(ctx context.Context, q modelservice.ClaimQuery) ([]modelservice.Request, error) {
-	q = q.Normalized()
-	var timeout <-chan time.Time
-	if q.Wait > 0 {
-		t := time.NewTimer(q.Wait)
-		defer t.Stop()
-		timeout = t.C
+// getMeta reads the meta item of rid (strongly consistent), only the
+// attributes attrs names when it names any; nil when it does not exist or
+// its retention has passed. attrs must include aKeep.
+func (br *Broker) getMeta(ctx context.Context, rid string, attrs ...string) (item, error) {
+	in := &dynamodb.GetItemInput{TableName: aws.String(br.cfg.Table), Key: metaKey(rid), ConsistentRead: aws.Bool(true)}
+	if len(attrs) > 0 {
+		names := make(map[string]string, len(attrs))
+		refs := make([]string, len(attrs))
+		for i, a := range attrs {
+			refs[i] = "#p" + strconv.Itoa(i)
+			names[refs[i]] = a
+		}
+		in.ProjectionExpression, in.ExpressionAttributeNames = aws.String(strings.Join(refs, ", ")), names
 	}
-	pause := br.cfg.ClaimPollMin
-	for {
-		br.mu.Lock()
-		closed, wake := br.closed, br.claimWake
-		br.mu.Unlock()
-		if closed {
-			return nil, fmt.Errorf("claim model requests: %w", modelservice.ErrClosed)
-		}
-		out, err := br.claimOnce(ctx, q)
-		if err != nil && ctx.Err() != nil {
-			return out, nil
-		}
-		if err != nil || len(out) > 0 || q.Wait <= 0 {
-			return out, err
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-wake:
-			pause = br.cfg.ClaimPollMin
-		case <-t.C:
-			pause = min(2*pause, br.cfg.ClaimPollMax)
-		case <-timeout:
-			t.Stop()
-			return nil, nil
-		case <-ctx.Done():
-			t.Stop()
-			return nil, nil
-		case <-br.done:
-			t.Stop()
-			return nil, fmt.Errorf("claim model requests: %w", modelservice.ErrClosed)
-		}
-		t.Stop()
-	}
-}
-
-// maxClaimPages bounds the index pages one claim reads.
-const maxClaimPages = 5
-
-func (br *Broker) claimOnce(ctx context.Context, q modelservice.ClaimQuery) ([]modelservice.Request, error) {
-	now := br.now()
-	var (
-		out    []modelservice.Request
-		picked []item
-		bytes  int64
-		start  item
-	)
-	for page := 0; page < maxClaimPages && len(out) < q.Max; page++ {
-		cctx, cancel := context.WithTimeout(ctx, br.cfg.CallTimeout)
-		res, err := br.api.Query(cctx, &dynamodb.QueryInput{
-			TableName: aws.String(br.cfg.Table), IndexName: aws.String(indexQueue),
-			KeyConditionExpression:    aws.String("qo = :o AND qk <= :k"),
-			ExpressionAttributeValues: item{":o": s(q.Owner), ":k": s(fmt.Sprintf("%013d$", now.UnixMilli()))},
-			Limit:                     aws.Int32(int32(min(100, 2*q.Max+8))), ExclusiveStartKey: start,
-		})
-		cancel()
-		if err != nil {
-			return out, translate("claim model requests", err)
-		}
-		for _, cand := range res.Items {
-			if len(out) >= q.Max {
-				break
-			}
-			req := requestOf(cand)
-			if !q.Matches(req.Pool, req.Labels) {
-				continue
-			}
-			if !now.Before(req.Deadline) {
-				br.expire(ctx, req.ID, getS(cand, aQKey))
-				continue
-			}
-			size := getN(cand, aQSize)
-			// Earlier pages' claims count: only the batch's first request
-			// may exceed MaxBytes.
-			if !modelservice.WithinBytes(len(out)+len(picked), bytes, size, q.MaxBytes) {
-				continue
-			}
-			if len(out)+len(picked) >= q.Max {
-				break
-			}
-			picked = append(picked, cand)
-			bytes += size
-		}
-		got, err := br.claimAll(ctx, picked, q.Visibility, now)
-		out = append(out, got...)
-		if err != nil {
-			return out, err
-		}
-		picked = picked[:0]
-		if len(res.LastEvaluatedKey) == 0 {
-			break
-		}
-		start = res.LastEvaluatedKey
-	}
-	return out, nil
-}
-
-// claimParallel bounds the conditional updates one claim runs at once.
-const claimParallel = 8
-
-// claimAll claims the candidates, several at once, and returns those it
-// got, in the candidates' order.
-func (br *Broker) claimAll(ctx context.Context, cands []item, visibility time.Duration, now time.Time) ([]modelservice.Request, error) {
-	got := make([]*modelservice.Request, len(cands))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(claimParallel)
-	for i, cand := range cands {
-		g.Go(func() error {
-			r, ok, err := br.claimOne(gctx, cand, visibility, now)
-			if ok {
-				got[i] = &r
-			}
-			return err
-		})
-	}
-	err := g.Wait()
-	var out []modelservice.Request
-	for _, r := range got {
-		if r != nil {
-			out = append(out, *r)
-		}
-	}
-	return out, err
-}
-
-// claimOne claims the candidate if its queue key is unchanged; ok is false
-// when another claim got it first.
-func (br *Broker) claimOne(ctx context.Context, cand item, visibility time.Duration, now time.Time) (modelservice.Request, bool, error) {
-	rid := getS(cand, aRID)
-	cctx, cancel := context.WithTimeout(ctx, br.cfg.CallTimeout)
-	res, err := br.api.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName: aws.String(br.cfg.Table), Key: metaKey(rid),
-		ConditionExpression: aws.String("qk = :qk"),
-		UpdateExpression:    aws.String("SET st = :st, attempt = attempt + :one, claimed = :now, qk = :next"),
-		ExpressionAttributeValues: item{":qk": cand[aQKey], ":st": s(string(modelservice.StateClaimed)), ":one": n(1),
-			":now": ms(now), ":next": s(queueKey(now.Add(visibility), rid))},
-		ReturnValues: types.ReturnValueAllNew,
-	})
-	cancel()
-	if isConditionFailed(err) {
-		return modelservice.Request{}, false, nil
-	}
-	if err != nil {
-		return modelservice.Request{}, false, translate("claim model request "+rid, err)
-	}
-	req := requestOf(res.Attributes)
-	if req.Body, err = br.loadBody(ctx, res.Attributes, rid, "Q#", aQBody, aQChunks); err != nil {
-		return modelservice.Request{}, false, err
-	}
-	return req, true, nil
-}
-
-// expire ends a request found past its deadline (best effort: whoever
-// changed it first wins).
-func (br *Broker) expire(ctx context.Context, rid, qk string) {
 	cctx, cancel := context.WithTimeout(ctx, br.cfg.CallTimeout)
 	defer cancel()
-	_, err := br.api.UpdateItem(cctx, &dynamodb.UpdateItemInput{
-		TableName: aws.String(br.cfg.Table), Key: metaKey(rid),
-		ConditionExpression: aws.String("qk = :qk"),
-		UpdateExpression:    aws.String("SET st = :st, reason = :r, ended = :now REMOVE qo, qk"),
-		ExpressionAttributeValues: item{":qk": s(qk), ":st": s(string(modelservice.StateExpired)),
-			":r": s("no answer within the request's timeout"), ":now": ms(br.now())},
-	})
-	if err != nil && !isConditionFailed(err) {
-		br.log.Debug("expire model request", "request", rid, "err", err)
-	}
-}
-
-// getMeta reads the meta item of rid (strongly consistent); nil when it
-// does not exist or its retention has passed.
-func (br *Broker) getMeta(ctx context.Context, rid string) (item, error) {
-	cctx, cancel := context.WithTimeout(ctx, br.cfg.CallTimeout)
-	defer cancel()
-	res, err := br.api.GetItem(cctx, &dynamodb.GetItemInput{TableName: aws.String(br.cfg.Table), Key: metaKey(rid), ConsistentRead: aws.Bool(true)})
+	res, err := br.api.GetItem(cctx, in)
 	if err != nil {
 		return nil, translate("read model request "+rid, err)
 	}
@@ -427,26 +327,25 @@ func openState(it item, now time.Time) error {
 
 // Respond answers request id of owner: chunk writes for an answer over 128
 // KiB and one conditional update (owner, open state, deadline); only when
-// the condition fails is the request read, to say why. Then a notice goes
-// to the replica that waits for the answer.
+// the condition fails is the request read, to say why. Then a notice is
+// queued for the replica that waits for the answer.
 func (br *Broker) Respond(ctx context.Context, id, owner string, resp modelservice.Response) error {
 	action := "answer model request " + id
 	if br.isClosed() {
 		return fmt.Errorf("%s: %w", action, modelservice.ErrClosed)
 	}
 	now := br.now()
-	aid := newAnswerID()
 	// The chunks expire with the longest retention a request can have; the
 	// meta item keeps its own.
 	_, ttl := br.keep(now.Add(maxDeadline))
 	upd := item{}
-	chunks := setBody(upd, id, "A#"+aid+"#", aABody, aAChunks, aASize, resp.Body, ttl)
+	chunks := setBody(upd, id, answerBody, newID(6), resp.Body, inlineLimit, ttl)
 	if err := br.writeChunks(ctx, chunks); err != nil {
 		return fmt.Errorf("%s: %w", action, err)
 	}
 	set := []string{"st = :st", "rs = :rs", "rct = :rct", "rat = :rat", "aid = :aid", "ended = :now", "#as = :as"}
 	vals := item{":st": s(string(modelservice.StateAnswered)), ":rs": n(int64(resp.Status)), ":rct": s(resp.ContentType),
-		":rat": ms(resp.AnsweredAt), ":aid": s(aid), ":now": ms(now), ":as": upd[aASize], ":owner": s(owner),
+		":rat": ms(resp.AnsweredAt), ":aid": upd[aAnsID], ":now": ms(now), ":as": upd[aASize], ":owner": s(owner),
 		":pending": s(string(modelservice.StatePending)), ":claimed": s(string(modelservice.StateClaimed))}
 	if v, ok := upd[aABody]; ok {
 		set, vals[":ab"] = append(set, "ab = :ab"), v
@@ -457,24 +356,26 @@ func (br *Broker) Respond(ctx context.Context, id, owner string, resp modelservi
 	res, err := br.api.UpdateItem(cctx, &dynamodb.UpdateItemInput{
 		TableName: aws.String(br.cfg.Table), Key: metaKey(id),
 		ConditionExpression:       aws.String("#o = :owner AND st IN (:pending, :claimed) AND deadline > :now"),
-		UpdateExpression:          aws.String("SET " + strings.Join(set, ", ") + " REMOVE qo, qk"),
+		UpdateExpression:          aws.String("SET " + strings.Join(set, ", ") + " " + leaveQueue),
 		ExpressionAttributeNames:  map[string]string{"#as": aASize, "#o": aOwner},
 		ExpressionAttributeValues: vals,
 		ReturnValues:              types.ReturnValueAllOld,
 	})
 	cancel()
 	if isConditionFailed(err) {
-		if derr := br.deleteItems(context.WithoutCancel(ctx), chunks); derr != nil {
-			br.log.Debug("delete orphan answer chunks", "request", id, "err", derr)
-		}
+		br.deleteOrphans(ctx, id, chunks)
 		return br.whyNotAnswerable(ctx, id, owner, action)
 	}
 	if err != nil {
 		return translate(action, err)
 	}
-	br.notify(ctx, getS(res.Attributes, aReplica), id)
+	br.notify(getS(res.Attributes, aReplica), id)
 	return nil
 }
+
+// leaveQueue is the update clause that takes a request out of the queue
+// index: its keys, and the first schema's (an item an older gateway wrote).
+const leaveQueue = "REMOVE qp, qk, qo"
 
 // maxDeadline bounds how far ahead a request's deadline may be (the
 // relay's longest timeout).
@@ -503,159 +404,6 @@ func (br *Broker) whyNotAnswerable(ctx context.Context, id, owner, action string
 	return fmt.Errorf("%s: %w", action, modelservice.ErrAnswered)
 }
 
-// notify tells the replica that submitted rid that it ended: directly when
-// that is this replica, otherwise through its inbox (best effort: the
-// waiter also rechecks every Config.Recheck).
-func (br *Broker) notify(ctx context.Context, replica, rid string) {
-	if replica == br.replica {
-		br.wake(rid)
-		return
-	}
-	_, ttl := br.keep(br.now())
-	it := inboxKey(replica, rid)
-	it[attrTTL] = ttl
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), br.cfg.CallTimeout)
-	defer cancel()
-	if _, err := br.api.PutItem(cctx, &dynamodb.PutItemInput{TableName: aws.String(br.cfg.Table), Item: it}); err != nil {
-		br.log.Warn("notify the waiting replica", "request", rid, "replica", replica, "err", err)
-	}
-}
-
-// wake wakes the local waiters of rid.
-func (br *Broker) wake(rid string) {
-	br.mu.Lock()
-	defer br.mu.Unlock()
-	if ch, ok := br.waiters[rid]; ok {
-		close(ch)
-		delete(br.waiters, rid)
-	}
-}
-
-// waitFor returns the channel closed when rid's end is noticed, and starts
-// the inbox poller if it is not running.
-func (br *Broker) waitFor(rid string) (<-chan struct{}, error) {
-	br.mu.Lock()
-	defer br.mu.Unlock()
-	if br.closed {
-		return nil, modelservice.ErrClosed
-	}
-	ch, ok := br.waiters[rid]
-	if !ok {
-		ch = make(chan struct{})
-		br.waiters[rid] = ch
-	}
-	if !br.polling {
-		br.polling = true
-		br.wg.Add(1)
-		go br.pollInbox()
-	}
-	return ch, nil
-}
-
-// pollInbox reads this replica's inbox every AwaitPoll while calls wait,
-// wakes their waiters and deletes the notices. It stops when no call waits
-// or the broker closes.
-func (br *Broker) pollInbox() {
-	defer br.wg.Done()
-	t := time.NewTicker(br.cfg.AwaitPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-br.done:
-			return
-		case <-t.C:
-		}
-		br.mu.Lock()
-		if len(br.waiters) == 0 {
-			br.polling = false
-			br.mu.Unlock()
-			return
-		}
-		br.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), br.cfg.CallTimeout)
-		res, err := br.api.Query(ctx, &dynamodb.QueryInput{
-			TableName: aws.String(br.cfg.Table), KeyConditionExpression: aws.String("pk = :pk"),
-			ExpressionAttributeValues: item{":pk": s("N#" + br.replica)}, ConsistentRead: aws.Bool(true), Limit: aws.Int32(1000),
-		})
-		if err != nil {
-			cancel()
-			br.log.Warn("read the model relay inbox", "err", err)
-			continue
-		}
-		for _, it := range res.Items {
-			br.wake(getS(it, attrSK))
-		}
-		if err := br.deleteItems(ctx, res.Items); err != nil {
-			br.log.Debug("delete inbox notices", "err", err)
-		}
-		cancel()
-	}
-}
-
-// Await waits until request id ends: it reads the request, then waits for
-// a notice (local, or from the inbox poller), rechecking every
-// Config.Recheck.
-func (br *Broker) Await(ctx context.Context, id string) (modelservice.Response, error) {
-	action := "await model request " + id
-	for {
-		ch, err := br.waitFor(id)
-		if err != nil {
-			return modelservice.Response{}, fmt.Errorf("%s: %w", action, err)
-		}
-		it, err := br.getMeta(ctx, id)
-		if err != nil {
-			if ctx.Err() != nil {
-				return modelservice.Response{}, ctx.Err()
-			}
-			return modelservice.Response{}, err
-		}
-		if it == nil {
-			br.forget(id, ch)
-			return modelservice.Response{}, fmt.Errorf("%s: %w", action, modelservice.ErrNotFound)
-		}
-		if st := modelservice.State(getS(it, aState)); st.Ended() {
-			br.forget(id, ch)
-			return br.answerOf(ctx, it, action)
-		}
-		t := time.NewTimer(br.cfg.Recheck)
-		select {
-		case <-ch:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			br.forget(id, ch)
-			return modelservice.Response{}, ctx.Err()
-		case <-br.done:
-			t.Stop()
-			return modelservice.Response{}, fmt.Errorf("%s: %w", action, modelservice.ErrClosed)
-		}
-		t.Stop()
-	}
-}
-
-// forget drops the waiter of rid if it is still ch.
-func (br *Broker) forget(rid string, ch <-chan struct{}) {
-	br.mu.Lock()
-	defer br.mu.Unlock()
-	if cur, ok := br.waiters[rid]; ok && (<-chan struct{})(cur) == ch {
-		delete(br.waiters, rid)
-	}
-}
-
-// answerOf returns the answer of an ended request, or ErrGone.
-func (br *Broker) answerOf(ctx context.Context, it item, action string) (modelservice.Response, error) {
-	st := modelservice.State(getS(it, aState))
-	if st != modelservice.StateAnswered {
-		return modelservice.Response{}, fmt.Errorf("%s: %w (%s: %s)", action, modelservice.ErrGone, st, getS(it, aReason))
-	}
-	rid := getS(it, aRID)
-	body, err := br.loadBody(ctx, it, rid, "A#"+getS(it, aAnsID)+"#", aABody, aAChunks)
-	if err != nil {
-		return modelservice.Response{}, err
-	}
-	return modelservice.Response{Status: int(getN(it, aStatus)), ContentType: getS(it, aCType), Body: body, AnsweredAt: getTime(it, aAnsAt)}, nil
-}
-
 // Cancel ends request id without an answer: one conditional update.
 func (br *Broker) Cancel(ctx context.Context, id string, end modelservice.End) (modelservice.Response, error) {
 	action := "cancel model request " + id
@@ -663,7 +411,7 @@ func (br *Broker) Cancel(ctx context.Context, id string, end modelservice.End) (
 	_, err := br.api.UpdateItem(cctx, &dynamodb.UpdateItemInput{
 		TableName: aws.String(br.cfg.Table), Key: metaKey(id),
 		ConditionExpression: aws.String("st IN (:pending, :claimed)"),
-		UpdateExpression:    aws.String("SET st = :st, reason = :r, ended = :now REMOVE qo, qk"),
+		UpdateExpression:    aws.String("SET st = :st, reason = :r, ended = :now " + leaveQueue),
 		ExpressionAttributeValues: item{":pending": s(string(modelservice.StatePending)), ":claimed": s(string(modelservice.StateClaimed)),
 			":st": s(string(end.State)), ":r": s(end.Reason), ":now": ms(br.now())},
 	})
@@ -684,7 +432,7 @@ func (br *Broker) Cancel(ctx context.Context, id string, end modelservice.End) (
 	case getS(it, aState) != string(modelservice.StateAnswered):
 		return modelservice.Response{}, nil
 	}
-	resp, err := br.answerOf(ctx, it, action)
+	resp, err := br.answerOf(ctx, id, it, action)
 	if err != nil {
 		return modelservice.Response{}, err
 	}
@@ -693,7 +441,7 @@ func (br *Broker) Cancel(ctx context.Context, id string, end modelservice.End) (
 
 // Transcript queries the lease index (eventually consistent: an exchange
 // appears there a moment after it is written) and loads the bodies of the
-// page.
+// page with BatchGetItem.
 func (br *Broker) Transcript(ctx context.Context, q modelservice.TranscriptQuery) ([]modelservice.Exchange, bool, error) {
 	q = q.Normalized()
 	if br.isClosed() {
@@ -742,23 +490,30 @@ collect:
 		start = res.LastEvaluatedKey
 	}
 	out := make([]modelservice.Exchange, 0, len(metas))
+	refs := make([]bodyRef, 0, 2*len(metas))
 	for _, it := range metas {
 		ex := exchangeOf(it)
-		var err error
-		if ex.Body, err = br.loadBody(ctx, it, ex.ID, "Q#", aQBody, aQChunks); err != nil {
-			return nil, false, err
-		}
+		refs = append(refs, bodyRef{rid: ex.ID, it: it, a: requestBody})
 		if ex.Response != nil {
-			if ex.Response.Body, err = br.loadBody(ctx, it, ex.ID, "A#"+getS(it, aAnsID)+"#", aABody, aAChunks); err != nil {
-				return nil, false, err
-			}
+			refs = append(refs, bodyRef{rid: ex.ID, it: it, a: answerBody})
 		}
 		out = append(out, ex)
+	}
+	bodies, err := br.loadBodies(ctx, refs)
+	if err != nil {
+		return nil, false, err
+	}
+	for i := range out {
+		out[i].Body, bodies = bodies[0], bodies[1:]
+		if out[i].Response != nil {
+			out[i].Response.Body, bodies = bodies[0], bodies[1:]
+		}
 	}
 	return out, more, nil
 }
 
-// Close stops the inbox poller and makes waiting and later calls return
+// Close stops the inbox poller, flushes the queued notices (each write
+// bounded by CallTimeout) and makes waiting and later calls return
 // ErrClosed. It does not touch the table. Idempotent.
 func (br *Broker) Close(ctx context.Context) error {
 	br.mu.Lock()

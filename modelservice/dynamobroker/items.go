@@ -37,9 +37,10 @@ const (
 	aUpstream = "upstream" //
 	aTrunc    = "trunc"    // BOOL
 	aReplica  = "repl"     // the submitting replica (its inbox gets the answer's notice)
-	aQBody    = "qb"       // B: the request body when inline
-	aQChunks  = "qn"       // N: the request body's chunk count otherwise
+	aQBody    = "qb"       // B: the request body inline (items of the first schema only)
+	aQChunks  = "qn"       // N: the request body's chunk count
 	aQSize    = "qs"       // N: the request body's size
+	aQID      = "qid"      // the request body's id (its chunk keys "Q#<qid>#…"; absent on old items, whose chunks are "Q#…")
 	aStatus   = "rs"       // N
 	aCType    = "rct"      //
 	aAnsAt    = "rat"      // N, unix ms
@@ -47,9 +48,11 @@ const (
 	aAChunks  = "an"       // N: the answer body's chunk count otherwise
 	aASize    = "as"       // N
 	aAnsID    = "aid"      // the answer's id (its chunk keys)
-	aQOwner   = "qo"       // GSI queue hash: present while pending or claimed
-	aQKey     = "qk"       // GSI queue range: visible-at ms (13 digits) "#" rid
+	aQPart    = "qp"       // GSI queue-by-shard hash: owner "#" shard, present while pending or claimed
+	aQKey     = "qk"       // GSI queue-by-shard range: visible-at ms (13 digits) "#" rid
+	aQOwner   = "qo"       // the first schema's queue hash (owner alone): removed when an old item ends
 	aData     = "d"        // B: one chunk's bytes
+	aIDs      = "ids"      // L of S: the request ids of a notice batch
 )
 
 func metaKey(rid string) item {
@@ -60,14 +63,8 @@ func chunkKey(rid, prefix string, i int) item {
 	return item{attrPK: s("R#" + rid), attrSK: s(fmt.Sprintf("%s%05d", prefix, i))}
 }
 
-func inboxKey(replica, rid string) item {
-	return item{attrPK: s("N#" + replica), attrSK: s(rid)}
-}
-
-// queueKey is the queue index's range key of rid, visible from at.
-func queueKey(at time.Time, rid string) string {
-	return fmt.Sprintf("%013d#%s", at.UnixMilli(), rid)
-}
+// inboxPK is the partition key of replica's inbox of notices.
+func inboxPK(replica string) string { return "N#" + replica }
 
 func s(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
 func n(v int64) types.AttributeValue {
@@ -156,14 +153,38 @@ func exchangeOf(it item) modelservice.Exchange {
 	return ex
 }
 
-// setBody puts body into it: inline when small, otherwise as chunk items
-// (returned, to be written before it) under prefix.
-func setBody(it item, rid, prefix, inlineAttr, chunksAttr, sizeAttr string, body []byte, ttl types.AttributeValue) []item {
-	it[sizeAttr] = n(int64(len(body)))
-	if len(body) <= inlineLimit {
-		it[inlineAttr] = b(body)
+// bodyAttrs names the attributes of a meta item that say where one of its
+// bodies is: inline in attribute inline, or split into chunks items whose
+// sort keys start with prefix, then id and "#" (old request items have no
+// id: their chunks are prefix alone).
+type bodyAttrs struct {
+	inline, chunks, size, id, prefix string
+}
+
+var (
+	requestBody = bodyAttrs{inline: aQBody, chunks: aQChunks, size: aQSize, id: aQID, prefix: "Q#"}
+	answerBody  = bodyAttrs{inline: aABody, chunks: aAChunks, size: aASize, id: aAnsID, prefix: "A#"}
+)
+
+// chunkPrefix is the sort-key prefix of the chunk items of it's body.
+func (a bodyAttrs) chunkPrefix(it item) string {
+	if id := getS(it, a.id); id != "" {
+		return a.prefix + id + "#"
+	}
+	return a.prefix
+}
+
+// setBody records body in it under id: inline when it is at most inline
+// bytes (a negative inline: never), otherwise as chunk items (returned, to
+// be written before it).
+func setBody(it item, rid string, a bodyAttrs, id string, body []byte, inline int, ttl types.AttributeValue) []item {
+	it[a.size] = n(int64(len(body)))
+	it[a.id] = s(id)
+	if len(body) <= inline {
+		it[a.inline] = b(body)
 		return nil
 	}
+	prefix := a.chunkPrefix(it)
 	var chunks []item
 	for i := 0; len(body) > 0; i++ {
 		size := min(chunkSize, len(body))
@@ -172,106 +193,160 @@ func setBody(it item, rid, prefix, inlineAttr, chunksAttr, sizeAttr string, body
 		chunks = append(chunks, c)
 		body = body[size:]
 	}
-	it[chunksAttr] = n(int64(len(chunks)))
+	it[a.chunks] = n(int64(len(chunks)))
 	return chunks
 }
 
 // writeChunks writes chunk items, 25 per batch, retrying what DynamoDB
 // leaves unprocessed (with backoff, bounded by ctx).
 func (br *Broker) writeChunks(ctx context.Context, chunks []item) error {
-	for len(chunks) > 0 {
-		batch := chunks[:min(25, len(chunks))]
-		chunks = chunks[len(batch):]
-		reqs := make([]types.WriteRequest, 0, len(batch))
-		for _, c := range batch {
-			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: c}})
-		}
-		if err := br.batchWrite(ctx, reqs); err != nil {
-			return err
-		}
-	}
-	return nil
+	return br.batchWrite(ctx, chunks, func(c item) types.WriteRequest {
+		return types.WriteRequest{PutRequest: &types.PutRequest{Item: c}}
+	})
 }
 
 // deleteItems deletes items by key (best effort, for orphans).
 func (br *Broker) deleteItems(ctx context.Context, keys []item) error {
-	for len(keys) > 0 {
-		batch := keys[:min(25, len(keys))]
-		keys = keys[len(batch):]
+	return br.batchWrite(ctx, keys, func(k item) types.WriteRequest {
+		return types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: item{attrPK: k[attrPK], attrSK: k[attrSK]}}}
+	})
+}
+
+// batchWrite writes one request per item, 25 per BatchWriteItem.
+func (br *Broker) batchWrite(ctx context.Context, items []item, req func(item) types.WriteRequest) error {
+	for len(items) > 0 {
+		batch := items[:min(25, len(items))]
+		items = items[len(batch):]
 		reqs := make([]types.WriteRequest, 0, len(batch))
-		for _, k := range batch {
-			reqs = append(reqs, types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: item{attrPK: k[attrPK], attrSK: k[attrSK]}}})
+		for _, it := range batch {
+			reqs = append(reqs, req(it))
 		}
-		if err := br.batchWrite(ctx, reqs); err != nil {
+		err := br.untilProcessed(ctx, "write items", func(ctx context.Context) (bool, error) {
+			out, err := br.api.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: map[string][]types.WriteRequest{br.cfg.Table: reqs}})
+			if err != nil {
+				return false, err
+			}
+			reqs = out.UnprocessedItems[br.cfg.Table]
+			return len(reqs) > 0, nil
+		})
+		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (br *Broker) batchWrite(ctx context.Context, reqs []types.WriteRequest) error {
+// untilProcessed runs one batch call (each bounded by CallTimeout) until it
+// reports nothing left unprocessed, pausing with backoff in between
+// (bounded by ctx).
+func (br *Broker) untilProcessed(ctx context.Context, action string, call func(ctx context.Context) (more bool, err error)) error {
 	pause := 10 * time.Millisecond
-	for len(reqs) > 0 {
+	for {
 		cctx, cancel := context.WithTimeout(ctx, br.cfg.CallTimeout)
-		out, err := br.api.BatchWriteItem(cctx, &dynamodb.BatchWriteItemInput{RequestItems: map[string][]types.WriteRequest{br.cfg.Table: reqs}})
+		more, err := call(cctx)
 		cancel()
 		if err != nil {
-			return translate("write items", err)
+			return translate(action, err)
 		}
-		reqs = out.UnprocessedItems[br.cfg.Table]
-		if len(reqs) == 0 {
+		if !more {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return translate("write items", ctx.Err())
+			return translate(action, ctx.Err())
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, time.Second)
 	}
-	return nil
 }
 
-// loadBody returns the body whose inline attribute or chunks it describes.
-func (br *Broker) loadBody(ctx context.Context, it item, rid, prefix, inlineAttr, chunksAttr string) ([]byte, error) {
-	if v, ok := it[inlineAttr]; ok {
-		bv, _ := v.(*types.AttributeValueMemberB)
-		if bv == nil {
-			return []byte{}, nil
+// bodyRef is one body to load: the one a of meta item it of request rid
+// describes.
+type bodyRef struct {
+	rid string
+	it  item
+	a   bodyAttrs
+}
+
+// loadBodies returns the bodies refs describe, in order: inline ones from
+// their items, chunked ones with consistent BatchGetItem calls (100 keys
+// each) for all of them at once. A missing chunk is ErrUnavailable.
+func (br *Broker) loadBodies(ctx context.Context, refs []bodyRef) ([][]byte, error) {
+	out := make([][]byte, len(refs))
+	var keys []item
+	for i, ref := range refs {
+		if v, ok := ref.it[ref.a.inline]; ok {
+			out[i] = []byte{}
+			if bv, _ := v.(*types.AttributeValueMemberB); bv != nil {
+				out[i] = bv.Value
+			}
+			continue
 		}
-		return bv.Value, nil
+		prefix := ref.a.chunkPrefix(ref.it)
+		for c := range int(getN(ref.it, ref.a.chunks)) {
+			keys = append(keys, chunkKey(ref.rid, prefix, c))
+		}
 	}
-	count := int(getN(it, chunksAttr))
-	if count == 0 {
-		return []byte{}, nil
+	got, err := br.batchGet(ctx, keys)
+	if err != nil {
+		return nil, err
 	}
-	var out bytes.Buffer
-	var start item
-	got := 0
-	for {
-		cctx, cancel := context.WithTimeout(ctx, br.cfg.CallTimeout)
-		res, err := br.api.Query(cctx, &dynamodb.QueryInput{
-			TableName:                 aws.String(br.cfg.Table),
-			KeyConditionExpression:    aws.String("pk = :pk AND begins_with(sk, :pre)"),
-			ExpressionAttributeValues: item{":pk": s("R#" + rid), ":pre": s(prefix)},
-			ConsistentRead:            aws.Bool(true),
-			ExclusiveStartKey:         start,
+	for i, ref := range refs {
+		if out[i] != nil {
+			continue
+		}
+		count := int(getN(ref.it, ref.a.chunks))
+		var body bytes.Buffer
+		found := 0
+		prefix := ref.a.chunkPrefix(ref.it)
+		for c := range count {
+			if data, ok := got[keyString(chunkKey(ref.rid, prefix, c))]; ok {
+				body.Write(data)
+				found++
+			}
+		}
+		if found != count {
+			return nil, fmt.Errorf("read body of %s: %d of %d chunks found: %w", ref.rid, found, count, modelservice.ErrUnavailable)
+		}
+		out[i] = body.Bytes()
+		if out[i] == nil {
+			out[i] = []byte{}
+		}
+	}
+	return out, nil
+}
+
+func keyString(k item) string { return getS(k, attrPK) + "\x00" + getS(k, attrSK) }
+
+// batchGet reads the chunk data of keys (strongly consistent: a body is
+// written just before its meta item), 100 keys per BatchGetItem, retrying
+// what DynamoDB leaves unprocessed.
+func (br *Broker) batchGet(ctx context.Context, keys []item) (map[string][]byte, error) {
+	got := make(map[string][]byte, len(keys))
+	for len(keys) > 0 {
+		batch := keys[:min(100, len(keys))]
+		keys = keys[len(batch):]
+		req := &types.KeysAndAttributes{Keys: batch, ConsistentRead: aws.Bool(true),
+			ProjectionExpression:     aws.String("#k, #s, #d"),
+			ExpressionAttributeNames: map[string]string{"#k": attrPK, "#s": attrSK, "#d": aData}}
+		err := br.untilProcessed(ctx, "read bodies", func(ctx context.Context) (bool, error) {
+			out, err := br.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: map[string]types.KeysAndAttributes{br.cfg.Table: *req}})
+			if err != nil {
+				return false, err
+			}
+			for _, it := range out.Responses[br.cfg.Table] {
+				got[keyString(it)] = getB(it, aData)
+			}
+			left, ok := out.UnprocessedKeys[br.cfg.Table]
+			if !ok || len(left.Keys) == 0 {
+				return false, nil
+			}
+			req = &left
+			return true, nil
 		})
-		cancel()
 		if err != nil {
-			return nil, translate("read body chunks", err)
+			return nil, err
 		}
-		for _, c := range res.Items {
-			out.Write(getB(c, aData))
-			got++
-		}
-		if len(res.LastEvaluatedKey) == 0 {
-			break
-		}
-		start = res.LastEvaluatedKey
 	}
-	if got != count {
-		return nil, fmt.Errorf("read body of %s: %d of %d chunks found: %w", rid, got, count, modelservice.ErrUnavailable)
-	}
-	return out.Bytes(), nil
+	return got, nil
 }

@@ -22,6 +22,7 @@ func (s *Store) TryLock(ctx context.Context, name, holder string, ttl time.Durat
 	}
 	held := false
 	err := s.update(ctx, "try lock", func(t *tx) error {
+		held = false // a group that rolled back runs it again
 		if v := t.locks.Get([]byte(name)); v != nil {
 			var cur lockRecord
 			if err := json.Unmarshal(v, &cur); err != nil {

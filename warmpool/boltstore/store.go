@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,10 +38,15 @@ var (
 	bucketExpiry     = []byte("leases_expiry") // expires id → "" (active leases only)
 	bucketEnded      = []byte("leases_ended")  // ended id → "" (ended leases only)
 	bucketIdem       = []byte("leases_idem")   // lp(owner) key → lease id
+	bucketEnv        = []byte("leases_env")    // lease id → env JSON (kept apart from the lease)
 	bucketLocks      = []byte("locks")         // lock name → lockRecord JSON
+	bucketCounts     = []byte("task_counts")   // lp(pool) state → uint64: the pool's tasks in that state
 	allBuckets       = [][]byte{bucketMeta, bucketTasks, bucketTasksPool, bucketTasksReady,
-		bucketLeases, bucketOwner, bucketExpiry, bucketEnded, bucketIdem, bucketLocks}
+		bucketLeases, bucketOwner, bucketExpiry, bucketEnded, bucketIdem, bucketLocks, bucketCounts, bucketEnv}
 	keySchema = []byte("schema")
+	// keyCounted marks a file whose task_counts bucket counts its tasks (a
+	// file made before the counters is counted once, when it opens).
+	keyCounted = []byte("counted")
 )
 
 // Options tune Open. The zero value is the durable default.
@@ -53,11 +59,30 @@ type Options struct {
 	NoSync bool
 }
 
-// Store is the embedded lease store. It is safe for concurrent use; all
-// writes are serialized by bbolt's single writer.
+// Store is the embedded lease store. It is safe for concurrent use. Reads
+// run concurrently; writes queue for one writer goroutine, which runs all
+// the writes waiting at once in one transaction (group commit: one commit,
+// and its two fsyncs, for the group).
 type Store struct {
 	db     *bolt.DB
 	closed atomic.Bool
+
+	// wmu guards sending on writes against Close, which closes it.
+	wmu     sync.RWMutex
+	wclosed bool
+	writes  chan *writeOp
+	writer  sync.WaitGroup
+}
+
+// maxGroup bounds the writes of one group commit.
+const maxGroup = 1000
+
+// writeOp is one write waiting for the writer.
+type writeOp struct {
+	ctx    context.Context
+	action string
+	fn     func(*tx) error
+	done   chan error // buffered 1: the write's outcome (fn's error, or the commit's)
 }
 
 var _ warmpool.Store = (*Store)(nil)
@@ -102,9 +127,17 @@ func Open(path string, opts Options) (*Store, error) {
 		meta := tx.Bucket(bucketMeta)
 		switch v := meta.Get(keySchema); {
 		case v == nil:
-			return meta.Put(keySchema, []byte(schemaVersion))
+			if err := meta.Put(keySchema, []byte(schemaVersion)); err != nil {
+				return err
+			}
 		case string(v) != schemaVersion:
 			return fmt.Errorf("schema version %q, this build reads %q", v, schemaVersion)
+		}
+		if meta.Get(keyCounted) == nil {
+			if err := recount(openTx(tx)); err != nil {
+				return fmt.Errorf("count tasks: %w", err)
+			}
+			return meta.Put(keyCounted, []byte("1"))
 		}
 		return nil
 	})
@@ -112,7 +145,10 @@ func Open(path string, opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("initialize lease store %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db, writes: make(chan *writeOp, maxGroup)}
+	s.writer.Add(1)
+	go s.write()
+	return s, nil
 }
 
 // Close closes the file. Later calls return warmpool.ErrClosed; closing
@@ -121,6 +157,11 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.wmu.Lock()
+	s.wclosed = true
+	close(s.writes) // the writer commits what was queued, then ends
+	s.wmu.Unlock()
+	s.writer.Wait()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close lease store: %w", err)
 	}
@@ -136,14 +177,16 @@ func (s *Store) ReserveTasks(ctx context.Context, pool string, maxTotal int, rec
 		return nil
 	}
 	return s.update(ctx, "reserve tasks", func(t *tx) error {
-		n := countPrefix(t.tasksPool, lp(pool))
+		n := t.counts(pool).Total()
 		if n+len(recs) > maxTotal {
 			return fmt.Errorf("pool %q has %d of max_total %d tasks, %d more do not fit: %w", pool, n, maxTotal, len(recs), warmpool.ErrNoCapacity)
 		}
-		for _, r := range recs {
+		for _, r := range recs { // every refusal before the first write
 			if t.tasks.Get([]byte(r.ID)) != nil {
 				return fmt.Errorf("task %s exists already: %w", r.ID, warmpool.ErrConflict)
 			}
+		}
+		for _, r := range recs {
 			r.Pool = pool
 			r.State = warmpool.TaskLaunching
 			r.Version = 1
@@ -155,11 +198,13 @@ func (s *Store) ReserveTasks(ctx context.Context, pool string, maxTotal int, rec
 	})
 }
 
-// UpdateTask implements warmpool.TaskStore: a write conditional on Version.
-func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord) (warmpool.TaskRecord, error) {
-	if err := warmpool.CheckUpdate(rec); err != nil {
+// UpdateTask implements warmpool.TaskStore: a write conditional on Version
+// and on the previous state.
+func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord, from warmpool.TaskState) (warmpool.TaskRecord, error) {
+	if err := warmpool.CheckUpdate(rec, from); err != nil {
 		return warmpool.TaskRecord{}, err
 	}
+	var out warmpool.TaskRecord
 	err := s.update(ctx, "update task", func(t *tx) error {
 		old, ok, err := t.getTask(rec.ID)
 		if err != nil {
@@ -171,27 +216,105 @@ func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord) (warmpo
 		if old.Version != rec.Version {
 			return fmt.Errorf("task %s is at version %d, not %d: %w", rec.ID, old.Version, rec.Version, warmpool.ErrConflict)
 		}
+		if old.State != from {
+			return fmt.Errorf("task %s is %s, not %s: %w", rec.ID, old.State, from, warmpool.ErrConflict)
+		}
 		if rec.Pool != old.Pool {
 			return fmt.Errorf("task %s: pool cannot change from %q to %q", rec.ID, old.Pool, rec.Pool)
 		}
-		rec.Version++
-		return t.putTask(&old, rec)
+		out = rec
+		out.Version++
+		return t.putTask(&old, out)
 	})
 	if err != nil {
 		return warmpool.TaskRecord{}, err
 	}
-	return rec, nil
+	return out, nil
 }
 
-// DeleteTask implements warmpool.TaskStore; deleting an unknown id is a no-op.
-func (s *Store) DeleteTask(ctx context.Context, id string) error {
+// DeleteTask implements warmpool.TaskStore; deleting an unknown id is a
+// no-op. The record is read in the transaction: rec.State is not needed.
+func (s *Store) DeleteTask(ctx context.Context, rec warmpool.TaskRecord) error {
+	if err := warmpool.CheckDelete(rec); err != nil {
+		return err
+	}
 	return s.update(ctx, "delete task", func(t *tx) error {
-		rec, ok, err := t.getTask(id)
+		stored, ok, err := t.getTask(rec.ID)
 		if err != nil || !ok {
 			return err
 		}
-		return t.deleteTask(rec)
+		return t.deleteTask(stored)
 	})
+}
+
+// GetTask implements warmpool.TaskStore.
+func (s *Store) GetTask(ctx context.Context, id string) (warmpool.TaskRecord, error) {
+	return getOne(s, ctx, "get task", "task", id, (*tx).getTask)
+}
+
+// getOne reads record id with get in one read transaction; ErrNotFound
+// when there is none.
+func getOne[T any](s *Store, ctx context.Context, action, kind, id string, get func(*tx, string) (T, bool, error)) (T, error) {
+	var rec T
+	err := s.view(ctx, action, func(t *tx) error {
+		var ok bool
+		var err error
+		rec, ok, err = get(t, id)
+		if err == nil && !ok {
+			err = fmt.Errorf("%s %s: %w", kind, id, warmpool.ErrNotFound)
+		}
+		return err
+	})
+	return rec, err
+}
+
+// CountTasks implements warmpool.TaskStore: four counter reads.
+func (s *Store) CountTasks(ctx context.Context, pool string) (warmpool.TaskCounts, error) {
+	var c warmpool.TaskCounts
+	err := s.view(ctx, "count tasks", func(t *tx) error {
+		c = t.counts(pool)
+		return nil
+	})
+	return c, err
+}
+
+// ListTasksPage implements warmpool.TaskStore, in id order; the cursor is
+// the last id of the page.
+func (s *Store) ListTasksPage(ctx context.Context, pool, cursor string, limit int) (warmpool.TaskPage, error) {
+	if err := warmpool.CheckPage(limit); err != nil {
+		return warmpool.TaskPage{}, err
+	}
+	var page warmpool.TaskPage
+	err := s.view(ctx, "list tasks page", func(t *tx) error {
+		page = warmpool.TaskPage{}
+		b, prefix := t.tasks, []byte(nil)
+		if pool != "" {
+			b, prefix = t.tasksPool, lp(pool)
+		}
+		after := concat(prefix, []byte(cursor))
+		c := b.Cursor()
+		k, _ := c.Seek(after)
+		if k != nil && cursor != "" && bytes.Equal(k, after) {
+			k, _ = c.Next()
+		}
+		for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if len(page.Tasks) == limit {
+				page.Next = page.Tasks[limit-1].ID
+				return nil
+			}
+			id := string(k[len(prefix):])
+			rec, ok, err := t.getTask(id)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("pool index names missing task %s", id)
+			}
+			page.Tasks = append(page.Tasks, rec)
+		}
+		return nil
+	})
+	return page, err
 }
 
 // ListTasks implements warmpool.TaskStore, oldest first.
@@ -275,6 +398,7 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 		l.Generation = task.Generation
 		l.AgentURL = task.AgentURL
 		l.AgentToken = task.AgentToken
+		l.ProviderTaskID = task.ProviderID
 		l.State = warmpool.LeaseActive
 		l.Reason = ""
 		l.EndedAt = time.Time{}
@@ -288,6 +412,15 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 		if err := t.putLease(nil, l); err != nil {
 			return err
 		}
+		if len(l.Env) > 0 {
+			env, err := json.Marshal(l.Env)
+			if err != nil {
+				return fmt.Errorf("encode the env of lease %s: %w", l.ID, err)
+			}
+			if err := t.env.Put([]byte(l.ID), env); err != nil {
+				return err
+			}
+		}
 		res = warmpool.ClaimResult{Lease: l, Task: task}
 		return nil
 	})
@@ -299,17 +432,7 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 
 // GetLease implements warmpool.LeaseStore.
 func (s *Store) GetLease(ctx context.Context, id string) (warmpool.Lease, error) {
-	var l warmpool.Lease
-	err := s.view(ctx, "get lease", func(t *tx) error {
-		var ok bool
-		var err error
-		l, ok, err = t.getLease(id)
-		if err == nil && !ok {
-			err = fmt.Errorf("lease %s: %w", id, warmpool.ErrNotFound)
-		}
-		return err
-	})
-	return l, err
+	return getOne(s, ctx, "get lease", "lease", id, (*tx).getLease)
 }
 
 // RenewLease implements warmpool.LeaseStore. On ErrLeaseEnded it also
@@ -322,7 +445,14 @@ func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now
 		if !l.ExpiresAt.After(now) {
 			return l, fmt.Errorf("lease %s expired at %s: %w", id, l.ExpiresAt.Format(time.RFC3339), warmpool.ErrLeaseEnded)
 		}
-		l.ExpiresAt = expiresAt
+		switch {
+		case !expiresAt.IsZero():
+			l.ExpiresAt = expiresAt
+		case l.Duration > 0:
+			l.ExpiresAt = now.Add(l.Duration)
+		default:
+			return warmpool.Lease{}, fmt.Errorf("renew lease %s: it has no duration to renew it by", id)
+		}
 		return l, nil
 	})
 }
@@ -391,6 +521,26 @@ func (s *Store) changeLease(ctx context.Context, action, id, owner string, chang
 		return warmpool.Lease{}, err
 	}
 	return out, err
+}
+
+// LeaseByKey implements warmpool.LeaseStore: the key's index entry, then
+// the lease, in one read transaction.
+func (s *Store) LeaseByKey(ctx context.Context, owner, key string) (warmpool.Lease, error) {
+	var l warmpool.Lease
+	err := s.view(ctx, "lease by key", func(t *tx) error {
+		id := t.idem.Get(idemKey(owner, key))
+		if id == nil {
+			return fmt.Errorf("idempotency key %q: %w", key, warmpool.ErrNotFound)
+		}
+		var ok bool
+		var err error
+		l, ok, err = t.getLease(string(id))
+		if err == nil && !ok {
+			err = fmt.Errorf("lease %s of idempotency key %q: %w", id, key, warmpool.ErrNotFound)
+		}
+		return err
+	})
+	return l, err
 }
 
 // ListLeases implements warmpool.LeaseStore, newest first. With Owner it
@@ -485,11 +635,126 @@ func (s *Store) PurgeLeases(ctx context.Context, endedBefore time.Time) (int, er
 	return total, nil
 }
 
-// update runs fn in one read-write transaction. Errors returned by fn are
+// update runs fn in a read-write transaction, with the other writes that
+// wait for the writer at the same time (write). Errors returned by fn are
 // wrapped with action; errors of bbolt itself (I/O, commit) also wrap
-// warmpool.ErrUnavailable: the transaction did not happen.
+// warmpool.ErrUnavailable: the write did not happen.
+//
+// fn must decide every refusal (an error wrapping one of the contract's
+// sentinels, below) before it writes anything, so that a refused write
+// leaves its group alone; any other error rolls the group back. fn may run
+// more than once (a group that rolled back runs its writes again one by
+// one), so it must set what it reports on every run.
 func (s *Store) update(ctx context.Context, action string, fn func(*tx) error) error {
-	return s.run(ctx, action, true, fn)
+	if s.closed.Load() {
+		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", action, err)
+	}
+	op := &writeOp{ctx: ctx, action: action, fn: fn, done: make(chan error, 1)}
+	s.wmu.RLock()
+	if s.wclosed {
+		s.wmu.RUnlock()
+		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
+	}
+	s.writes <- op
+	s.wmu.RUnlock()
+	// The commit is bounded (local I/O); the caller waits for it whatever
+	// its ctx, as it would for bbolt's own Update: a write its caller gave
+	// up on must not be reported as not done.
+	return <-op.done
+}
+
+// write is the writer goroutine: it takes every write waiting (at most
+// maxGroup) and commits them together, until Close closes the queue.
+func (s *Store) write() {
+	defer s.writer.Done()
+	group := make([]*writeOp, 0, maxGroup)
+	for op := range s.writes {
+		group = append(group[:0], op)
+	drain:
+		for len(group) < maxGroup {
+			select {
+			case op, ok := <-s.writes:
+				if !ok {
+					break drain
+				}
+				group = append(group, op)
+			default:
+				break drain
+			}
+		}
+		s.commit(group)
+	}
+}
+
+// errRollback makes a group's transaction roll back.
+var errRollback = errors.New("a write of the group failed")
+
+// commit runs a group of writes in one transaction and tells each its
+// outcome. A refusal is the write's own outcome; any other error of a
+// write rolls the group back, and then each write runs alone (as bbolt's
+// Batch does), so that only the failing one fails.
+func (s *Store) commit(group []*writeOp) {
+	if len(group) == 1 {
+		op := group[0]
+		op.done <- s.run(op.ctx, op.action, true, op.fn)
+		return
+	}
+	errs := make([]error, len(group))
+	err := s.db.Update(func(btx *bolt.Tx) error {
+		t := openTx(btx)
+		for i, op := range group {
+			if err := op.ctx.Err(); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", op.action, err)
+				continue
+			}
+			err := op.fn(t)
+			if err != nil && !isRefusal(err) {
+				return errRollback
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("%s: %w", op.action, err)
+			}
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errRollback):
+		for _, op := range group {
+			op.done <- s.run(op.ctx, op.action, true, op.fn)
+		}
+		return
+	case err != nil:
+		for i, op := range group {
+			errs[i] = s.commitError(op.action, err)
+		}
+	}
+	for i, op := range group {
+		op.done <- errs[i]
+	}
+}
+
+// isRefusal reports whether a write's error is one of the contract's
+// refusals, which every write decides before it writes anything.
+func isRefusal(err error) bool {
+	for _, sentinel := range []error{warmpool.ErrNoCapacity, warmpool.ErrConflict, warmpool.ErrNotFound,
+		warmpool.ErrLeaseEnded, warmpool.ErrLeaseNotHeld} {
+		if errors.Is(err, sentinel) {
+			return true
+		}
+	}
+	return false
+}
+
+// commitError is the error of a write whose transaction bbolt could not
+// run or commit.
+func (s *Store) commitError(action string, err error) error {
+	if errors.Is(err, bolt.ErrDatabaseNotOpen) || s.closed.Load() {
+		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
+	}
+	return fmt.Errorf("%s: %w: %w", action, warmpool.ErrUnavailable, err)
 }
 
 // view runs fn in one read-only transaction, like update.
@@ -520,10 +785,8 @@ func (s *Store) run(ctx context.Context, action string, writable bool, fn func(*
 		return nil
 	case fnErr != nil && err == fnErr:
 		return fmt.Errorf("%s: %w", action, err)
-	case errors.Is(err, bolt.ErrDatabaseNotOpen) || s.closed.Load():
-		return fmt.Errorf("%s: %w", action, warmpool.ErrClosed)
 	default:
-		return fmt.Errorf("%s: %w: %w", action, warmpool.ErrUnavailable, err)
+		return s.commitError(action, err)
 	}
 }
 
@@ -531,7 +794,7 @@ func (s *Store) run(ctx context.Context, action string, writable bool, fn func(*
 type tx struct {
 	tasks, tasksPool, ready            *bolt.Bucket
 	leases, owner, expiry, ended, idem *bolt.Bucket
-	locks                              *bolt.Bucket
+	locks, countsB, env                *bolt.Bucket
 }
 
 func openTx(btx *bolt.Tx) *tx {
@@ -539,7 +802,7 @@ func openTx(btx *bolt.Tx) *tx {
 		tasks: btx.Bucket(bucketTasks), tasksPool: btx.Bucket(bucketTasksPool), ready: btx.Bucket(bucketTasksReady),
 		leases: btx.Bucket(bucketLeases), owner: btx.Bucket(bucketOwner),
 		expiry: btx.Bucket(bucketExpiry), ended: btx.Bucket(bucketEnded), idem: btx.Bucket(bucketIdem),
-		locks: btx.Bucket(bucketLocks),
+		locks: btx.Bucket(bucketLocks), countsB: btx.Bucket(bucketCounts), env: btx.Bucket(bucketEnv),
 	}
 }
 
@@ -577,12 +840,25 @@ func (t *tx) claimable(pool, taskID string) (warmpool.TaskRecord, error) {
 	return task, nil
 }
 
-// putTask writes rec and keeps the indexes in step with old (nil for a new
-// record).
+// putTask writes rec and keeps the indexes and the counts in step with old
+// (nil for a new record).
 func (t *tx) putTask(old *warmpool.TaskRecord, rec warmpool.TaskRecord) error {
 	v, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("encode task %s: %w", rec.ID, err)
+	}
+	switch {
+	case old == nil:
+		if err := t.count(rec.Pool, rec.State, 1); err != nil {
+			return err
+		}
+	case old.State != rec.State:
+		if err := t.count(old.Pool, old.State, -1); err != nil {
+			return err
+		}
+		if err := t.count(rec.Pool, rec.State, 1); err != nil {
+			return err
+		}
 	}
 	if old != nil && old.State == warmpool.TaskReady {
 		if err := t.ready.Delete(readyKey(*old)); err != nil {
@@ -603,6 +879,9 @@ func (t *tx) putTask(old *warmpool.TaskRecord, rec warmpool.TaskRecord) error {
 }
 
 func (t *tx) deleteTask(rec warmpool.TaskRecord) error {
+	if err := t.count(rec.Pool, rec.State, -1); err != nil {
+		return err
+	}
 	if rec.State == warmpool.TaskReady {
 		if err := t.ready.Delete(readyKey(rec)); err != nil {
 			return err
@@ -614,8 +893,12 @@ func (t *tx) deleteTask(rec warmpool.TaskRecord) error {
 	return t.tasks.Delete([]byte(rec.ID))
 }
 
+// getLease reads lease id, without its env (a lease written before the env
+// was kept apart may still hold it in its record).
 func (t *tx) getLease(id string) (warmpool.Lease, bool, error) {
-	return getJSON[warmpool.Lease](t.leases, id, "lease")
+	l, ok, err := getJSON[warmpool.Lease](t.leases, id, "lease")
+	l.Env = nil
+	return l, ok, err
 }
 
 // getJSON decodes the record stored under id in b; false when there is none.
@@ -649,6 +932,7 @@ func (t *tx) mustLease(id, owner string) (warmpool.Lease, error) {
 // putLease writes l and keeps the indexes in step with old (nil for a new
 // lease).
 func (t *tx) putLease(old *warmpool.Lease, l warmpool.Lease) error {
+	l.Env = nil // kept apart (Claim writes it to the env bucket)
 	v, err := json.Marshal(l)
 	if err != nil {
 		return fmt.Errorf("encode lease %s: %w", l.ID, err)
@@ -702,6 +986,7 @@ func (t *tx) deleteLease(l warmpool.Lease) error {
 		{t.owner, concat(lp(l.Owner), tsKey(l.CreatedAt), id)},
 		{t.expiry, concat(tsKey(l.ExpiresAt), id)},
 		{t.ended, concat(tsKey(l.EndedAt), id)},
+		{t.env, id},
 		{t.leases, id},
 	} {
 		if err := del.b.Delete(del.k); err != nil {
@@ -753,13 +1038,56 @@ func prefixEnd(prefix []byte) []byte {
 	return nil
 }
 
-func countPrefix(b *bolt.Bucket, prefix []byte) int {
-	n := 0
-	c := b.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-		n++
+// countStates are the states the counts bucket counts.
+var countStates = []warmpool.TaskState{warmpool.TaskLaunching, warmpool.TaskReady, warmpool.TaskLeased, warmpool.TaskStopping}
+
+func countKey(pool string, state warmpool.TaskState) []byte {
+	return concat(lp(pool), []byte(state))
+}
+
+// counts returns the pool's counts by state.
+func (t *tx) counts(pool string) warmpool.TaskCounts {
+	var c warmpool.TaskCounts
+	for _, st := range countStates {
+		if v := t.countsB.Get(countKey(pool, st)); len(v) == 8 {
+			c.Add(st, int(binary.BigEndian.Uint64(v)))
+		}
 	}
-	return n
+	return c
+}
+
+// count adds n to the count of the pool's tasks in state.
+func (t *tx) count(pool string, state warmpool.TaskState, n int) error {
+	k := countKey(pool, state)
+	var cur int64
+	if v := t.countsB.Get(k); len(v) == 8 {
+		cur = int64(binary.BigEndian.Uint64(v))
+	}
+	cur += int64(n)
+	if cur <= 0 {
+		return t.countsB.Delete(k)
+	}
+	return t.countsB.Put(k, binary.BigEndian.AppendUint64(nil, uint64(cur)))
+}
+
+// recount rebuilds the counts bucket from the task records.
+func recount(t *tx) error {
+	var keys [][]byte
+	if err := t.countsB.ForEach(func(k, _ []byte) error { keys = append(keys, bytes.Clone(k)); return nil }); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := t.countsB.Delete(k); err != nil {
+			return err
+		}
+	}
+	return t.tasks.ForEach(func(_, v []byte) error {
+		var rec warmpool.TaskRecord
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return fmt.Errorf("decode task: %w", err)
+		}
+		return t.count(rec.Pool, rec.State, 1)
+	})
 }
 
 // lp length-prefixes s, so that a prefix scan on lp(s) never matches a

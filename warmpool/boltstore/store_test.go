@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/quarryhq/quarry/warmpool"
 	"github.com/quarryhq/quarry/warmpool/boltstore"
@@ -39,7 +40,7 @@ func TestStore_Reopen_DataSurvives(t *testing.T) {
 	for _, r := range recs {
 		r.Pool, r.State, r.Version = "default", warmpool.TaskReady, 1
 		r.AgentURL, r.AgentToken = "http://127.0.0.1:1", "tok-"+r.ID
-		_, err := s.UpdateTask(t.Context(), r)
+		_, err := s.UpdateTask(t.Context(), r, warmpool.TaskLaunching)
 		require.NoError(t, err)
 	}
 	res, err := s.Claim(t.Context(), warmpool.ClaimRequest{Pool: "default", Now: now, Lease: warmpool.Lease{
@@ -70,6 +71,38 @@ func TestStore_Reopen_DataSurvives(t *testing.T) {
 	assert.Len(t, expiring, 2, "the expiry index survived")
 }
 
+// A file written before the task counters has none: Open counts its tasks
+// once, and the counts then follow every write.
+func TestOpen_CountsAFileMadeBeforeTheCounters(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	s := openStore(t, path)
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	recs := []warmpool.TaskRecord{{ID: "tsk-a", CreatedAt: now}, {ID: "tsk-b", CreatedAt: now}, {ID: "tsk-c", CreatedAt: now}}
+	require.NoError(t, s.ReserveTasks(t.Context(), "default", 10, recs))
+	r := recs[0]
+	r.Pool, r.State, r.Version = "default", warmpool.TaskReady, 1
+	_, err := s.UpdateTask(t.Context(), r, warmpool.TaskLaunching)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+
+	db, err := bolt.Open(path, 0o600, nil) // make it a file of the earlier build
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		if err := tx.DeleteBucket([]byte("task_counts")); err != nil {
+			return err
+		}
+		return tx.Bucket([]byte("meta")).Delete([]byte("counted"))
+	}))
+	require.NoError(t, db.Close())
+
+	s = openStore(t, path)
+	c, err := s.CountTasks(t.Context(), "default")
+	require.NoError(t, err)
+	assert.Equal(t, warmpool.TaskCounts{Launching: 2, Ready: 1}, c)
+	require.ErrorIs(t, s.ReserveTasks(t.Context(), "default", 3, []warmpool.TaskRecord{{ID: "tsk-d"}}), warmpool.ErrNoCapacity,
+		"max_total counts the tasks made before the counters")
+}
+
 func TestOpen_LockedFileTimesOut(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "leases.db")
 	_ = openStore(t, path)
@@ -95,7 +128,7 @@ func BenchmarkStore_Claim(b *testing.B) {
 	for _, r := range recs {
 		r.Pool, r.State, r.Version = pool, warmpool.TaskReady, 1
 		r.AgentURL, r.AgentToken = "http://127.0.0.1:1", "token"
-		_, err := s.UpdateTask(b.Context(), r)
+		_, err := s.UpdateTask(b.Context(), r, warmpool.TaskLaunching)
 		require.NoError(b, err)
 	}
 	lat := make([]time.Duration, 0, b.N)

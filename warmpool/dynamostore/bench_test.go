@@ -41,7 +41,7 @@ func BenchmarkStore_Claim(b *testing.B) {
 	for _, r := range recs {
 		r.Pool, r.State, r.Version = pool, warmpool.TaskReady, 1
 		r.AgentURL, r.AgentToken = "http://127.0.0.1:1", "token"
-		_, err := s.UpdateTask(b.Context(), r)
+		_, err := s.UpdateTask(b.Context(), r, warmpool.TaskLaunching)
 		require.NoError(b, err)
 	}
 	before := s.Calls()

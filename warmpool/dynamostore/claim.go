@@ -300,6 +300,7 @@ func (c *claim) try(ctx context.Context, task warmpool.TaskRecord) (warmpool.Cla
 	l.Generation = next.Generation
 	l.AgentURL = task.AgentURL
 	l.AgentToken = task.AgentToken
+	l.ProviderTaskID = task.ProviderID
 	l.State = warmpool.LeaseActive
 	l.Reason = ""
 	l.EndedAt = time.Time{}
@@ -336,6 +337,10 @@ func (c *claim) try(ctx context.Context, task warmpool.TaskRecord) (warmpool.Cla
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 		}})
 	}
+	if env := envItem(l); env != nil { // after the conditional items: reasons index them
+		items = append(items, types.TransactWriteItem{Put: &types.Put{TableName: ptr(cfg.LeasesTable), Item: env}})
+	}
+	items = append(items, *countUpdate(cfg, c.req.Pool, task.ID, task.State, warmpool.TaskLeased))
 	_, err := c.s.db.transact(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items, ClientRequestToken: requestToken()})
 	if err == nil {
 		return warmpool.ClaimResult{Lease: l, Task: next}, claimed, nil

@@ -1,6 +1,7 @@
 package dynamostore_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -30,7 +31,7 @@ func readyTasks(t *testing.T, s *dynamostore.Store, pool string, n int) {
 	}
 	for _, r := range recs {
 		r.Pool, r.State, r.Version, r.AgentURL = pool, warmpool.TaskReady, 1, "http://127.0.0.1:1"
-		_, err := s.UpdateTask(t.Context(), r)
+		_, err := s.UpdateTask(t.Context(), r, warmpool.TaskLaunching)
 		require.NoError(t, err)
 	}
 }
@@ -119,4 +120,74 @@ func TestStore_GetTask(t *testing.T) {
 	assert.Equal(t, recs[0], got)
 	_, err = s.GetTask(t.Context(), "tsk-unknown")
 	require.ErrorIs(t, err, warmpool.ErrNotFound)
+}
+
+// callsSince is how many calls s made since before, in all and by operation.
+func callsSince(s *dynamostore.Store, before map[string]int64) (int64, map[string]int64) {
+	by := map[string]int64{}
+	total := int64(0)
+	for op, n := range s.Calls() {
+		if d := n - before[op]; d > 0 {
+			by[op] = d
+			total += d
+		}
+	}
+	return total, by
+}
+
+// TestStore_Heartbeat_OneUpdateItem: a heartbeat (RenewLease by the
+// lease's own duration) is one conditional UpdateItem, with no read, and
+// it leaves the lease's env (an item of its own) alone.
+func TestStore_Heartbeat_OneUpdateItem(t *testing.T) {
+	testenv.AWS(t)
+	s := newStore(t, newClient(t), dynamostore.Config{})
+	readyTasks(t, s, "p", 1)
+	l := warmpool.Lease{ID: warmpool.NewLeaseID(), Owner: "o", Duration: time.Minute, ExpiresAt: base.Add(time.Minute),
+		Env: map[string]string{"BIG": strings.Repeat("x", 4096)}}
+	_, err := s.Claim(t.Context(), warmpool.ClaimRequest{Pool: "p", Now: base, Lease: l})
+	require.NoError(t, err)
+	for i := range 3 {
+		before := s.Calls()
+		renewed, err := s.RenewLease(t.Context(), l.ID, "o", time.Time{}, base.Add(time.Duration(i+1)*time.Second))
+		require.NoError(t, err)
+		assert.Equal(t, base.Add(time.Duration(i+1)*time.Second+time.Minute), renewed.ExpiresAt)
+		total, by := callsSince(s, before)
+		assert.Equal(t, int64(1), total, "heartbeat %d: %v", i, by)
+		assert.Equal(t, int64(1), by["UpdateItem"], "heartbeat %d: %v", i, by)
+	}
+}
+
+// TestStore_Release_AtMostThreeCalls: the manager's release reads the
+// lease (Manager.Release: GetLease, or its lease cache), ends it with a
+// write conditional on that copy (EndLease with Read) and, once the
+// provider stopped the task, deletes the task's record by the state it
+// knows (DeleteTask of the stopping record): at most 3 calls in all.
+func TestStore_Release_AtMostThreeCalls(t *testing.T) {
+	testenv.AWS(t)
+	s := newStore(t, newClient(t), dynamostore.Config{})
+	readyTasks(t, s, "p", 4)
+	for i := range 3 {
+		l := warmpool.Lease{ID: warmpool.NewLeaseID(), Owner: "o", IdempotencyKey: warmpool.NewLeaseID(), ExpiresAt: base.Add(time.Minute),
+			Env: map[string]string{"A": "1"}}
+		res, err := s.Claim(t.Context(), warmpool.ClaimRequest{Pool: "p", Now: base, Lease: l})
+		require.NoError(t, err)
+
+		before := s.Calls()
+		read, err := s.GetLease(t.Context(), l.ID)
+		require.NoError(t, err)
+		ended, err := s.EndLease(t.Context(), l.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base, Owner: "o", Read: &read})
+		require.NoError(t, err)
+		require.Equal(t, warmpool.LeaseReleased, ended.State)
+		rec := res.Task
+		rec.State, rec.LeaseID = warmpool.TaskStopping, ended.ID
+		require.NoError(t, s.DeleteTask(t.Context(), rec))
+		total, by := callsSince(s, before)
+		assert.LessOrEqual(t, total, int64(3), "release %d: %v", i, by)
+
+		_, err = s.GetTask(t.Context(), res.Task.ID)
+		require.ErrorIs(t, err, warmpool.ErrNotFound, "release %d: the task's record is gone", i)
+		counts, err := s.CountTasks(t.Context(), "p")
+		require.NoError(t, err)
+		assert.Equal(t, 3-i, counts.Total(), "release %d: its slot is free", i)
+	}
 }

@@ -42,6 +42,7 @@ const (
 	fExpiresAt      = "expires_at"
 	fEndedAt        = "ended_at"
 	fHolder         = "holder"
+	fProviderTaskID = "provider_task_id"
 )
 
 // taskFields are the attributes UpdateTask writes (SET when the record has
@@ -201,7 +202,19 @@ func (d *decoder) done(kind, id string) error {
 	return nil
 }
 
-// leaseItem is the whole stored item of l: its attributes plus the index
+// envItem is the item that keeps l's env apart from its lease item, which
+// every heartbeat rewrites (an update costs the size of the item); nil when
+// l has no env.
+func envItem(l warmpool.Lease) item {
+	if len(l.Env) == 0 {
+		return nil
+	}
+	it := item{attrPK: avS(envPK(l.ID))}
+	putMap(it, fEnv, l.Env)
+	return it
+}
+
+// leaseItem is the whole stored item of l (its env aside): its attributes plus the index
 // attributes its state calls for (expiry index while active, end index
 // and TTL once ended). forgotten marks a lease whose idempotency key was
 // freed (EndLease with ForgetIdempotencyKey).
@@ -212,10 +225,10 @@ func leaseItem(l warmpool.Lease, shards int, endedTTL time.Duration, forgotten b
 	putS(it, fReason, l.Reason)
 	putS(it, fAgentURL, l.AgentURL)
 	putS(it, fAgentToken, l.AgentToken)
+	putS(it, fProviderTaskID, l.ProviderTaskID)
 	putS(it, fIdemKey, l.IdempotencyKey)
 	putS(it, fReqDigest, l.RequestDigest)
-	putMap(it, fLabels, l.Labels)
-	putMap(it, fEnv, l.Env)
+	putMap(it, fLabels, l.Labels) // the env is an item of its own (envItem)
 	putTime(it, fCreatedAt, l.CreatedAt)
 	putTime(it, fExpiresAt, l.ExpiresAt)
 	putTime(it, fEndedAt, l.EndedAt)
@@ -258,7 +271,7 @@ func decodeLease(it item) (warmpool.Lease, error) {
 	l := warmpool.Lease{
 		ID: d.s(fID), Pool: d.s(fPool), TaskID: d.s(fTaskID), Owner: d.s(fOwner),
 		State: warmpool.LeaseState(d.s(fState)), Reason: d.s(fReason), Generation: d.n(fGeneration),
-		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), Labels: d.m(fLabels), Env: d.m(fEnv),
+		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), ProviderTaskID: d.s(fProviderTaskID), Labels: d.m(fLabels),
 		IdempotencyKey: d.s(fIdemKey), RequestDigest: d.s(fReqDigest), Duration: time.Duration(d.n(fDuration)),
 		CreatedAt: d.time(fCreatedAt), ExpiresAt: d.time(fExpiresAt), EndedAt: d.time(fEndedAt),
 		Version: d.n(fVersion),

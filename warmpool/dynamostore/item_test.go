@@ -42,7 +42,7 @@ func TestTaskItem_RoundTrip(t *testing.T) {
 func TestLeaseItem_RoundTripAndIndexes(t *testing.T) {
 	active := warmpool.Lease{
 		ID: "sbx-1", Pool: "p", TaskID: "tsk-1", Owner: "o", State: warmpool.LeaseActive, Generation: 2,
-		AgentURL: "http://127.0.0.1:9", AgentToken: "tok", Labels: map[string]string{"run": "a"},
+		AgentURL: "http://127.0.0.1:9", AgentToken: "tok", ProviderTaskID: "proc-1", Labels: map[string]string{"run": "a"},
 		Env: map[string]string{"A": "1"}, IdempotencyKey: "k", Duration: time.Minute,
 		CreatedAt: t0, ExpiresAt: t0.Add(time.Minute), Version: 1,
 	}
@@ -56,7 +56,7 @@ func TestLeaseItem_RoundTripAndIndexes(t *testing.T) {
 	}{
 		{name: "active is in the expiry index", l: active, has: []string{attrOwnerPK, attrExpiryPK, attrExpirySK}, lack: []string{attrEndedPK, attrTTL, fIdemForgotten}},
 		{name: "ended is in the end index with a TTL", l: ended, forgotten: true, has: []string{attrOwnerPK, attrEndedPK, attrEndedSK, attrTTL, fIdemForgotten}, lack: []string{attrExpiryPK}},
-		{name: "no labels, env or key", l: warmpool.Lease{ID: "sbx-2", Owner: "o", State: warmpool.LeaseActive, CreatedAt: t0, ExpiresAt: t0}, lack: []string{fLabels, fEnv, fIdemKey}},
+		{name: "no labels or key", l: warmpool.Lease{ID: "sbx-2", Owner: "o", State: warmpool.LeaseActive, CreatedAt: t0, ExpiresAt: t0}, lack: []string{fLabels, fEnv, fIdemKey}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,9 +68,18 @@ func TestLeaseItem_RoundTripAndIndexes(t *testing.T) {
 				assert.NotContains(t, it, a)
 			}
 			assert.Equal(t, tc.forgotten, idemForgotten(it))
+			assert.NotContains(t, it, fEnv, "the env is an item of its own")
 			got, err := decodeLease(it)
 			require.NoError(t, err)
-			assert.Equal(t, tc.l, got)
+			want := tc.l
+			want.Env = nil
+			assert.Equal(t, want, got)
+			if env := envItem(tc.l); len(tc.l.Env) > 0 {
+				assert.Equal(t, avS("env#"+tc.l.ID), env[attrPK])
+				assert.Equal(t, tc.l.Env, (&decoder{it: env}).m(fEnv))
+			} else {
+				assert.Nil(t, env)
+			}
 		})
 	}
 	it := leaseItem(ended, 8, time.Hour, false)

@@ -18,6 +18,7 @@ const (
 	attrReadyPK = "ready_pk" // index ready-tasks: "<pool>#<shard of id>"; ready tasks only
 	attrReadySK = "ready_sk" // a random number drawn when the task becomes ready
 	attrCapN    = "n"        // capacity counter item: tasks counted in this shard
+	attrCountP  = "c_"       // + state: capacity counter item: tasks in that state whose id hashes to this shard
 	attrCShard  = "cshard"   // task: the capacity shard that counts it
 	attrShards  = "shards"   // schema item: Config.Shards the tables were made with
 
@@ -45,12 +46,14 @@ const (
 	prefixLease = "lease#"
 	prefixIdem  = "idem#"
 	prefixLock  = "lock#"
+	prefixEnv   = "env#"
 	schemaPK    = "meta#schema"
 )
 
 func taskPK(id string) string   { return prefixTask + id }
 func leasePK(id string) string  { return prefixLease + id }
 func lockPK(name string) string { return prefixLock + name }
+func envPK(id string) string    { return prefixEnv + id }
 
 // capPK is the key of shard shard of pool's capacity counter.
 func capPK(pool string, shard int) string { return prefixCap + shardKey(pool, shard) }
@@ -98,6 +101,50 @@ func quotas(maxTotal, n int) []int64 {
 		}
 	}
 	return q
+}
+
+// countAttr is the attribute of a counter item that counts the tasks in
+// state whose ids hash to its shard.
+func countAttr(state string) string { return attrCountP + state }
+
+// assignShards picks the capacity shard of each record, given the shards
+// its id hashes to (own). Without counts (nil: not read) each record goes
+// to its own shard, and nil is returned when some shard's quota cannot
+// hold its records. With counts, records go to their own shard while it
+// has room and the rest are spread by allocate; nil when the shards
+// together have less room than len(own).
+func assignShards(quota, counts []int64, own []int, start int) []int {
+	used := make([]int64, len(quota))
+	if counts != nil {
+		copy(used, counts)
+	}
+	out := make([]int, len(own))
+	var spill []int
+	for j, h := range own {
+		if used[h] < quota[h] {
+			used[h]++
+			out[j] = h
+			continue
+		}
+		if counts == nil {
+			return nil
+		}
+		spill = append(spill, j)
+	}
+	if len(spill) == 0 {
+		return out
+	}
+	alloc := allocate(quota, used, len(spill), start)
+	if alloc == nil {
+		return nil
+	}
+	for i, a := range alloc {
+		for ; a > 0; a-- {
+			out[spill[0]] = i
+			spill = spill[1:]
+		}
+	}
+	return out
 }
 
 // allocate spreads k reservations over the shards with room (quota minus

@@ -99,7 +99,33 @@ func TestAllocate(t *testing.T) {
 	}
 }
 
-func TestBlindAllocation(t *testing.T) {
-	assert.Equal(t, []int64{0, 3, 0}, blindAllocation([]int64{3, 3, 3}, 3, 1))
-	assert.Nil(t, blindAllocation([]int64{3, 2, 3}, 3, 1), "the shard's quota cannot hold them")
+func TestAssignShards(t *testing.T) {
+	tests := []struct {
+		name   string
+		quota  []int64
+		counts []int64 // nil: not read
+		own    []int
+		want   []int
+	}{
+		{name: "blind: each in its own shard", quota: []int64{3, 3, 3}, own: []int{1, 1, 2}, want: []int{1, 1, 2}},
+		{name: "blind: a shard's quota cannot hold them", quota: []int64{3, 2, 3}, own: []int{1, 1, 1}, want: nil},
+		{name: "own shard while it has room, the rest spread from start", quota: []int64{2, 2, 2}, counts: []int64{0, 1, 2},
+			own: []int{1, 1, 2}, want: []int{1, 0, 0}},
+		{name: "exactly the room", quota: []int64{1, 1}, counts: []int64{0, 0}, own: []int{0, 0}, want: []int{0, 1}},
+		{name: "full", quota: []int64{1, 1}, counts: []int64{1, 1}, own: []int{0}, want: nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := assignShards(tc.quota, tc.counts, tc.own, 0)
+			assert.Equal(t, tc.want, got)
+			used := make([]int64, len(tc.quota))
+			copy(used, tc.counts)
+			for _, i := range got {
+				used[i]++
+			}
+			for i := range used {
+				assert.LessOrEqual(t, used[i], tc.quota[i], "shard %d stays within its quota", i)
+			}
+		})
+	}
 }

@@ -17,11 +17,22 @@ import (
 	"github.com/quarryhq/quarry/warmpool"
 )
 
-// Items of EndLease's transaction, by index.
+// Items of EndLease's transaction, by index: the lease, its task (when
+// included), its idempotency key (when it has one), the task's counter
+// (with the task, last: it has no condition).
 const (
 	endLease = iota
 	endTask
 )
+
+// keyIndex is the index of the idempotency key's item in EndLease's
+// transaction.
+func keyIndex(withTask bool) int {
+	if withTask {
+		return endTask + 1
+	}
+	return endLease + 1
+}
 
 // liveLease reads lease id (strongly consistent); false when it does not
 // exist or its TTL has passed (purged, as far as the contract goes).
@@ -55,7 +66,8 @@ func (s *Store) GetLease(ctx context.Context, id string) (warmpool.Lease, error)
 }
 
 // RenewLease implements warmpool.LeaseStore: one UpdateItem conditional on
-// the owner, the state (active) and the stored expiry (after now). On
+// the owner, the state (active) and the stored expiry (after now); with a
+// zero expiresAt the update itself adds the stored duration to now. On
 // ErrLeaseEnded it also returns the lease as stored.
 func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (warmpool.Lease, error) {
 	const action = "renew lease"
@@ -66,11 +78,17 @@ func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now
 		return warmpool.Lease{}, err
 	}
 	e := newExpr()
-	e.Set(fExpiresAt, avTime(expiresAt))
-	e.Set(attrExpirySK, avTime(expiresAt))
-	e.Add(fVersion, avN(1))
 	cond := "attribute_exists(" + e.n(attrPK) + ") AND " + e.n(fState) + " = " + e.v(avS(string(warmpool.LeaseActive))) +
 		" AND " + e.n(fExpiresAt) + " > " + e.v(avTime(now))
+	if expiresAt.IsZero() { // by the lease's own duration
+		at := e.v(avTime(now)) + " + " + e.n(fDuration)
+		e.set = append(e.set, e.n(fExpiresAt)+" = "+at, e.n(attrExpirySK)+" = "+at)
+		cond += " AND " + e.n(fDuration) + " > " + e.v(avN(0))
+	} else {
+		e.Set(fExpiresAt, avTime(expiresAt))
+		e.Set(attrExpirySK, avTime(expiresAt))
+	}
+	e.Add(fVersion, avN(1))
 	if owner != "" {
 		cond += " AND " + e.n(fOwner) + " = " + e.v(avS(owner))
 	}
@@ -87,8 +105,11 @@ func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now
 			}
 		}
 		return s.refusal(action, id, owner, old, func(l warmpool.Lease) error {
-			if !l.ExpiresAt.After(now) {
+			switch {
+			case !l.ExpiresAt.After(now):
 				return fmt.Errorf("renew lease %s: expired at %s: %w", id, l.ExpiresAt.Format(time.RFC3339Nano), warmpool.ErrLeaseEnded)
+			case expiresAt.IsZero() && l.Duration <= 0:
+				return fmt.Errorf("renew lease %s: it has no duration to renew it by", id)
 			}
 			return fmt.Errorf("renew lease %s: changed concurrently: %w", id, warmpool.ErrConflict)
 		})
@@ -145,19 +166,39 @@ func (s *Store) EndLease(ctx context.Context, id string, end warmpool.LeaseEnd) 
 		return warmpool.Lease{}, err
 	}
 	withTask, withKey := true, true
-	for round := 0; round < maxRounds; round++ {
-		it, err := s.getItem(ctx, s.cfg.LeasesTable, leasePK(id))
-		if err != nil {
-			return warmpool.Lease{}, translate(action, err)
+	check := func(l warmpool.Lease) error {
+		if end.OnlyIfExpired && l.ExpiresAt.After(end.Now) {
+			return fmt.Errorf("end lease %s: renewed until %s: %w", id, l.ExpiresAt.Format(time.RFC3339Nano), warmpool.ErrConflict)
 		}
-		l, err := s.refusal(action, id, end.Owner, it, func(l warmpool.Lease) error {
-			if end.OnlyIfExpired && l.ExpiresAt.After(end.Now) {
-				return fmt.Errorf("end lease %s: renewed until %s: %w", id, l.ExpiresAt.Format(time.RFC3339Nano), warmpool.ErrConflict)
+		return nil
+	}
+	// The caller's copy of an active lease spares the first read: the end
+	// is written on the condition that the lease is still at its version.
+	// Owner, task and key never change, and its expiry only moves on, so
+	// the checks hold on the copy; a stale copy fails the write and the
+	// lease is read.
+	copied := end.Read != nil && end.Read.ID == id && end.Read.State == warmpool.LeaseActive && end.Read.Version > 0
+	for round := 0; round < maxRounds; round++ {
+		var l warmpool.Lease
+		fromCopy := copied
+		if copied {
+			copied = false
+			l = *end.Read
+			l.Env = nil
+			switch {
+			case end.Owner != "" && l.Owner != end.Owner:
+				return warmpool.Lease{}, fmt.Errorf("%s %s: %w", action, id, warmpool.ErrLeaseNotHeld)
+			case check(l) != nil:
+				return warmpool.Lease{}, check(l)
 			}
-			return nil
-		})
-		if err != nil {
-			return l, err
+		} else {
+			it, err := s.getItem(ctx, s.cfg.LeasesTable, leasePK(id))
+			if err != nil {
+				return warmpool.Lease{}, translate(action, err)
+			}
+			if l, err = s.refusal(action, id, end.Owner, it, check); err != nil {
+				return l, err
+			}
 		}
 		ended := l
 		ended.State = end.State
@@ -165,7 +206,7 @@ func (s *Store) EndLease(ctx context.Context, id string, end warmpool.LeaseEnd) 
 		ended.EndedAt = end.Now
 		ended.Version = l.Version + 1
 		items := s.endItems(l, ended, end, withTask, withKey)
-		_, err = s.db.transact(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items, ClientRequestToken: requestToken()})
+		_, err := s.db.transact(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items, ClientRequestToken: requestToken()})
 		if err == nil {
 			return ended, nil
 		}
@@ -177,10 +218,13 @@ func (s *Store) EndLease(ctx context.Context, id string, end warmpool.LeaseEnd) 
 		switch {
 		case reasonCode(reasons, endLease) == reasonCondition:
 			// The lease changed since it was read (a renewal, another end): read again.
+			if fromCopy {
+				continue // the copy was stale: no race lost, no pause
+			}
 		case withTask && reasonCode(reasons, endTask) == reasonCondition:
 			withTask = false // the task is not this lease's any more
 			continue
-		case withKey && reasonCode(reasons, len(items)-1) == reasonCondition:
+		case withKey && l.IdempotencyKey != "" && reasonCode(reasons, keyIndex(withTask)) == reasonCondition:
 			withKey = false // the key names another lease
 			continue
 		case throttled:
@@ -196,8 +240,8 @@ func (s *Store) EndLease(ctx context.Context, id string, end warmpool.LeaseEnd) 
 }
 
 // endItems builds EndLease's transaction: the lease (always first), the
-// task (second, when withTask) and the idempotency key (last, when the
-// lease has one and withKey).
+// task (second, when withTask), the idempotency key (next, when the lease
+// has one and withKey) and, with the task, its counter item (last).
 func (s *Store) endItems(old, ended warmpool.Lease, end warmpool.LeaseEnd, withTask, withKey bool) []types.TransactWriteItem {
 	cfg := s.cfg
 	le := newExpr()
@@ -239,7 +283,36 @@ func (s *Store) endItems(old, ended warmpool.Lease, end warmpool.LeaseEnd, withT
 			}})
 		}
 	}
+	if withTask {
+		items = append(items, *countUpdate(cfg, old.Pool, old.TaskID, warmpool.TaskLeased, warmpool.TaskStopping))
+	}
 	return items
+}
+
+// LeaseByKey implements warmpool.LeaseStore: a GetItem of the key's item,
+// then of the lease it names (both strongly consistent). A key or lease
+// past its TTL is gone.
+func (s *Store) LeaseByKey(ctx context.Context, owner, key string) (warmpool.Lease, error) {
+	const action = "lease by key"
+	if err := s.begin(ctx, action); err != nil {
+		return warmpool.Lease{}, err
+	}
+	it, err := s.getItem(ctx, s.cfg.LeasesTable, idemPK(owner, key))
+	if err != nil {
+		return warmpool.Lease{}, translate(action, err)
+	}
+	if it == nil || ttlPassed(it, s.now()) {
+		return warmpool.Lease{}, fmt.Errorf("idempotency key %q: %w", key, warmpool.ErrNotFound)
+	}
+	id := (&decoder{it: it}).s(fLeaseID)
+	l, ok, err := s.liveLease(ctx, id)
+	switch {
+	case err != nil:
+		return warmpool.Lease{}, translate(action, err)
+	case !ok || l.Owner != owner:
+		return warmpool.Lease{}, fmt.Errorf("lease %s of idempotency key %q: %w", id, key, warmpool.ErrNotFound)
+	}
+	return l, nil
 }
 
 // ListLeases implements warmpool.LeaseStore, newest first. With Owner it
@@ -417,6 +490,9 @@ func (s *Store) PurgeLeases(ctx context.Context, endedBefore time.Time) (int, er
 			}
 			if len(out.Attributes) > 0 {
 				deleted.Add(1)
+			}
+			if _, err := s.db.deleteItem(gctx, &dynamodb.DeleteItemInput{TableName: ptr(s.cfg.LeasesTable), Key: key(envPK(l.id))}); err != nil {
+				return err
 			}
 			if l.key == "" {
 				return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -69,8 +70,14 @@ func Run(t *testing.T, newStore func(t *testing.T) warmpool.Store, opts Options)
 		{"UpdateTask_IncrementsVersion", testUpdateTask},
 		{"UpdateTask_StaleVersionConflicts", testUpdateTaskConflict},
 		{"UpdateTask_UnknownNotFound", testUpdateTaskUnknown},
+		{"UpdateTask_OtherPreviousStateConflicts", testUpdateTaskFrom},
 		{"DeleteTask_FreesSlotAndIsIdempotent", testDeleteTask},
+		{"DeleteTask_AnyStateWhateverTheCallerSaw", testDeleteTaskAnyState},
+		{"GetTask_ReadsOneRecord", testGetTask},
+		{"CountTasks_FollowEveryWrite", testCounts},
+		{"ReserveTasks_AtMostMaxReserve", testReserveLimit},
 		{"ListTasks_ByPoolAndAll", testListTasks},
+		{"ListTasksPage_WalksEveryRecordOnce", testListTasksPage},
 		{"Claim_OnlyReadyTasks", testClaimReadyOnly},
 		{"Claim_FillsLeaseAndTask", testClaimFills},
 		{"Claim_ByTaskID", testClaimByTaskID},
@@ -78,12 +85,16 @@ func Run(t *testing.T, newStore func(t *testing.T) warmpool.Store, opts Options)
 		{"Claim_DuplicateLeaseIDConflicts", testClaimDuplicateLease},
 		{"Claim_IdempotencyKeyReplaysPerOwner", testClaimIdempotency},
 		{"Claim_ForgottenIdempotencyKeyClaimsAgain", testClaimForgetKey},
+		{"Lease_EnvOnlyFromClaim", testLeaseEnv},
+		{"LeaseByKey_NamesTheKeysLease", testLeaseByKey},
 		{"RenewLease_BeforeExpiryExtends", testRenew},
+		{"RenewLease_ZeroExpiryRenewsByTheDuration", testRenewByDuration},
 		{"RenewLease_RefusesExpiredEndedOtherOwnerUnknown", testRenewRefusals},
 		{"EndLease_MovesTaskToStopping", testEndLease},
 		{"EndLease_TwiceReturnsLeaseEnded", testEndLeaseTwice},
 		{"EndLease_OnlyIfExpiredLetsHeartbeatWin", testEndLeaseOnlyIfExpired},
 		{"EndLease_OtherOwnerAndUnknown", testEndLeaseRefusals},
+		{"EndLease_WithTheCallersCopy", testEndLeaseWithCopy},
 		{"ListLeases_Filters", testListLeases},
 		{"PurgeLeases_DeletesEndedBefore", testPurge},
 		{"TryLock_ExpiringLockMovesBetweenHolders", testLock},
@@ -98,6 +109,7 @@ func Run(t *testing.T, newStore func(t *testing.T) warmpool.Store, opts Options)
 	t.Run("Race_ReserveNeverExceedsMaxTotal", func(t *testing.T) { testRaceReserve(t, newStore(t), opts) })
 	t.Run("Race_SameIdempotencyKeyOneLease", func(t *testing.T) { testRaceIdempotency(t, newStore(t), opts) })
 	t.Run("Race_OneLockHolder", func(t *testing.T) { testRaceLock(t, newStore(t), opts) })
+	t.Run("Race_CountsStayRight", func(t *testing.T) { testRaceCounts(t, newStore(t), opts) })
 }
 
 // --- helpers ---
@@ -137,13 +149,14 @@ func reserve(t *testing.T, s warmpool.Store, pool string, n int) []warmpool.Task
 // setState moves rec to state (with an agent address for ready tasks).
 func setState(t *testing.T, s warmpool.Store, rec warmpool.TaskRecord, state warmpool.TaskState) warmpool.TaskRecord {
 	t.Helper()
+	from := rec.State
 	rec.State = state
 	if rec.AgentURL == "" {
 		rec.ProviderID = "p-" + rec.ID
 		rec.AgentURL = "http://127.0.0.1:1/" + rec.ID
 		rec.AgentToken = "token-" + rec.ID
 	}
-	out, err := s.UpdateTask(t.Context(), rec)
+	out, err := s.UpdateTask(t.Context(), rec, from)
 	require.NoError(t, err)
 	return out
 }
@@ -253,7 +266,7 @@ func testUpdateTask(t *testing.T, s warmpool.Store) {
 	rec.ProviderID = "prov-1"
 	rec.AgentURL = "http://127.0.0.1:9"
 	rec.AgentToken = "secret"
-	out, err := s.UpdateTask(t.Context(), rec)
+	out, err := s.UpdateTask(t.Context(), rec, warmpool.TaskLaunching)
 	require.NoError(t, err)
 	assert.Equal(t, rec.Version+1, out.Version)
 	assert.Equal(t, "prov-1", out.ProviderID)
@@ -267,7 +280,7 @@ func testUpdateTaskConflict(t *testing.T, s warmpool.Store) {
 	rec := reserve(t, s, "p", 1)[0]
 	_ = setState(t, s, rec, warmpool.TaskReady)
 	rec.State = warmpool.TaskStopping // rec still carries the old version
-	_, err := s.UpdateTask(t.Context(), rec)
+	_, err := s.UpdateTask(t.Context(), rec, warmpool.TaskLaunching)
 	require.ErrorIs(t, err, warmpool.ErrConflict)
 	assert.Equal(t, 1, tasksByState(t, s, "p")[warmpool.TaskReady], "the losing write changed nothing")
 }
@@ -276,23 +289,158 @@ func testUpdateTaskUnknown(t *testing.T, s warmpool.Store) {
 	rec := newTask("p")
 	rec.State = warmpool.TaskReady
 	rec.Version = 1
-	_, err := s.UpdateTask(t.Context(), rec)
+	_, err := s.UpdateTask(t.Context(), rec, warmpool.TaskLaunching)
 	require.ErrorIs(t, err, warmpool.ErrNotFound)
+}
+
+func testUpdateTaskFrom(t *testing.T, s warmpool.Store) {
+	rec := reserve(t, s, "p", 1)[0] // launching, version 1
+	rec.State = warmpool.TaskStopping
+	_, err := s.UpdateTask(t.Context(), rec, warmpool.TaskReady) // the version matches, the state does not
+	require.ErrorIs(t, err, warmpool.ErrConflict)
+	assert.Equal(t, warmpool.TaskCounts{Launching: 1}, counts(t, s, "p"), "the refused write moved no count")
+	stored, err := s.GetTask(t.Context(), rec.ID)
+	require.NoError(t, err)
+	assert.Equal(t, warmpool.TaskLaunching, stored.State)
+	assert.Equal(t, int64(1), stored.Version)
 }
 
 func testDeleteTask(t *testing.T, s warmpool.Store) {
 	rec := newTask("p")
 	require.NoError(t, s.ReserveTasks(t.Context(), "p", 1, []warmpool.TaskRecord{rec}))
-	require.NoError(t, s.DeleteTask(t.Context(), rec.ID))
-	require.NoError(t, s.DeleteTask(t.Context(), rec.ID), "deleting again is a no-op")
-	require.NoError(t, s.DeleteTask(t.Context(), "tsk-unknown"))
+	require.NoError(t, s.DeleteTask(t.Context(), rec))
+	require.NoError(t, s.DeleteTask(t.Context(), rec), "deleting again is a no-op")
+	require.NoError(t, s.DeleteTask(t.Context(), warmpool.TaskRecord{ID: "tsk-unknown", Pool: "p"}))
 	assert.Empty(t, mustList(t, s, "p"))
 	require.NoError(t, s.ReserveTasks(t.Context(), "p", 1, []warmpool.TaskRecord{newTask("p")}), "the slot is free again")
 
 	readyRec := ready(t, s, "q", 1)[0]
-	require.NoError(t, s.DeleteTask(t.Context(), readyRec.ID))
+	require.NoError(t, s.DeleteTask(t.Context(), readyRec))
 	_, err := s.Claim(t.Context(), warmpool.ClaimRequest{Pool: "q", Lease: newLease("o"), Now: base})
 	require.ErrorIs(t, err, warmpool.ErrNoCapacity, "a deleted ready task is not claimable")
+}
+
+// counts reads the pool's counts.
+func counts(t *testing.T, s warmpool.Store, pool string) warmpool.TaskCounts {
+	t.Helper()
+	c, err := s.CountTasks(t.Context(), pool)
+	require.NoError(t, err)
+	return c
+}
+
+// assertCounts checks that the pool's counts are what its records say.
+func assertCounts(t *testing.T, s warmpool.Store, pool string, want warmpool.TaskCounts, step string) {
+	t.Helper()
+	assert.Equal(t, want, counts(t, s, pool), "%s: counts", step)
+	assert.Equal(t, warmpool.CountStates(mustList(t, s, pool)), counts(t, s, pool), "%s: counts agree with the records", step)
+}
+
+func testDeleteTaskAnyState(t *testing.T, s warmpool.Store) {
+	recs := reserve(t, s, "p", 3)
+	readyRec := setState(t, s, recs[1], warmpool.TaskReady)
+	stopping := setState(t, s, recs[2], warmpool.TaskStopping)
+	seen := readyRec
+	seen.State = warmpool.TaskStopping // the caller's view is stale
+	require.NoError(t, s.DeleteTask(t.Context(), seen))
+	require.NoError(t, s.DeleteTask(t.Context(), recs[0]))
+	require.NoError(t, s.DeleteTask(t.Context(), stopping))
+	assert.Empty(t, mustList(t, s, "p"))
+	assertCounts(t, s, "p", warmpool.TaskCounts{}, "all deleted")
+}
+
+func testGetTask(t *testing.T, s warmpool.Store) {
+	rec := setState(t, s, reserve(t, s, "p", 1)[0], warmpool.TaskReady)
+	got, err := s.GetTask(t.Context(), rec.ID)
+	require.NoError(t, err)
+	assert.Equal(t, rec.ID, got.ID)
+	assert.Equal(t, "p", got.Pool)
+	assert.Equal(t, warmpool.TaskReady, got.State)
+	assert.Equal(t, rec.Version, got.Version)
+	assert.Equal(t, rec.AgentURL, got.AgentURL)
+	_, err = s.GetTask(t.Context(), "tsk-unknown")
+	require.ErrorIs(t, err, warmpool.ErrNotFound)
+}
+
+// testCounts follows one task through its life (and a second pool beside
+// it): every write moves the counts, a refused write moves none.
+func testCounts(t *testing.T, s warmpool.Store) {
+	assertCounts(t, s, "p", warmpool.TaskCounts{}, "empty")
+	recs := []warmpool.TaskRecord{newTask("p"), newTask("p"), newTask("p")} // max_total 3 throughout
+	require.NoError(t, s.ReserveTasks(t.Context(), "p", 3, recs))
+	for i := range recs {
+		recs[i].State, recs[i].Version = warmpool.TaskLaunching, 1
+	}
+	_ = reserve(t, s, "q", 2)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Launching: 3}, "reserved")
+	assertCounts(t, s, "q", warmpool.TaskCounts{Launching: 2}, "another pool")
+	require.ErrorIs(t, s.ReserveTasks(t.Context(), "p", 3, []warmpool.TaskRecord{newTask("p")}), warmpool.ErrNoCapacity)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Launching: 3}, "refused reservation")
+
+	a := setState(t, s, recs[0], warmpool.TaskReady)
+	b := setState(t, s, recs[1], warmpool.TaskReady)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Launching: 1, Ready: 2}, "ready")
+	again := recs[0] // stale: version 1, launching
+	again.State = warmpool.TaskStopping
+	_, err := s.UpdateTask(t.Context(), again, warmpool.TaskLaunching)
+	require.ErrorIs(t, err, warmpool.ErrConflict)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Launching: 1, Ready: 2}, "refused update")
+
+	res := claim(t, s, "p", newLease("o"))
+	assertCounts(t, s, "p", warmpool.TaskCounts{Launching: 1, Ready: 1, Leased: 1}, "claimed")
+	byID, err := s.Claim(t.Context(), warmpool.ClaimRequest{Pool: "p", TaskID: recs[2].ID, Lease: newLease("o"), Now: base})
+	require.NoError(t, err)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Ready: 1, Leased: 2}, "claimed a launching task by id")
+	_, err = s.Claim(t.Context(), warmpool.ClaimRequest{Pool: "p", Lease: res.Lease, Now: base})
+	require.ErrorIs(t, err, warmpool.ErrConflict)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Ready: 1, Leased: 2}, "refused claim")
+
+	_, err = s.EndLease(t.Context(), res.Lease.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base})
+	require.NoError(t, err)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Ready: 1, Leased: 1, Stopping: 1}, "ended")
+	_, err = s.EndLease(t.Context(), res.Lease.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base})
+	require.ErrorIs(t, err, warmpool.ErrLeaseEnded)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Ready: 1, Leased: 1, Stopping: 1}, "ended twice")
+
+	stopped, err := s.GetTask(t.Context(), res.Lease.TaskID)
+	require.NoError(t, err)
+	require.NoError(t, s.DeleteTask(t.Context(), stopped))
+	require.NoError(t, s.DeleteTask(t.Context(), stopped))
+	assertCounts(t, s, "p", warmpool.TaskCounts{Ready: 1, Leased: 1}, "deleted")
+	other := a
+	if other.ID == res.Lease.TaskID {
+		other = b
+	}
+	require.NoError(t, s.DeleteTask(t.Context(), other))
+	_, err = s.EndLease(t.Context(), byID.Lease.ID, warmpool.LeaseEnd{State: warmpool.LeaseLost, Now: base})
+	require.NoError(t, err)
+	assertCounts(t, s, "p", warmpool.TaskCounts{Stopping: 1}, "one left")
+	assertCounts(t, s, "q", warmpool.TaskCounts{Launching: 2}, "the other pool was left alone")
+	require.NoError(t, s.ReserveTasks(t.Context(), "p", 3, []warmpool.TaskRecord{newTask("p"), newTask("p")}), "the freed slots count")
+}
+
+// testReserveLimit: a store with a ReserveLimiter takes that many records
+// in one call and refuses one more, writing nothing.
+func testReserveLimit(t *testing.T, s warmpool.Store) {
+	l, ok := s.(warmpool.ReserveLimiter)
+	if !ok {
+		recs := make([]warmpool.TaskRecord, 500)
+		for i := range recs {
+			recs[i] = newTask("p")
+		}
+		require.NoError(t, s.ReserveTasks(t.Context(), "p", math.MaxInt32, recs), "a store without a limit takes a large batch")
+		assertCounts(t, s, "p", warmpool.TaskCounts{Launching: 500}, "large batch")
+		return
+	}
+	n := l.MaxReserve()
+	require.Positive(t, n)
+	recs := make([]warmpool.TaskRecord, n+1)
+	for i := range recs {
+		recs[i] = newTask("p")
+	}
+	require.Error(t, s.ReserveTasks(t.Context(), "p", math.MaxInt32, recs), "one record more than MaxReserve")
+	assertCounts(t, s, "p", warmpool.TaskCounts{}, "nothing of the refused batch")
+	require.NoError(t, s.ReserveTasks(t.Context(), "p", math.MaxInt32, recs[:n]), "MaxReserve records in one call")
+	assertCounts(t, s, "p", warmpool.TaskCounts{Launching: n}, "the whole batch")
 }
 
 func testListTasks(t *testing.T, s warmpool.Store) {
@@ -307,6 +455,41 @@ func testListTasks(t *testing.T, s warmpool.Store) {
 	got, ok := findTask(t, s, b[0].ID)
 	require.True(t, ok)
 	assert.Equal(t, "b", got.Pool)
+}
+
+func testListTasksPage(t *testing.T, s warmpool.Store) {
+	a := reserve(t, s, "a", 23)
+	_ = reserve(t, s, "b", 4)
+	walk := func(pool string, limit int) map[string]int {
+		t.Helper()
+		seen := map[string]int{}
+		cursor := ""
+		for pages := 0; ; pages++ {
+			require.Less(t, pages, 100, "the walk ends")
+			page, err := s.ListTasksPage(t.Context(), pool, cursor, limit)
+			require.NoError(t, err)
+			require.LessOrEqual(t, len(page.Tasks), limit)
+			for _, r := range page.Tasks {
+				seen[r.ID]++
+				if pool != "" {
+					assert.Equal(t, pool, r.Pool)
+				}
+			}
+			if page.Next == "" {
+				return seen
+			}
+			cursor = page.Next
+		}
+	}
+	for _, limit := range []int{1, 7, 23, 100} {
+		seen := walk("a", limit)
+		assert.Len(t, seen, 23, "limit %d: every record of the pool", limit)
+		for _, r := range a {
+			assert.Equal(t, 1, seen[r.ID], "limit %d: %s seen once", limit, r.ID)
+		}
+	}
+	assert.Len(t, walk("", 5), 27, "every pool")
+	assert.Empty(t, walk("c", 5), "an empty pool")
 }
 
 // --- claims ---
@@ -349,6 +532,7 @@ func testClaimFills(t *testing.T, s warmpool.Store) {
 	assert.Equal(t, int64(6), got.Generation, "generation increments on claim")
 	assert.Equal(t, rec.AgentURL, got.AgentURL)
 	assert.Equal(t, rec.AgentToken, got.AgentToken)
+	assert.Equal(t, rec.ProviderID, got.ProviderTaskID, "the lease names the provider's task")
 	assert.Equal(t, l.Labels, got.Labels)
 	assert.Equal(t, l.Env, got.Env)
 	assert.Equal(t, "k1", got.IdempotencyKey)
@@ -368,6 +552,7 @@ func testClaimFills(t *testing.T, s warmpool.Store) {
 	assert.Equal(t, "d1", stored.RequestDigest, "the request digest is kept")
 	assert.Equal(t, got.Generation, stored.Generation)
 	assert.Equal(t, got.Version, stored.Version)
+	assert.Equal(t, rec.ProviderID, stored.ProviderTaskID)
 	task, ok := findTask(t, s, rec.ID)
 	require.True(t, ok)
 	assert.Equal(t, warmpool.TaskLeased, task.State)
@@ -509,6 +694,108 @@ func testRenew(t *testing.T, s warmpool.Store) {
 	assertTime(t, newExpiry, stored.ExpiresAt, "stored expires_at")
 }
 
+func testRenewByDuration(t *testing.T, s warmpool.Store) {
+	_ = ready(t, s, "p", 2)
+	l := newLease("o") // a minute
+	res := claim(t, s, "p", l)
+	now := base.Add(40 * time.Second)
+	got, err := s.RenewLease(t.Context(), res.Lease.ID, "o", time.Time{}, now)
+	require.NoError(t, err)
+	assertTime(t, now.Add(time.Minute), got.ExpiresAt, "expires_at is now + the duration")
+	assert.Greater(t, got.Version, res.Lease.Version)
+	stored, err := s.GetLease(t.Context(), res.Lease.ID)
+	require.NoError(t, err)
+	assertTime(t, now.Add(time.Minute), stored.ExpiresAt, "stored expires_at")
+	expiring, err := s.ListLeases(t.Context(), warmpool.LeaseFilter{ExpiresBefore: now.Add(time.Minute)})
+	require.NoError(t, err)
+	assert.Empty(t, expiring, "the expiry index moved too")
+	expiring, err = s.ListLeases(t.Context(), warmpool.LeaseFilter{ExpiresBefore: now.Add(time.Minute + time.Second)})
+	require.NoError(t, err)
+	assert.Equal(t, []string{res.Lease.ID}, leaseIDs(expiring))
+
+	_, err = s.RenewLease(t.Context(), res.Lease.ID, "mallory", time.Time{}, now)
+	require.ErrorIs(t, err, warmpool.ErrLeaseNotHeld)
+	_, err = s.RenewLease(t.Context(), res.Lease.ID, "o", time.Time{}, now.Add(2*time.Minute))
+	require.ErrorIs(t, err, warmpool.ErrLeaseEnded, "expired")
+
+	none := newLease("o")
+	none.Duration = 0
+	res = claim(t, s, "p", none)
+	_, err = s.RenewLease(t.Context(), res.Lease.ID, "o", time.Time{}, base)
+	require.Error(t, err, "a lease without a duration needs an expiry")
+	stored, err = s.GetLease(t.Context(), res.Lease.ID)
+	require.NoError(t, err)
+	assert.Equal(t, res.Lease.Version, stored.Version, "nothing was written")
+}
+
+// testLeaseEnv: the env reaches the claim's result (the agent's init), and
+// no read returns it: it is kept apart from the lease's record.
+func testLeaseEnv(t *testing.T, s warmpool.Store) {
+	_ = ready(t, s, "p", 1)
+	l := newLease("o")
+	l.Env = map[string]string{"BIG": strings.Repeat("x", 4096), "A": "1"}
+	l.IdempotencyKey = "k"
+	res := claim(t, s, "p", l)
+	assert.Equal(t, l.Env, res.Lease.Env, "the claim returns the env")
+	got, err := s.GetLease(t.Context(), l.ID)
+	require.NoError(t, err)
+	assert.Nil(t, got.Env)
+	renewed, err := s.RenewLease(t.Context(), l.ID, "o", time.Time{}, base)
+	require.NoError(t, err)
+	assert.Nil(t, renewed.Env)
+	listed, err := s.ListLeases(t.Context(), warmpool.LeaseFilter{Owner: "o"})
+	require.NoError(t, err)
+	require.Len(t, listed, 1)
+	assert.Nil(t, listed[0].Env)
+	again := newLease("o")
+	again.IdempotencyKey = "k"
+	replay := claim(t, s, "p", again)
+	require.True(t, replay.Replayed)
+	assert.Nil(t, replay.Lease.Env, "a replay reads the lease")
+	ended, err := s.EndLease(t.Context(), l.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base})
+	require.NoError(t, err)
+	assert.Nil(t, ended.Env)
+	n, err := s.PurgeLeases(t.Context(), base.Add(time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "a lease with an env is purged with it")
+}
+
+func testLeaseByKey(t *testing.T, s warmpool.Store) {
+	_ = ready(t, s, "p", 3)
+	l := newLease("alice")
+	l.IdempotencyKey = "rock:one"
+	first := claim(t, s, "p", l).Lease
+	got, err := s.LeaseByKey(t.Context(), "alice", "rock:one")
+	require.NoError(t, err)
+	assert.Equal(t, first.ID, got.ID)
+	assert.Equal(t, first.TaskID, got.TaskID)
+	assert.Equal(t, warmpool.LeaseActive, got.State)
+	_, err = s.LeaseByKey(t.Context(), "bob", "rock:one")
+	require.ErrorIs(t, err, warmpool.ErrNotFound, "keys are per owner")
+	_, err = s.LeaseByKey(t.Context(), "alice", "rock:two")
+	require.ErrorIs(t, err, warmpool.ErrNotFound)
+
+	_, err = s.EndLease(t.Context(), first.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base})
+	require.NoError(t, err)
+	got, err = s.LeaseByKey(t.Context(), "alice", "rock:one")
+	require.NoError(t, err)
+	assert.Equal(t, warmpool.LeaseReleased, got.State, "an ended lease is still the key's")
+
+	k := newLease("alice")
+	k.IdempotencyKey = "rock:forgotten"
+	lost := claim(t, s, "p", k).Lease
+	_, err = s.EndLease(t.Context(), lost.ID, warmpool.LeaseEnd{State: warmpool.LeaseLost, Now: base, ForgetIdempotencyKey: true})
+	require.NoError(t, err)
+	_, err = s.LeaseByKey(t.Context(), "alice", "rock:forgotten")
+	require.ErrorIs(t, err, warmpool.ErrNotFound, "a forgotten key names no lease")
+	retry := newLease("alice")
+	retry.IdempotencyKey = "rock:forgotten"
+	second := claim(t, s, "p", retry).Lease
+	got, err = s.LeaseByKey(t.Context(), "alice", "rock:forgotten")
+	require.NoError(t, err)
+	assert.Equal(t, second.ID, got.ID, "the key names the lease that took it again")
+}
+
 func testRenewRefusals(t *testing.T, s warmpool.Store) {
 	_ = ready(t, s, "p", 2)
 	active := claim(t, s, "p", newLease("o")).Lease
@@ -588,6 +875,42 @@ func testEndLeaseOnlyIfExpired(t *testing.T, s warmpool.Store) {
 	got, err := s.EndLease(t.Context(), res.Lease.ID, warmpool.LeaseEnd{State: warmpool.LeaseExpired, Now: renewed, OnlyIfExpired: true})
 	require.NoError(t, err, "expired at exactly ExpiresAt")
 	assert.Equal(t, warmpool.LeaseExpired, got.State)
+}
+
+// testEndLeaseWithCopy: the caller's copy (LeaseEnd.Read) may be stale; the
+// end is still written exactly, from the lease as stored.
+func testEndLeaseWithCopy(t *testing.T, s warmpool.Store) {
+	_ = ready(t, s, "p", 3)
+	fresh := claim(t, s, "p", newLease("o")).Lease
+	got, err := s.EndLease(t.Context(), fresh.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base, Owner: "o", Read: &fresh})
+	require.NoError(t, err)
+	assert.Equal(t, warmpool.LeaseReleased, got.State)
+	assert.Equal(t, fresh.Version+1, got.Version)
+	assert.Equal(t, fresh.TaskID, got.TaskID)
+	stored, err := s.GetLease(t.Context(), fresh.ID)
+	require.NoError(t, err)
+	assert.Equal(t, got.Version, stored.Version)
+	assert.Equal(t, warmpool.LeaseReleased, stored.State)
+	task, err := s.GetTask(t.Context(), fresh.TaskID)
+	require.NoError(t, err)
+	assert.Equal(t, warmpool.TaskStopping, task.State, "the task stops with its lease")
+
+	stale := claim(t, s, "p", newLease("o")).Lease
+	renewed, err := s.RenewLease(t.Context(), stale.ID, "o", base.Add(time.Hour), base)
+	require.NoError(t, err)
+	got, err = s.EndLease(t.Context(), stale.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base, Read: &stale})
+	require.NoError(t, err, "a stale copy costs a read")
+	assert.Equal(t, renewed.Version+1, got.Version)
+	assertTime(t, renewed.ExpiresAt, got.ExpiresAt, "the end is written on the lease as stored")
+	_, err = s.EndLease(t.Context(), stale.ID, warmpool.LeaseEnd{State: warmpool.LeaseExpired, Now: base, Read: &stale})
+	require.ErrorIs(t, err, warmpool.ErrLeaseEnded, "a copy of a lease that ended since")
+
+	other := claim(t, s, "p", newLease("o")).Lease
+	_, err = s.EndLease(t.Context(), other.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base, Owner: "mallory", Read: &other})
+	require.ErrorIs(t, err, warmpool.ErrLeaseNotHeld)
+	_, err = s.EndLease(t.Context(), other.ID, warmpool.LeaseEnd{State: warmpool.LeaseExpired, Now: base, OnlyIfExpired: true, Read: &other})
+	require.ErrorIs(t, err, warmpool.ErrConflict, "not expired")
+	assertCounts(t, s, "p", warmpool.TaskCounts{Leased: 1, Stopping: 2}, "ends with copies")
 }
 
 func testEndLeaseRefusals(t *testing.T, s warmpool.Store) {
@@ -711,8 +1034,15 @@ func testBadArguments(t *testing.T, s warmpool.Store) {
 
 	bad := spare
 	bad.State = "gone"
-	_, err := s.UpdateTask(ctx, bad)
-	want(err, warmpool.CheckUpdate(bad))
+	_, err := s.UpdateTask(ctx, bad, warmpool.TaskReady)
+	want(err, warmpool.CheckUpdate(bad, warmpool.TaskReady))
+	_, err = s.UpdateTask(ctx, spare, "gone")
+	want(err, warmpool.CheckUpdate(spare, "gone"))
+	noPool := spare
+	noPool.Pool = ""
+	want(s.DeleteTask(ctx, noPool), warmpool.CheckDelete(noPool))
+	_, err = s.ListTasksPage(ctx, "p", "", 0)
+	want(err, warmpool.CheckPage(0))
 
 	for _, req := range []warmpool.ClaimRequest{
 		{Lease: newLease("o"), Now: base},
@@ -957,6 +1287,69 @@ func testRaceLock(t *testing.T, s warmpool.Store, opts Options) {
 	}
 	wg.Wait()
 	assert.Equal(t, int32(1), held.Load(), "exactly one holder wins a free lock")
+}
+
+// testRaceCounts runs whole task lives at once on every replica (reserve,
+// ready, claim, end, delete, with stale updates racing them) and checks
+// that the counts end as the records say.
+func testRaceCounts(t *testing.T, s warmpool.Store, opts Options) {
+	const pool = "race-counts"
+	stores := replicas(t, s, opts)
+	workers := min(opts.RaceClaimers, 16)
+	const lives = 6
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func(st warmpool.Store) {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := range lives {
+				rec := newTask(pool)
+				if err := st.ReserveTasks(ctx, pool, math.MaxInt32, []warmpool.TaskRecord{rec}); !assert.NoError(t, err) {
+					return
+				}
+				rec.State, rec.Version = warmpool.TaskLaunching, 1
+				stale := rec
+				rec.State, rec.AgentURL = warmpool.TaskReady, "http://127.0.0.1:1/"+rec.ID
+				ready, err := st.UpdateTask(ctx, rec, warmpool.TaskLaunching)
+				if !assert.NoError(t, err) {
+					return
+				}
+				stale.State = warmpool.TaskStopping // loses: the version moved on
+				_, err = st.UpdateTask(ctx, stale, warmpool.TaskLaunching)
+				assert.ErrorIs(t, err, warmpool.ErrConflict)
+				switch i % 3 {
+				case 0: // stays ready
+				case 1: // claimed by id, ended, deleted
+					res, err := st.Claim(ctx, warmpool.ClaimRequest{Pool: pool, TaskID: ready.ID, Lease: newLease("o"), Now: base})
+					if errors.Is(err, warmpool.ErrConflict) {
+						continue // another worker's claim of any task took it
+					}
+					if !assert.NoError(t, err) {
+						return
+					}
+					_, err = st.EndLease(ctx, res.Lease.ID, warmpool.LeaseEnd{State: warmpool.LeaseReleased, Now: base})
+					assert.NoError(t, err)
+					assert.NoError(t, st.DeleteTask(ctx, res.Task))
+				case 2: // any ready task claimed, then left leased
+					_, err := st.Claim(ctx, warmpool.ClaimRequest{Pool: pool, Lease: newLease("o"), Now: base})
+					if !errors.Is(err, warmpool.ErrNoCapacity) {
+						assert.NoError(t, err)
+					}
+				}
+			}
+		}(stores[w%len(stores)])
+	}
+	wg.Wait()
+	got := counts(t, s, pool)
+	want := warmpool.CountStates(mustList(t, s, pool))
+	assert.Equal(t, want, got, "the counts agree with the records")
+	assert.Positive(t, want.Total())
+	for _, st := range stores {
+		c, err := st.CountTasks(t.Context(), pool)
+		require.NoError(t, err)
+		assert.Equal(t, want, c, "every replica reads the same counts")
+	}
 }
 
 // uniq returns a name no earlier run used, for stores whose data outlives a

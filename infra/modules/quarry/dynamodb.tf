@@ -154,7 +154,7 @@ resource "aws_dynamodb_table" "model_relay" {
     type = "S"
   }
   attribute {
-    name = "qo"
+    name = "qp"
     type = "S"
   }
   attribute {
@@ -168,11 +168,17 @@ resource "aws_dynamodb_table" "model_relay" {
     range_key       = "rid"
     projection_type = "ALL"
   }
+  # One owner's queue spread over the broker's queue shards
+  # (qp = owner#shard), holding only what a claim filters by: no bodies
+  # (docs/ARCHITECTURE.md, "The relay's table design"). It replaced the
+  # index "queue" (hash key qo, ALL); applying this on an existing table
+  # creates it and deletes that one.
   global_secondary_index {
-    name            = "queue"
-    hash_key        = "qo"
-    range_key       = "qk"
-    projection_type = "ALL"
+    name               = "queue-by-shard"
+    hash_key           = "qp"
+    range_key          = "qk"
+    projection_type    = "INCLUDE"
+    non_key_attributes = ["rid", "pool", "labels", "deadline", "qs"]
   }
 
   ttl {
