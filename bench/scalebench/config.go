@@ -60,7 +60,8 @@ type Config struct {
 	Dir  string
 	Keep bool
 	// Clients bounds the connections the trainers open to each gateway
-	// (default 512).
+	// (default 512) for acquires, heartbeats and probes, and as many more
+	// for their first execs.
 	Clients int
 	// Probes is the size of a second pool beside the fleet's (a pool holds
 	// at most 10,000), whose tasks are acquired one at a time with N

@@ -35,6 +35,11 @@ func (e *httpError) Error() string { return fmt.Sprintf("%d %s", e.status, e.bod
 // call sends one request to g with the API key and decodes a 2xx answer
 // into out.
 func (w *world) call(ctx context.Context, g *replica, method, path string, in, out any) error {
+	return w.callWith(ctx, w.http, g, method, path, in, out)
+}
+
+// callWith is call on the client hc.
+func (w *world) callWith(ctx context.Context, hc *http.Client, g *replica, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -51,7 +56,7 @@ func (w *world) call(ctx context.Context, g *replica, method, path string, in, o
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := w.http.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}
@@ -212,7 +217,7 @@ func (w *world) acquireAll(ctx context.Context, n int) ([]lease, Latencies, Late
 			// The exec has a deadline of its own: a slow acquire must not
 			// leave it none.
 			ectx, ecancel := context.WithTimeout(ctx, time.Minute)
-			err = w.call(ectx, g, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"command": "true"}, nil)
+			err = w.callWith(ectx, w.execHTTP, g, http.MethodPost, "/v1/sandboxes/"+sb.ID+"/exec", map[string]any{"command": "true"}, nil)
 			ecancel()
 			took = time.Since(begin)
 			mu.Lock()

@@ -47,6 +47,8 @@ type world struct {
 	gws      []*replica
 	tokenKey string
 	http     *http.Client
+	// execHTTP carries the trainers' first execs (the same bound).
+	execHTTP *http.Client
 }
 
 // replica is one gateway process.
@@ -87,9 +89,15 @@ func (p *proc) exited() bool {
 // newWorld starts the simulators and the agents for size n (not the
 // gateways: startGateways).
 func newWorld(ctx context.Context, cfg Config, n int, dir string) (w *world, err error) {
-	w = &world{cfg: cfg, n: n, dir: dir, http: &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{
-		MaxIdleConns: 4 * cfg.Clients, MaxIdleConnsPerHost: cfg.Clients, MaxConnsPerHost: cfg.Clients, IdleConnTimeout: time.Minute,
-	}}}
+	client := func() *http.Client {
+		return &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{
+			MaxIdleConns: 4 * cfg.Clients, MaxIdleConnsPerHost: cfg.Clients, MaxConnsPerHost: cfg.Clients, IdleConnTimeout: time.Minute,
+		}}
+	}
+	// The trainers' first execs have connections of their own: behind the
+	// acquires' (held for as long as a cold acquire waits) they would
+	// measure the client's queue, not the gateway.
+	w = &world{cfg: cfg, n: n, dir: dir, http: client(), execHTTP: client()}
 	defer func() {
 		if err != nil {
 			w.close()
@@ -315,6 +323,7 @@ func (w *world) close() {
 	}
 	stop(rest)
 	w.http.CloseIdleConnections()
+	w.execHTTP.CloseIdleConnections()
 }
 
 // lastLine returns the last non-empty line of a log file.
