@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 
-.PHONY: all build lambda run test unit bench lint clean
+.PHONY: all build lambda run test unit bench bench-scale lint clean
 
 all: build
 
@@ -31,6 +31,9 @@ unit: ## go vet + unit tests only (needs nothing but Go)
 
 bench: build ## benchmarks with p50/p99 and ratios (see docs/BENCHMARKS.md)
 	./scripts/bench.sh
+
+bench-scale: ## the fleet simulation at 1k, 4k and 10k sandboxes (simulated ECS, agents and DynamoDB; real gateways): SIZES, TIME_SCALE, REPLICAS
+	./scripts/bench-scale.sh
 
 lint: ## formatting and vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

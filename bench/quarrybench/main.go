@@ -2,8 +2,10 @@
 // "embedded" (the default): the exec agent alone, the gateway in front of it, warm acquires on
 // the embedded store, and the agent's idle memory. Suite "replicas": gateways on DynamoDB (the
 // AWS emulator or AWS_ENDPOINT_URL) beside the embedded store: raw PutItem, warm acquires, DynamoDB
-// requests per call, and acquires per second across three replicas (replicas.go). `make bench`
-// runs it; docs/BENCHMARKS.md explains each number.
+// requests per call, and acquires per second across three replicas (replicas.go). Suite "fleet"
+// (not part of "all"): 1,000 real process-provider sandboxes leased at once, warm and cold, then
+// the Docker provider as far as one host allows (fleet.go). `make bench` runs embedded and
+// replicas; docs/BENCHMARKS.md explains each number.
 package main
 
 import (
@@ -55,6 +57,7 @@ type options struct {
 	warmRounds int
 	suite      string
 	replicas   replicaOptions
+	fleet      fleetOptions
 }
 
 func run(ctx context.Context) error {
@@ -69,11 +72,12 @@ func run(ctx context.Context) error {
 	flag.IntVar(&o.acquires, "acquires", 40, "warm acquires per round")
 	flag.IntVar(&o.warmRounds, "warm-rounds", 3, "rounds of warm acquires")
 	flag.BoolVar(&o.keepTmp, "keep", false, "keep the temporary data directory")
-	flag.StringVar(&o.suite, "suite", "embedded", "what to measure: embedded (one gateway, embedded store), replicas (DynamoDB: the AWS emulator or AWS_ENDPOINT_URL, three replicas), or all")
+	flag.StringVar(&o.suite, "suite", "embedded", "what to measure: embedded (one gateway, embedded store), replicas (DynamoDB: the AWS emulator or AWS_ENDPOINT_URL, three replicas), all (both), or fleet (1,000 real sandboxes at once, then Docker as far as one host allows: fleet.go)")
 	o.replicas.flags()
+	o.fleet.flags()
 	flag.Parse()
-	if o.suite != "embedded" && o.suite != "replicas" && o.suite != "all" {
-		return fmt.Errorf("-suite: want embedded, replicas or all, got %q", o.suite)
+	if o.suite != "embedded" && o.suite != "replicas" && o.suite != "all" && o.suite != "fleet" {
+		return fmt.Errorf("-suite: want embedded, replicas, all or fleet, got %q", o.suite)
 	}
 
 	tmp, err := os.MkdirTemp("", "quarrybench-")
@@ -187,8 +191,14 @@ func recordedPID(file string) int {
 // cpuByComponent returns CPU time (µs, user+system) used so far by this process (the
 // client), the gateway, the sandboxes' agents and their shells.
 func (b *bench) cpuByComponent(gatewayPID int) map[string]int64 {
+	return cpuByComponentIn(gatewayPID, filepath.Join(b.tmp, "data"))
+}
+
+// cpuByComponentIn is cpuByComponent for the sandboxes of the gateway data
+// directory dataDir.
+func cpuByComponentIn(gatewayPID int, dataDir string) map[string]int64 {
 	out := map[string]int64{"client": cpuOf(os.Getpid()), "gateway": cpuOf(gatewayPID)}
-	files, _ := filepath.Glob(filepath.Join(b.tmp, "data", "process", "*", "task.json"))
+	files, _ := filepath.Glob(filepath.Join(dataDir, "process", "*", "task.json"))
 	agents := map[int]bool{}
 	for _, f := range files {
 		if pid := recordedPID(f); pid > 0 {
@@ -255,12 +265,17 @@ func (b *bench) all(ctx context.Context) error {
 	}
 	agentBin := filepath.Join(bin, "execagent")
 	gatewayBin := filepath.Join(bin, "gateway")
-	if b.o.suite != "replicas" {
+	if b.o.suite == "fleet" {
+		if err := b.fleetSuite(ctx, gatewayBin, agentBin); err != nil {
+			return err
+		}
+	}
+	if b.o.suite == "embedded" || b.o.suite == "all" {
 		if err := b.embedded(ctx, gatewayBin, agentBin); err != nil {
 			return err
 		}
 	}
-	if b.o.suite != "embedded" {
+	if b.o.suite == "replicas" || b.o.suite == "all" {
 		if err := b.replicaSuite(ctx, gatewayBin, agentBin); err != nil {
 			return err
 		}
@@ -466,18 +481,21 @@ func throughput(ctx context.Context, d time.Duration, sessions []*session, hc *h
 	return count.Load(), lat, firstErr
 }
 
-func vmRSS(pid int) (int64, error) {
+func vmRSS(pid int) (int64, error) { return statusKB(pid, "VmRSS") }
+
+// statusKB returns a field of /proc/<pid>/status in kB (VmRSS, VmHWM).
+func statusKB(pid int, field string) (int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
+		if strings.HasPrefix(line, field+":") {
 			f := strings.Fields(line)
 			return strconv.ParseInt(f[1], 10, 64)
 		}
 	}
-	return 0, errors.New("no VmRSS")
+	return 0, errors.New("no " + field)
 }
 
 // endpoint is something that speaks HTTP with a bearer token: an agent or the gateway.
@@ -624,7 +642,12 @@ func (g *gateway) newSession(ctx context.Context, hc *http.Client, sbx string) (
 }
 
 func (g *gateway) waitReady(ctx context.Context, hc *http.Client, pool string, n int) error {
-	deadline := time.Now().Add(2 * time.Minute)
+	return g.waitReadyWithin(ctx, hc, pool, n, 2*time.Minute)
+}
+
+// waitReadyWithin waits until pool has n ready tasks, for at most limit.
+func (g *gateway) waitReadyWithin(ctx context.Context, hc *http.Client, pool string, n int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
 	var lastErr error
 	for time.Now().Before(deadline) {
 		var ps struct {
@@ -650,9 +673,9 @@ func (g *gateway) waitReady(ctx context.Context, hc *http.Client, pool string, n
 		}
 	}
 	if lastErr != nil {
-		return fmt.Errorf("pool %s did not reach %d ready tasks in 2 minutes: %w", pool, n, lastErr)
+		return fmt.Errorf("pool %s did not reach %d ready tasks in %s: %w", pool, n, limit, lastErr)
 	}
-	return fmt.Errorf("pool %s did not reach %d ready tasks in 2 minutes", pool, n)
+	return fmt.Errorf("pool %s did not reach %d ready tasks in %s", pool, n, limit)
 }
 
 func freeAddr() (string, error) {
