@@ -75,7 +75,8 @@ func TestReadStat_ThisProcessAndMissingOne(t *testing.T) {
 func TestSessionMembers_FindsThisProcess(t *testing.T) {
 	st, err := readStat(os.Getpid())
 	require.NoError(t, err)
-	pids, err := sessions.members(context.Background(), st.Session)
+	var s sessionScanner
+	pids, err := s.members(context.Background(), st.Session)
 	require.NoError(t, err)
 	assert.Contains(t, pids, os.Getpid())
 }

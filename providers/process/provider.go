@@ -63,8 +63,11 @@ type Provider struct {
 	logger *slog.Logger
 	reaper *reaper
 	locks  nameLocks
-	once   sync.Once
-	closed atomic.Bool
+	// sessions answers which processes a task's session holds, from scans
+	// of /proc shared by the stops waiting at once.
+	sessions sessionScanner
+	once     sync.Once
+	closed   atomic.Bool
 }
 
 // New returns a Provider for cfg after applying defaults and validating it.

@@ -496,7 +496,8 @@ func TestProvider_AgentExitsWhenItsTaskDirIsGone(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		_ = killSession(ctx, agent.pid)
+		var s sessionScanner
+		_ = s.kill(ctx, agent.pid)
 	})
 	var info agentapi.ProcessInfo
 	err := client.Do(context.Background(), http.MethodPost, agentapi.RouteProcesses, agentapi.ProcessStartRequest{Command: "sleep 600"}, &info)

@@ -29,9 +29,6 @@ type sessionScan struct {
 	err       error
 }
 
-// sessions is the provider's scanner: /proc is one per machine.
-var sessions sessionScanner
-
 // members returns the pids of the live (not zombie) processes of session
 // sid, from a scan that started after the call.
 func (s *sessionScanner) members(ctx context.Context, sid int) ([]int, error) {

@@ -50,7 +50,7 @@ func (p *Provider) Stop(ctx context.Context, id string, reason string) error {
 		// A gateway that died between starting the agent and recording its
 		// pid leaves an agent only its environment can identify.
 		if pid, ok := findUnrecordedAgent(filepath.Join(taskDir, workDir)); ok {
-			if err := killSession(cctx, pid); err != nil {
+			if err := p.sessions.kill(cctx, pid); err != nil {
 				return fmt.Errorf("stop task %q: %w", id, err)
 			}
 		}
@@ -66,7 +66,7 @@ func (p *Provider) Stop(ctx context.Context, id string, reason string) error {
 // is our child, and removes the task's directory. rec may be nil.
 func (p *Provider) destroy(ctx context.Context, name string, rec *record) error {
 	if rec != nil && p.sessionIsOurs(name, rec) {
-		if err := killSession(ctx, rec.PID); err != nil {
+		if err := p.sessions.kill(ctx, rec.PID); err != nil {
 			return err
 		}
 		if c := p.reaper.get(name, rec.PID); c != nil {
@@ -79,11 +79,11 @@ func (p *Provider) destroy(ctx context.Context, name string, rec *record) error 
 	return removeTaskDir(p.taskDir(name))
 }
 
-// killSession sends SIGKILL to every live process of session sid until none
-// is left (processes may fork while they are being killed) or ctx ends.
-func killSession(ctx context.Context, sid int) error {
+// kill sends SIGKILL to every live process of session sid until none is
+// left (processes may fork while they are being killed) or ctx ends.
+func (s *sessionScanner) kill(ctx context.Context, sid int) error {
 	for {
-		pids, err := sessions.members(ctx, sid)
+		pids, err := s.members(ctx, sid)
 		if err != nil {
 			return fmt.Errorf("kill session %d: %w", sid, err)
 		}
