@@ -3,13 +3,12 @@ sandboxes."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from . import errors
 from ._http import Transport, sandbox_path
-from ._sandbox import Sandbox, _drop_none, _Opening, create_with_retry
+from ._sandbox import Sandbox, _drop_none, _Opening, create_with_retry, lease_request
 from .types import Checkpoint, EnvInfo, SandboxInfo, build
 
 
@@ -71,13 +70,10 @@ class Envs:
              idempotency_key: str | None = None, retry_timeout: float = 60.0) -> _Opening[Env]:
         """A sandbox of the env's pool with its program started (await it, or
         ``async with`` it). 503s are retried as for sandboxes.create."""
-        ck = from_checkpoint.id if isinstance(from_checkpoint, Checkpoint) else from_checkpoint
-        body = _drop_none({"env_id": env_id, "lease_seconds": lease_seconds, "env": dict(env) if env else None,
-                           "labels": dict(labels) if labels else None, "from_checkpoint": ck})
-        key = idempotency_key or f"py-{uuid.uuid4()}"
+        body = lease_request({"env_id": env_id}, lease_seconds, env, labels, from_checkpoint)
 
         async def make() -> Env:
-            d = await create_with_retry(self._t, "/v1/envs", body, key, retry_timeout)
+            d = await create_with_retry(self._t, "/v1/envs", body, idempotency_key, retry_timeout)
             return Env(self._t, str(d.get("env_id", env_id)), str(d["sandbox_id"]))
         return _Opening(make())
 

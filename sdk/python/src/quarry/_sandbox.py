@@ -556,13 +556,10 @@ class Sandboxes:
         server's Retry-After, with one Idempotency-Key for every attempt, for up
         to retry_timeout seconds (0: never); then it is raised. Nothing else is
         retried. keep_alive starts :meth:`Sandbox.keep_alive`."""
-        ck = from_checkpoint.id if isinstance(from_checkpoint, Checkpoint) else from_checkpoint
-        body = _drop_none({"pool": pool, "lease_seconds": lease_seconds, "env": dict(env) if env else None,
-                           "labels": dict(labels) if labels else None, "from_checkpoint": ck})
-        key = idempotency_key or f"py-{uuid.uuid4()}"
+        body = lease_request({"pool": pool}, lease_seconds, env, labels, from_checkpoint)
 
         async def make() -> Sandbox:
-            d = await create_with_retry(self._t, "/v1/sandboxes", body, key, retry_timeout)
+            d = await create_with_retry(self._t, "/v1/sandboxes", body, idempotency_key, retry_timeout)
             sb = Sandbox(self._t, build(SandboxInfo, d))
             if keep_alive:
                 sb.keep_alive()
@@ -585,9 +582,20 @@ class Sandboxes:
         return [build(SandboxInfo, s) for s in (d or {}).get("sandboxes") or []]
 
 
-async def create_with_retry(t: Transport, path: str, body: dict[str, Any], key: str, retry_timeout: float) -> Any:
-    """POST a create, retrying 503s after their Retry-After with the same
-    Idempotency-Key until retry_timeout; nothing else is retried."""
+def lease_request(first: dict[str, Any], lease_seconds: int | None, env: Mapping[str, str] | None,
+                  labels: Mapping[str, str] | None, from_checkpoint: str | Checkpoint | None) -> dict[str, Any]:
+    """The body of a create (a sandbox's or an env's): first, then the lease's fields."""
+    ck = from_checkpoint.id if isinstance(from_checkpoint, Checkpoint) else from_checkpoint
+    return _drop_none({**first, "lease_seconds": lease_seconds, "env": dict(env) if env else None,
+                       "labels": dict(labels) if labels else None, "from_checkpoint": ck})
+
+
+async def create_with_retry(t: Transport, path: str, body: dict[str, Any], key: str | None,
+                            retry_timeout: float) -> Any:
+    """POST a create, retrying 503s after their Retry-After with one
+    Idempotency-Key (key, or a new one) until retry_timeout; nothing else is
+    retried."""
+    key = key or f"py-{uuid.uuid4()}"
     loop = asyncio.get_running_loop()
     deadline = loop.time() + retry_timeout
     while True:
