@@ -32,11 +32,13 @@ def bin_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def gw(bin_dir: Path) -> Iterator[Gateway]:
+def gw(bin_dir: Path, request: pytest.FixtureRequest) -> Iterator[Gateway]:
     g = Gateway(bin_dir, min_warm=4, max_total=64)
     try:
         yield g
     finally:
+        if request.session.testsfailed:
+            print("\n--- gateway log (tail) ---\n" + g.logs())
         g.stop()
         left = g.agents()
         assert not left, f"agents left running: {left}"

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import tarfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -143,3 +146,36 @@ async def test_connection_pool_is_sized_for_thousands() -> None:
     pool = q.http._transport._pool  # type: ignore[attr-defined]
     assert pool._max_connections == 4096 and pool._max_keepalive_connections == 1024
     await q.aclose()
+
+
+@aio
+async def test_configured_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        return httpx.Response(200, json={"pools": [{"name": "p", "ready": 3}]})
+    monkeypatch.setenv("QUARRY_URL", "http://env-gateway:9/")
+    monkeypatch.setenv("QUARRY_API_KEY", "env-key")
+    async with AsyncQuarry(transport=httpx.MockTransport(handler)) as q:
+        pools = await q.pools()
+    assert pools[0].name == "p" and pools[0].ready == 3
+    assert str(seen[0].url) == "http://env-gateway:9/v1/pools"
+    assert seen[0].headers["Authorization"] == "Bearer env-key"
+
+
+@aio
+async def test_download_dir_refuses_entries_outside_the_target(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        data = b"evil"
+        info = tarfile.TarInfo("../escaped.txt")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=buf.getvalue())
+    async with AsyncQuarry("http://gw", "k", transport=httpx.MockTransport(handler)) as q:
+        with pytest.raises(ValueError, match="outside"):
+            await q.sandboxes.attach("sbx-1").files.download_dir("d", tmp_path / "out")
+    assert not (tmp_path / "escaped.txt").exists()
