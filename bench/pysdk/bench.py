@@ -158,8 +158,8 @@ async def wait_ready(gw: Gateway, n: int, timeout: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(ROOT / "bin"))
-    ap.add_argument("--runs", type=int, default=2000, help="session runs per path (overhead)")
-    ap.add_argument("--sandboxes", type=int, default=1000)
+    ap.add_argument("--runs", type=int, default=2000, help="session runs per path (overhead; 0 skips it)")
+    ap.add_argument("--sandboxes", type=int, default=1000, help="the fleet's sandboxes (0 skips it)")
     ap.add_argument("--runs-each", type=int, default=10)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -168,6 +168,17 @@ def main() -> None:
 
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": sys.version.split()[0],
                            "httpx": httpx.__version__}
+    if args.runs:
+        report_overhead(out, args)
+    if args.sandboxes:
+        report_fleet(out, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    if out.get("fleet", {}).get("failures"):
+        sys.exit(1)
+
+
+def report_overhead(out: dict[str, Any], args: argparse.Namespace) -> None:
     gw = Gateway(Path(args.bin), min_warm=2, max_total=8)
     try:
         out["overhead"] = asyncio.run(overhead(gw, args.runs, 100))
@@ -180,26 +191,23 @@ def main() -> None:
     print(f"exec (true): AsyncQuarry p50 {o['exec_async_sdk']['p50_ms']} ms p99 {o['exec_async_sdk']['p99_ms']} ms; "
           f"Quarry (sync) p50 {o['exec_sync_sdk']['p50_ms']} ms p99 {o['exec_sync_sdk']['p99_ms']} ms")
 
-    if args.sandboxes:
-        n = args.sandboxes
-        gw = Gateway(Path(args.bin), min_warm=n, max_total=n)
-        try:
-            warm = asyncio.run(wait_ready(gw, n, 900))
-            f = asyncio.run(fleet(gw, n, args.runs_each))
-            f["pool_warmup_s"] = round(warm, 1)
-            out["fleet"] = f
-        finally:
-            gw.stop()
-        print(f"fleet: {n} sandboxes x {args.runs_each} session runs from one asyncio process: wall {f['wall_s']} s, "
-              f"client CPU {f['client_cpu_s']} s ({f['client_cpu_per_call_ms']} ms/call), max RSS {f['client_max_rss_mb']} MB; "
-              f"acquire p50 {f['acquire'].get('p50_ms')} p99 {f['acquire'].get('p99_ms')} ms; "
-              f"run p50 {f['run'].get('p50_ms')} p99 {f['run'].get('p99_ms')} ms; "
-              f"release p50 {f['release'].get('p50_ms')} p99 {f['release'].get('p99_ms')} ms; "
-              f"failures {f['failures']} (pool warm-up {f['pool_warmup_s']} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    if out.get("fleet", {}).get("failures"):
-        sys.exit(1)
+
+def report_fleet(out: dict[str, Any], args: argparse.Namespace) -> None:
+    n = args.sandboxes
+    gw = Gateway(Path(args.bin), min_warm=n, max_total=n)
+    try:
+        warm = asyncio.run(wait_ready(gw, n, 900))
+        f = asyncio.run(fleet(gw, n, args.runs_each))
+        f["pool_warmup_s"] = round(warm, 1)
+        out["fleet"] = f
+    finally:
+        gw.stop()
+    print(f"fleet: {n} sandboxes x {args.runs_each} session runs from one asyncio process: wall {f['wall_s']} s, "
+          f"client CPU {f['client_cpu_s']} s ({f['client_cpu_per_call_ms']} ms/call), max RSS {f['client_max_rss_mb']} MB; "
+          f"acquire p50 {f['acquire'].get('p50_ms')} p99 {f['acquire'].get('p99_ms')} ms; "
+          f"run p50 {f['run'].get('p50_ms')} p99 {f['run'].get('p99_ms')} ms; "
+          f"release p50 {f['release'].get('p50_ms')} p99 {f['release'].get('p99_ms')} ms; "
+          f"failures {f['failures']} (pool warm-up {f['pool_warmup_s']} s)")
 
 
 if __name__ == "__main__":

@@ -143,8 +143,13 @@ async def test_idempotency_key_returns_the_same_sandbox(gw: Gateway) -> None:
 async def test_connection_pool_is_sized_for_thousands() -> None:
     # The pool's limits are the client's own (not httpx's default of 100).
     q = AsyncQuarry("http://gw", "k")
-    pool = q.http._transport._pool  # type: ignore[attr-defined]
-    assert pool._max_connections == 4096 and pool._max_keepalive_connections == 1024
+    pools = [c._transport._pool for c in q._t.shards]  # type: ignore[attr-defined]
+    assert len(pools) == 16
+    assert sum(p._max_connections for p in pools) == 4096 and sum(p._max_keepalive_connections for p in pools) == 1024
+    # A sandbox's calls always take the same shard.
+    t = q._t
+    assert t._shard("/v1/sandboxes/sbx-a/exec") is t._shard("/v1/sandboxes/sbx-a/sessions/s/run")
+    assert len({id(t._shard(f"/v1/sandboxes/sbx-{i}")) for i in range(200)}) > 8
     await q.aclose()
 
 

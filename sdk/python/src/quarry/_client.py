@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from ._envs import Envs
-from ._http import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_KEEPALIVE, DEFAULT_TIMEOUT, Transport, label_params, seg
+from ._http import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_KEEPALIVE, DEFAULT_POOL_SHARDS, DEFAULT_TIMEOUT, Transport, label_params, seg
 from ._model import Model
 from ._sandbox import Sandboxes, _drop_none
 from .types import Checkpoint, Pool, build
@@ -39,7 +39,8 @@ class Checkpoints:
 class AsyncQuarry:
     """The async client. ``base_url`` and ``api_key`` default to $QUARRY_URL and
     $QUARRY_API_KEY. One client holds one connection pool (up to
-    max_connections, default 4096) for every call: share it between tasks.
+    max_connections, default 4096, split into pool_shards httpx pools: a
+    sandbox's calls stay on one) for every call: share it between tasks.
     Use ``async with`` or :meth:`aclose`.
 
     Namespaces: :attr:`sandboxes`, :attr:`checkpoints`, :attr:`model` (the
@@ -48,9 +49,11 @@ class AsyncQuarry:
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
                  timeout: float = DEFAULT_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  max_keepalive_connections: int = DEFAULT_MAX_KEEPALIVE,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 pool_shards: int = DEFAULT_POOL_SHARDS) -> None:
         self._t = Transport(base_url, api_key, timeout=timeout, max_connections=max_connections,
-                            max_keepalive_connections=max_keepalive_connections, transport=transport)
+                            max_keepalive_connections=max_keepalive_connections, transport=transport,
+                            pool_shards=pool_shards)
         self.base_url = self._t.base_url
         self.sandboxes = Sandboxes(self._t)
         self.checkpoints = Checkpoints(self._t)
@@ -59,7 +62,7 @@ class AsyncQuarry:
 
     @property
     def http(self) -> httpx.AsyncClient:
-        """The underlying httpx client (its pool)."""
+        """The first of the underlying httpx clients (the pool's shards)."""
         return self._t.http
 
     async def pools(self) -> list[Pool]:

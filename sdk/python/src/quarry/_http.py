@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,6 +22,12 @@ from . import errors
 DEFAULT_MAX_CONNECTIONS = 4096
 #: Idle connections kept for reuse.
 DEFAULT_MAX_KEEPALIVE = 1024
+#: The pool is split into this many httpx pools (the limits shared out):
+#: httpcore's pool does work proportional to the requests and connections it
+#: holds on every request and every answer, which at a thousand in flight in
+#: one httpx pool costs more CPU than the calls themselves. A sandbox's calls
+#: always go to the same shard (its connections are reused).
+DEFAULT_POOL_SHARDS = 16
 #: Timeout of ordinary calls (the gateway's QUARRY_REQUEST_TIMEOUT is 30 s).
 DEFAULT_TIMEOUT = 60.0
 #: Added to a command's own timeout for its answer (the gateway adds 10 s).
@@ -94,6 +101,7 @@ class Transport:
         max_keepalive_connections: int = DEFAULT_MAX_KEEPALIVE,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: Mapping[str, str] | None = None,
+        pool_shards: int = DEFAULT_POOL_SHARDS,
     ) -> None:
         base_url = base_url or os.environ.get("QUARRY_URL") or "http://127.0.0.1:8080"
         api_key = api_key if api_key is not None else os.environ.get("QUARRY_API_KEY", "")
@@ -101,20 +109,39 @@ class Transport:
         self.timeout = timeout
         h = {"Authorization": f"Bearer {api_key}", "User-Agent": "quarry-sandbox-python"}
         h.update(headers or {})
-        self.http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=h,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_keepalive_connections,
-                keepalive_expiry=30.0,
-            ),
-            transport=transport,
-        )
+        # A transport of the caller's (a mock, a recorder) is one: no shards.
+        shards = 1 if transport is not None else max(1, min(pool_shards, max_connections))
+        self.max_connections = max_connections
+        self.shards = [
+            httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=h,
+                timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+                limits=httpx.Limits(
+                    max_connections=max(1, max_connections // shards),
+                    max_keepalive_connections=max(1, max_keepalive_connections // shards),
+                    keepalive_expiry=30.0,
+                ),
+                transport=transport,
+            )
+            for _ in range(shards)
+        ]
+        self.http = self.shards[0]
+        self._next = 0
+
+    def _shard(self, path: str) -> httpx.AsyncClient:
+        """A sandbox's calls go to one shard (by its id); other calls take turns."""
+        if len(self.shards) == 1:
+            return self.http
+        if path.startswith("/v1/sandboxes/"):
+            sid = path[len("/v1/sandboxes/"):].split("/", 1)[0]
+            return self.shards[zlib.crc32(sid.encode()) % len(self.shards)]
+        self._next = (self._next + 1) % len(self.shards)
+        return self.shards[self._next]
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        for c in self.shards:
+            await c.aclose()
 
     def _timeout(self, seconds: float | None) -> httpx.Timeout:
         t = self.timeout if seconds is None else max(seconds, self.timeout)
@@ -140,7 +167,7 @@ class Transport:
         elif content is not None:
             h.setdefault("Content-Type", "application/octet-stream")
         h.setdefault("Accept", "application/json")
-        resp = await self.http.request(method, path, content=content, params=params, headers=h,
+        resp = await self._shard(path).request(method, path, content=content, params=params, headers=h,
                                        timeout=self._timeout(timeout))
         if resp.status_code >= 300:
             raise errors.from_response(resp)
@@ -174,7 +201,7 @@ class Transport:
         elif content is not None:
             h.setdefault("Content-Type", "application/octet-stream")
         t = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0), read=STREAM_READ_TIMEOUT)
-        async with self.http.stream(method, path, content=content, params=params, headers=h,
+        async with self._shard(path).stream(method, path, content=content, params=params, headers=h,
                                     timeout=t) as resp:
             if resp.status_code >= 300:
                 await resp.aread()
