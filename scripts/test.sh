@@ -2,7 +2,8 @@
 # make test: every suite, against real dependencies, which this script installs or starts:
 #   - busybox-static (POSIX-shell sessions), Docker engine + locally built images (Docker provider),
 #     the AWS API emulator on 127.0.0.1:4566 (DynamoDB lease store and relay broker), Python's
-#     openai package (run inside sandboxes by the relay tests), ROCK's SDK rl-rock (ROCK compatibility).
+#     openai package (run inside sandboxes by the relay tests), ROCK's SDK rl-rock (ROCK compatibility),
+#     the Python SDK's test venv (scripts/python-sdk-deps.sh: pytest, httpx, mypy, build, openai, gymnasium).
 # A missing dependency is a failure, never a skip: QUARRY_TEST_STRICT=1 (internal/testenv) makes
 # every test that was not given its dependency fail. Set AWS_ENDPOINT_URL (and credentials, region)
 # to run the AWS suites against LocalStack or real AWS instead of the local emulator.
@@ -36,6 +37,7 @@ QUARRY_TEST_PYTHONPATH="$(scripts/python-deps.sh)"
 export QUARRY_TEST_PYTHONPATH
 QUARRY_ROCK_PYTHON="$(scripts/rock-sdk.sh)"
 export QUARRY_ROCK_PYTHON
+scripts/python-sdk-deps.sh >/dev/null # the Python SDK's test venv (its step below uses it)
 
 start_emulator() {
   localstack/emulator.sh stop >/dev/null 2>&1 || true
@@ -82,6 +84,9 @@ localstack/check-hooks.sh
 
 echo "== integration: real gateways, agents, stores, Docker, emulator, CLI, openai client"
 go test -tags integration -count=1 -timeout 30m ./tests/...
+
+echo "== Python SDK: sdk/python against a real gateway (every call, error classes, the 32-episode rollout), packaging, mypy"
+scripts/test-python-sdk.sh
 
 echo "== peer benchmark harness (unit tests)"
 python3 -m unittest discover -s bench/peers

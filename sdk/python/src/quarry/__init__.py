@@ -1,0 +1,39 @@
+"""Quarry's Python SDK (package quarry-sandbox).
+
+    async with AsyncQuarry() as q:                      # $QUARRY_URL, $QUARRY_API_KEY
+        async with q.sandboxes.create(pool="default") as sb:
+            r = await sb.exec("echo hi")
+
+:class:`Quarry` is the same API, sync. Errors are :mod:`quarry.errors`.
+"""
+
+from . import errors
+from ._client import AsyncQuarry, Checkpoints
+from ._envs import Env, Envs
+from ._model import Model, ModelCall
+from ._sandbox import Files, ForkResult, Process, Sandbox, SandboxModel, Sandboxes, Session
+from ._sync import Quarry, SyncProxy
+from .errors import (
+    AgentUnreachable, BadRequest, Busy, CheckpointCorrupt, CommandFailed, Conflict, EnvError,
+    EnvTimeout, EpisodeNotRunning, Forbidden, Gone, InsufficientStorage, Internal, InvalidAction,
+    MethodNotAllowed, NameInUse, NoCapacity, NoReply, NotFound, PayloadTooLarge, ProcessExited,
+    ProtocolError, QuarryError, Timeout, Unauthorized, Unavailable, UpstreamUnreachable,
+)
+from .types import (
+    Checkpoint, EnvInfo, Exchange, ExecEvent, ExecResult, FileInfo, KillAllResult, Pool,
+    ProcessInfo, ProcessOutput, RestoreResult, RunResult, SandboxInfo, SessionInfo, WriteResult,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncQuarry", "Quarry", "SyncProxy", "Sandbox", "Sandboxes", "Session", "Process", "Files",
+    "SandboxModel", "ForkResult", "Checkpoints", "Model", "ModelCall", "Env", "Envs", "errors",
+    "QuarryError", "BadRequest", "InvalidAction", "Unauthorized", "Forbidden", "NotFound",
+    "MethodNotAllowed", "Conflict", "Busy", "NameInUse", "ProcessExited", "NoReply", "ProtocolError",
+    "EpisodeNotRunning", "Gone", "PayloadTooLarge", "CommandFailed", "Internal", "CheckpointCorrupt",
+    "AgentUnreachable", "UpstreamUnreachable", "EnvError", "Unavailable", "NoCapacity", "Timeout",
+    "EnvTimeout", "InsufficientStorage", "Checkpoint", "EnvInfo", "Exchange", "ExecEvent", "ExecResult",
+    "FileInfo", "KillAllResult", "Pool", "ProcessInfo", "ProcessOutput", "RestoreResult", "RunResult",
+    "SandboxInfo", "SessionInfo", "WriteResult", "__version__",
+]
