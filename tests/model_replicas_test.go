@@ -77,8 +77,9 @@ func TestModelRelayReplicas_CallOnOneAnswerOnTheOther(t *testing.T) {
 	py := testenv.PythonPath(t, "openai")
 	env := relayReplicaEnv(t)
 	dataDir := t.TempDir()
-	a := startGateway(t, defaultPools, withDataDir(dataDir), withEnv(append(env, "QUARRY_REPLICA_ID=relay-a")...))
-	b := startGateway(t, defaultPools, withDataDir(dataDir), withEnv(append(env, "QUARRY_REPLICA_ID=relay-b")...))
+	// One process holds an embedded checkpoint store: each replica its own.
+	a := startGateway(t, defaultPools, withDataDir(dataDir), withEnv(append(env, "QUARRY_REPLICA_ID=relay-a", "QUARRY_CHECKPOINT_DIR="+t.TempDir())...))
+	b := startGateway(t, defaultPools, withDataDir(dataDir), withEnv(append(env, "QUARRY_REPLICA_ID=relay-b", "QUARRY_CHECKPOINT_DIR="+t.TempDir())...))
 	ctx := ctx(t)
 	c := a.client()
 	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})

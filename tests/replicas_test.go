@@ -148,7 +148,10 @@ func startCluster(t *testing.T, n int) *cluster {
 		// reserving a task and recording its launch leaves a record that is
 		// given up after 5 s + the startup timeout, not the default 5 min.
 		env := append(tb.gatewayEnv(proxy.url), fmt.Sprintf("QUARRY_REPLICA_ID=replica-%d", i),
-			"QUARRY_LOCK_TTL=2s", "QUARRY_ORPHAN_INTERVAL=1s", "QUARRY_ORPHAN_GRACE=10s", "QUARRY_LAUNCH_QUEUE_TIMEOUT=5s")
+			"QUARRY_LOCK_TTL=2s", "QUARRY_ORPHAN_INTERVAL=1s", "QUARRY_ORPHAN_GRACE=10s", "QUARRY_LAUNCH_QUEUE_TIMEOUT=5s",
+			// One process holds an embedded checkpoint store: each replica
+			// its own (these tests take no checkpoints).
+			"QUARRY_CHECKPOINT_DIR="+t.TempDir())
 		c.gws = append(c.gws, startGateway(t, replicaPools, withDataDir(c.dataDir), withEnv(env...)))
 	}
 	return c

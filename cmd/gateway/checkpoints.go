@@ -28,6 +28,9 @@ type CheckpointConfig struct {
 	// PurgeBudget is the most checkpoints one pass deletes (0: 200); a
 	// backlog drains over passes.
 	PurgeBudget int `envconfig:"QUARRY_CHECKPOINT_PURGE_BUDGET"`
+	// Dir is the embedded store's directory ("": $QUARRY_DATA_DIR/checkpoints).
+	// One gateway process holds it at a time.
+	Dir string `envconfig:"QUARRY_CHECKPOINT_DIR"`
 }
 
 // Defaults of CheckpointConfig's purge loop.
@@ -86,7 +89,10 @@ func openCheckpointStore(ctx context.Context, cfg Config, log *slog.Logger) (che
 		log.Info("checkpoint store: S3", "bucket", sc.Bucket, "table", sc.WithDefaults().Table)
 		return st, nil
 	default:
-		dir := filepath.Join(cfg.DataDir, "checkpoints")
+		dir := cfg.CheckpointConfig.Dir
+		if dir == "" {
+			dir = filepath.Join(cfg.DataDir, "checkpoints")
+		}
 		st, err := filestore.Open(filestore.Config{Dir: dir, Logger: log})
 		if err != nil {
 			return nil, err

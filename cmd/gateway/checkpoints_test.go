@@ -33,6 +33,20 @@ func TestCheckpointStore_EmbeddedUnderTheDataDir(t *testing.T) {
 	assert.NoError(t, err)
 }
 
+// QUARRY_CHECKPOINT_DIR moves the embedded store, so that replicas sharing
+// a data dir can each hold one.
+func TestCheckpointStore_EmbeddedInItsOwnDir(t *testing.T) {
+	cfg := Config{DataDir: t.TempDir()}
+	cfg.CheckpointConfig.Dir = filepath.Join(t.TempDir(), "ckp")
+	st, err := openCheckpointStore(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, st.Close()) })
+	_, err = os.Stat(filepath.Join(cfg.CheckpointConfig.Dir, "meta.db"))
+	assert.NoError(t, err)
+	_, err = os.Stat(filepath.Join(cfg.DataDir, "checkpoints"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing under the data dir")
+}
+
 func TestCheckpointConfig_Validate(t *testing.T) {
 	assert.NoError(t, CheckpointConfig{}.Validate(), "the zero value takes the defaults")
 	assert.ErrorContains(t, CheckpointConfig{PurgeBudget: -1}.Validate(), "QUARRY_CHECKPOINT_PURGE_BUDGET")
