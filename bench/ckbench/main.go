@@ -33,12 +33,9 @@ import (
 	"syscall"
 	"time"
 
-	dockerclient "github.com/docker/docker/client"
-
 	"github.com/quarryhq/quarry/bench/internal/dockergw"
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
-	"github.com/quarryhq/quarry/providers/docker"
 )
 
 // benchKey is the gateway's API key (at least 16 characters).
@@ -101,13 +98,11 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gwID := "ckbench-" + dockergw.RandomHex(5)
-	cli, err := dockerclient.NewClientWithOpts(dockerclient.WithHost(docker.DefaultHost), dockerclient.WithAPIVersionNegotiation())
+	_, gwID, done, err := dockergw.Engine("ckbench")
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	defer dockergw.RemoveAll(cli, gwID, "ckbench")
+	defer done()
 
 	tmp, err := os.MkdirTemp("", "ckbench-")
 	if err != nil {

@@ -97,13 +97,11 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gwID := "bench-" + dockergw.RandomHex(5)
-	cli, err := dockerclient.NewClientWithOpts(dockerclient.WithHost(docker.DefaultHost), dockerclient.WithAPIVersionNegotiation())
+	cli, gwID, done, err := dockergw.Engine("dockerbench")
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	defer dockergw.RemoveAll(cli, gwID, "dockerbench")
+	defer done()
 
 	res := results{Image: o.image, ColdRuns: o.coldRuns, WarmRuns: o.warmRuns, ChurnRuns: o.churnRuns}
 	fmt.Printf("image %s, gateway id %s\n\n", o.image, gwID)

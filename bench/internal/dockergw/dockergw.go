@@ -27,6 +27,7 @@ import (
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/internal/stats"
 	"github.com/quarryhq/quarry/providers"
+	"github.com/quarryhq/quarry/providers/docker"
 )
 
 // Options start a gateway.
@@ -140,6 +141,18 @@ func ContainerIDs(ctx context.Context, cli *dockerclient.Client, gwID string) (m
 		out[c.ID] = true
 	}
 	return out, nil
+}
+
+// Engine connects to the local Docker engine for a benchmark called name
+// and picks its gateway id (name-<random>). The caller defers done, which
+// removes every container of that gateway id and closes the client.
+func Engine(name string) (cli *dockerclient.Client, gwID string, done func(), err error) {
+	cli, err = dockerclient.NewClientWithOpts(dockerclient.WithHost(docker.DefaultHost), dockerclient.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, "", nil, err
+	}
+	gwID = name + "-" + RandomHex(5)
+	return cli, gwID, func() { RemoveAll(cli, gwID, name); cli.Close() }, nil
 }
 
 // RemoveAll removes every container of gateway id gwID; failures are printed with name.
