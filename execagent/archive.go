@@ -250,6 +250,9 @@ type extractor struct {
 	// writer, when set, is what a regular file's bytes are written to
 	// (Server.stagedFile); nil: the file.
 	writer func(f *os.File) io.Writer
+	// made holds the directories this extraction made, open, by name
+	// ("." the root): the fast path (extract_fast.go). nil: none.
+	made map[string]*os.File
 }
 
 // dirMeta is a directory's mode and mtime from its archive entry.
@@ -257,18 +260,44 @@ type dirMeta struct {
 	name  string
 	mode  fs.FileMode
 	mtime time.Time
+	// f and parent: the directory and its parent, open, when the fast
+	// path made it (extract_fast.go); nil: set them through the root.
+	f, parent *os.File
 }
 
 // finish gives the directories extracted exactly their archive's modes
 // and mtimes, deepest first (an archive lists a directory before its
-// entries).
+// entries). A directory listed more than once gets its last listing's
+// mode and mtime (as with every other entry, the later one wins), set
+// where it was first listed, after everything below it.
 func (x *extractor) finish() error {
+	first := make(map[string]int, len(x.dirs))
+	last := make(map[string]int, len(x.dirs))
+	for i, d := range x.dirs {
+		if _, ok := first[d.name]; !ok {
+			first[d.name] = i
+		}
+		last[d.name] = i
+	}
 	for i := len(x.dirs) - 1; i >= 0; i-- {
 		d := x.dirs[i]
-		if err := x.root.Chmod(d.name, d.mode); err != nil {
+		if first[d.name] != i {
+			continue
+		}
+		v := x.dirs[last[d.name]]
+		if d.f != nil {
+			if err := d.f.Chmod(v.mode); err != nil {
+				return fmt.Errorf("set the mode of %q: %w", filepath.Join(x.dir, d.name), err)
+			}
+			if err := setTimes(int(d.parent.Fd()), path.Base(d.name), &tar.Header{ModTime: v.mtime}); err != nil {
+				return fmt.Errorf("set the mtime of %q: %w", filepath.Join(x.dir, d.name), err)
+			}
+			continue
+		}
+		if err := x.root.Chmod(d.name, v.mode); err != nil {
 			return fmt.Errorf("set the mode of %q: %w", filepath.Join(x.dir, d.name), err)
 		}
-		if err := x.root.Chtimes(d.name, d.mtime, d.mtime); err != nil {
+		if err := x.root.Chtimes(d.name, v.mtime, v.mtime); err != nil {
 			return fmt.Errorf("set the mtime of %q: %w", filepath.Join(x.dir, d.name), err)
 		}
 	}
@@ -344,6 +373,9 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	}
 	if name == "." {
 		return nil
+	}
+	if done, err := x.fastEntry(hdr, name, body); done || err != nil {
+		return err
 	}
 	if err := x.checkParents(hdr.Name, name); err != nil {
 		return err

@@ -666,3 +666,92 @@ func TestRestore_DiskFullWhileStagingLeavesTheTreeAsItWas(t *testing.T) {
 	_, err = os.Stat(filepath.Join(w, "d000"))
 	assert.NoError(t, err)
 }
+
+// craftedEntry is one entry of a hand-made checkpoint: its header (name
+// relative to the work dir) and, for a regular file, its body.
+type craftedEntry struct {
+	hdr  *tar.Header
+	body string
+}
+
+// craftedCheckpoint builds a checkpoint archive of the work dir w by hand:
+// the roots header, w's own entry, then entries. Every mtime is craftedMTime.
+func craftedCheckpoint(t *testing.T, w string, entries []craftedEntry) ([]byte, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	list, err := json.Marshal([]string{w})
+	require.NoError(t, err)
+	require.NoError(t, tw.WriteHeader(&tar.Header{Typeflag: tar.TypeXGlobalHeader, PAXRecords: map[string]string{
+		agentapi.PAXRoots: string(list), agentapi.PAXWorkdir: w,
+	}}))
+	require.NoError(t, tw.WriteHeader(&tar.Header{Name: w[1:] + "/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: craftedMTime}))
+	for _, e := range entries {
+		h := *e.hdr
+		h.Name = w[1:] + "/" + h.Name
+		h.ModTime = craftedMTime
+		h.Size = int64(len(e.body))
+		require.NoError(t, tw.WriteHeader(&h))
+		_, err := tw.Write([]byte(e.body))
+		require.NoError(t, err)
+	}
+	require.NoError(t, tw.Close())
+	require.NoError(t, zw.Close())
+	s := sha256.Sum256(buf.Bytes())
+	return buf.Bytes(), hex.EncodeToString(s[:])
+}
+
+var craftedMTime = time.Unix(1_700_000_000, 0)
+
+// The fast path (extract_fast.go) hands every entry it cannot take safely
+// to the os.Root path: names listed twice, a parent the archive never
+// listed, and an entry below a symlink (refused, nothing changed).
+func TestRestore_FastPathFallbacks(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	write(t, filepath.Join(w, "before"), "was here", 0o644)
+	reg := func(name string, mode int64, body string) craftedEntry {
+		return craftedEntry{&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: mode}, body}
+	}
+	dir := func(name string, mode int64) craftedEntry {
+		return craftedEntry{hdr: &tar.Header{Name: name, Typeflag: tar.TypeDir, Mode: mode}}
+	}
+	b, sum := craftedCheckpoint(t, w, []craftedEntry{
+		dir("d/", 0o750),
+		reg("d/twice", 0o600, "first"),
+		reg("d/twice", 0o640, "second"),
+		dir("d/", 0o755), // listed again: the later mode wins
+		reg("d/sub/unlisted-parent", 0o644, "deep"),
+		{hdr: &tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: "d", Mode: 0o777}},
+		reg("d/ro", 0o444, "read only"),
+	})
+	_, err := restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	got := treeState(t, w)
+	assert.NotContains(t, got, "before", "created since: removed")
+	assert.Equal(t, "-rw-r-----", got["d/twice"].Mode, "the later entry wins")
+	assert.Equal(t, "drwxr-xr-x", got["d"].Mode)
+	assert.Equal(t, "-r--r--r--", got["d/ro"].Mode)
+	assert.Equal(t, craftedMTime.Unix(), got["d/ro"].MTime)
+	assert.Equal(t, craftedMTime.Unix(), got["d"].MTime)
+	assert.Equal(t, "d", got["link"].Link)
+	for name, want := range map[string]string{"d/twice": "second", "d/sub/unlisted-parent": "deep", "d/ro": "read only"} {
+		data, err := os.ReadFile(filepath.Join(w, name))
+		require.NoError(t, err)
+		assert.Equal(t, want, string(data), name)
+	}
+	assert.Empty(t, stagingLeft(t, w))
+
+	before := treeState(t, w)
+	b, sum = craftedCheckpoint(t, w, []craftedEntry{
+		{hdr: &tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: t.TempDir(), Mode: 0o777}},
+		reg("link/escaped", 0o644, "no"),
+	})
+	_, err = restoreArchive(a, sum, b)
+	ae := apiError(t, err)
+	assert.Equal(t, http.StatusBadRequest, ae.Status, ae.Message)
+	assert.Contains(t, ae.Message, "symlink")
+	assert.Equal(t, before, treeState(t, w), "nothing changed")
+	assert.Empty(t, stagingLeft(t, w))
+}

@@ -15,6 +15,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/flate"
@@ -296,6 +297,11 @@ func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
 		return fsError("path", u.root, err)
 	}
 	u.x = &extractor{root: root, dir: dir, budget: budget, exact: true, writer: rs.s.stagedFile}
+	top, err := os.OpenFile(filepath.Join(stage, "new"), os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return fsError("path", u.root, err)
+	}
+	u.x.fresh(top)
 	if u.inPlace {
 		u.rootHdr = hdr
 	}
@@ -460,7 +466,7 @@ func (rs *restore) discard() {
 	for i := len(rs.units) - 1; i >= 0; i-- {
 		u := rs.units[i]
 		if u.x != nil {
-			_ = u.x.root.Close()
+			u.x.close()
 		}
 		if u.stage == "" || u.kept {
 			continue
@@ -480,7 +486,7 @@ func (rs *restore) discard() {
 // they hold the old entries.
 func (rs *restore) cleanup() {
 	for _, u := range rs.units {
-		_ = u.x.root.Close()
+		u.x.close()
 		if err := removeTree(u.stage); err != nil {
 			rs.s.log.Warn("restore: remove the old entries", "path", u.stage, "err", err)
 		} else if u.inPlace {

@@ -1,0 +1,137 @@
+package execagent
+
+import (
+	"archive/tar"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxMadeDirs bounds the directories an extraction keeps open for its fast
+// path; past it, entries below new directories take the os.Root path.
+const maxMadeDirs = 1024
+
+// A restore stages into a directory it has just made, so most of its
+// entries can skip what os.Root does for every call (resolving the name
+// one component at a time with openat, then an lstat of every parent and
+// of the name itself): a directory this extraction made is kept open, and
+// an entry directly below one is created relative to it with one openat
+// (O_EXCL|O_NOFOLLOW) and given its mode and mtime through its own file
+// descriptor. Such a parent is a real directory: it was made by mkdirat
+// below another made directory, and an archive entry never replaces a
+// directory (extractor.replace refuses). Anything else — an existing
+// name, a symlink, a hard link, a parent the archive did not list —
+// takes the os.Root path, which checks every parent.
+
+// fresh marks the extractor's root as a directory made empty for it, so
+// that the fast path starts there. f is the root, opened as a directory.
+func (x *extractor) fresh(f *os.File) {
+	x.made = map[string]*os.File{".": f}
+}
+
+// close closes the root and every directory the fast path kept open. It
+// may be called more than once.
+func (x *extractor) close() {
+	for name, f := range x.made {
+		_ = f.Close()
+		delete(x.made, name)
+	}
+	_ = x.root.Close()
+}
+
+// fastEntry extracts hdr (named name, cleaned) when its parent is a
+// directory this extraction made, and reports whether it did; false with
+// a nil error sends the entry to the os.Root path.
+func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (bool, error) {
+	parent, ok := x.made[path.Dir(name)]
+	if !ok {
+		return false, nil
+	}
+	pfd, base := int(parent.Fd()), path.Base(name)
+	full := filepath.Join(x.dir, name)
+	fail := func(err error) error {
+		if df := diskFull(full, err); df != nil {
+			return df
+		}
+		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+	}
+	mode := unixMode(uint32(hdr.Mode) & 0o7777)
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if len(x.made) >= maxMadeDirs {
+			return false, nil
+		}
+		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				return false, nil
+			}
+			return true, fail(err)
+		}
+		fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return true, fail(err)
+		}
+		f := os.NewFile(uintptr(fd), full)
+		x.made[name] = f
+		if err := f.Chmod(mode | 0o700); err != nil { // stay writable for later entries
+			return true, fail(err)
+		}
+		if x.exact {
+			x.dirs = append(x.dirs, dirMeta{name: name, mode: mode, mtime: hdr.ModTime, parent: parent, f: f})
+		}
+	case tar.TypeReg:
+		if hdr.Size > x.budget {
+			return true, fmt.Errorf("archive extracts to more than the upload limit: %w", errTooLarge)
+		}
+		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if errors.Is(err, unix.EEXIST) {
+			return false, nil
+		}
+		if err != nil {
+			return true, fail(err)
+		}
+		f := os.NewFile(uintptr(fd), full)
+		var w io.Writer = f
+		if x.writer != nil {
+			w = x.writer(f)
+		}
+		n, err := io.CopyN(w, body, hdr.Size)
+		x.budget -= n
+		x.bytes += n
+		if err == nil {
+			err = f.Chmod(mode)
+		}
+		cerr := f.Close()
+		if df := diskFull(full, cmp.Or(err, cerr)); df != nil {
+			return true, df
+		}
+		if err != nil {
+			return true, uploadError(err, 0)
+		}
+		if cerr != nil {
+			return true, fail(cerr)
+		}
+		if !hdr.ModTime.IsZero() {
+			if err := setTimes(pfd, base, hdr); err != nil {
+				return true, fail(err)
+			}
+		}
+	default:
+		return false, nil
+	}
+	x.entries++
+	return true, nil
+}
+
+// setTimes gives the entry base of the directory dirfd the archive's
+// mtime as both its atime and its mtime (as os.Chtimes(mtime, mtime)).
+func setTimes(dirfd int, base string, hdr *tar.Header) error {
+	ts := unix.NsecToTimespec(hdr.ModTime.UnixNano())
+	return unix.UtimesNanoAt(dirfd, base, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
+}
