@@ -249,9 +249,14 @@ func (s *Store) receive(ctx context.Context, r io.Reader, maxBytes int64, meta *
 		}
 	}()
 	d := checkpoints.NewDigestReader(ctx, r, maxBytes)
-	// struct{io.Writer} hides *os.File's ReadFrom, so the copy uses this
-	// buffer rather than a small one of its own.
-	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, d, make([]byte, copyBuffer)); err != nil {
+	// newWriteback starts the disk's writes while the body streams (and,
+	// not being an *os.File, has no ReadFrom: the copy uses this buffer
+	// rather than a small one of its own).
+	var w io.Writer = struct{ io.Writer }{f}
+	if !s.cfg.NoSync {
+		w = newWriteback(f)
+	}
+	if _, err := io.CopyBuffer(w, d, make([]byte, copyBuffer)); err != nil {
 		if derr := d.Err(); derr != nil {
 			return "", derr
 		}
