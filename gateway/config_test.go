@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
 func TestConfig_ValidateNamesTheVariable(t *testing.T) {
@@ -48,4 +50,11 @@ func TestNew_RefusesBadConfigAndMissingManager(t *testing.T) {
 	assert.ErrorContains(t, err, "QUARRY_API_KEYS")
 	_, err = New(Config{APIKeys: []string{testKey}}, Deps{})
 	assert.ErrorContains(t, err, "Manager")
+}
+
+// Agents are asked for stored blocks unless told otherwise: restores of
+// them are about twice as fast (docs/BENCHMARKS.md, "Checkpoints").
+func TestConfig_CheckpointCompressionDefaultsToNone(t *testing.T) {
+	assert.Equal(t, agentapi.CompressionNone, Config{}.WithDefaults().CheckpointCompression)
+	assert.Equal(t, agentapi.CompressionFast, Config{CheckpointCompression: agentapi.CompressionFast}.WithDefaults().CheckpointCompression)
 }

@@ -90,7 +90,7 @@ func run(ctx context.Context) error {
 	flag.IntVar(&o.runs, "runs", 15, "runs of checkpoint, restore and from_checkpoint per workspace (100 MB: a third)")
 	flag.IntVar(&o.forkRuns, "fork-runs", 5, "runs of each fork measurement (x64 and 100 MB: fewer, see the code)")
 	flag.IntVar(&o.bigForks, "forks", 64, "the larger fork's count (10 MB workspace only)")
-	flag.StringVar(&o.level, "compression", "", "QUARRY_CHECKPOINT_COMPRESSION of the gateway: fast, none or small (\"\": the default, fast)")
+	flag.StringVar(&o.level, "compression", "", "QUARRY_CHECKPOINT_COMPRESSION of the gateway: none, fast or small (\"\": the gateway's default, none)")
 	flag.DurationVar(&o.wait, "wait", 5*time.Minute, "bound of each wait (a pool filling)")
 	flag.Parse()
 
