@@ -297,31 +297,36 @@ func (s *Server) writeEntry(tw *tar.Writer, e ckEntry, buf []byte) error {
 // copyFile copies at most size bytes of the file at p to w through buf
 // (not io.Copy: tar.Writer's ReadFrom would allocate a buffer per file)
 // and returns how many it copied. A file that is gone copies 0 bytes and
-// no error; so does the rest of one that shrank.
+// no error; so does the rest of one that shrank, and so does a name that
+// became a symlink since the walk (O_NOFOLLOW: the archive never holds
+// what a link put there points to). The file is read with plain system
+// calls, not an *os.File: one open, reads and a close per file, without
+// the runtime's poller registration (a third of the calls per small file).
 func copyFile(w io.Writer, p string, size int64, buf []byte) (int64, error) {
-	f, err := os.Open(p)
-	if errors.Is(err, fs.ErrNotExist) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, err
+		return 0, &fs.PathError{Op: "open", Path: p, Err: err}
 	}
-	defer f.Close()
+	defer unix.Close(fd)
 	var n int64
 	for n < size {
-		m, err := f.Read(buf[:min(int64(len(buf)), size-n)])
-		if m > 0 {
-			if _, werr := w.Write(buf[:m]); werr != nil {
-				return n, werr
-			}
-			n += int64(m)
-		}
-		if errors.Is(err, io.EOF) {
-			return n, nil
+		m, err := unix.Read(fd, buf[:min(int64(len(buf)), size-n)])
+		if errors.Is(err, unix.EINTR) {
+			continue
 		}
 		if err != nil {
-			return n, err
+			return n, &fs.PathError{Op: "read", Path: p, Err: err}
 		}
+		if m == 0 {
+			return n, nil
+		}
+		if _, werr := w.Write(buf[:m]); werr != nil {
+			return n, werr
+		}
+		n += int64(m)
 	}
 	return n, nil
 }
