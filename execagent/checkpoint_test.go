@@ -755,3 +755,23 @@ func TestRestore_FastPathFallbacks(t *testing.T) {
 	assert.Equal(t, before, treeState(t, w), "nothing changed")
 	assert.Empty(t, stagingLeft(t, w))
 }
+
+// A name that became a symlink after the walk is read as vanished, never
+// through the link.
+func TestCopyFile_DoesNotFollowASymlink(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(t.TempDir(), "secret")
+	write(t, secret, "outside the tree", 0o600)
+	require.NoError(t, os.Symlink(secret, filepath.Join(dir, "was-a-file")))
+	var out bytes.Buffer
+	n, err := copyFile(&out, filepath.Join(dir, "was-a-file"), 16, make([]byte, 8))
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	assert.Empty(t, out.String())
+
+	write(t, filepath.Join(dir, "plain"), "0123456789abcdefXYZ", 0o644)
+	n, err = copyFile(&out, filepath.Join(dir, "plain"), 16, make([]byte, 5))
+	require.NoError(t, err)
+	assert.Equal(t, int64(16), n, "at most the walked size")
+	assert.Equal(t, "0123456789abcdef", out.String())
+}
