@@ -1,0 +1,22 @@
+package agentapi
+
+// RoutePort is the agent's reverse proxy into the sandbox: any method on
+// /v1/ports/{port}/{path...} is relayed to http://127.0.0.1:{port}/{path...}
+// (query string as sent; streamed bodies both ways, SSE, chunked, and
+// WebSocket upgrades). The agent's Authorization and its Quarry headers are
+// not forwarded. A port outside 1–65535 is 400 (CodeBadRequest); nothing
+// listening on the port is 502 CodePortClosed, naming the port.
+const RoutePort = "/v1/ports/{port}/{path...}"
+
+// PortPathPrefix is the prefix of RoutePort's paths.
+const PortPathPrefix = "/v1/ports/"
+
+// CodePortClosed is the error code of a port proxy call whose target port
+// had nothing listening (502).
+const CodePortClosed = "port_closed"
+
+// MinPort and MaxPort bound the ports the proxy reaches.
+const (
+	MinPort = 1
+	MaxPort = 65535
+)
