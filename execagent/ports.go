@@ -47,6 +47,11 @@ func newPortProxy(s *Server) *portProxy {
 		Transport:     tr,
 		FlushInterval: -1, // every write reaches the client at once: SSE, chunked
 		ErrorHandler:  p.failed,
+		ModifyResponse: func(r *http.Response) error {
+			port, _ := r.Request.Context().Value(portKey{}).(int)
+			r.Header.Set(agentapi.HeaderPortProxied, strconv.Itoa(port))
+			return nil
+		},
 	}
 	return p
 }

@@ -75,6 +75,9 @@ type Config struct {
 	// "fast" (the default: Huffman only), "none" (gzip's stored blocks:
 	// faster, larger archives) or "small" (deflate's fastest level).
 	CheckpointCompression string `envconfig:"QUARRY_CHECKPOINT_COMPRESSION"`
+
+	// PreviewConfig: signed preview URLs of sandbox ports (preview.go).
+	PreviewConfig
 }
 
 // Defaults of Config's zero fields.
@@ -165,7 +168,7 @@ func (c Config) Validate() error {
 	if c.MaxJSONBody > 0 && c.MaxUploadBody > 0 && c.MaxUploadBody < c.MaxJSONBody {
 		return fmt.Errorf("QUARRY_MAX_UPLOAD_BODY: must be at least QUARRY_MAX_JSON_BODY (%d), got %d", c.MaxJSONBody, c.MaxUploadBody)
 	}
-	return nil
+	return c.PreviewConfig.validate()
 }
 
 // checkAPIKey accepts printable ASCII without spaces or commas, 1..256 bytes.
@@ -210,5 +213,6 @@ func (c Config) WithDefaults() Config {
 	if c.MaxAgentClients == 0 {
 		c.MaxAgentClients = DefaultMaxAgentClients
 	}
+	c.PreviewConfig = c.PreviewConfig.withDefaults()
 	return c
 }

@@ -111,6 +111,8 @@ type Gateway struct {
 
 	rock *rockcompat.Service // ROCK's routes (rock.go)
 	ck   *ckService          // checkpoints (checkpoints.go)
+
+	preview *previewSigner // preview URLs of sandbox ports (preview.go)
 }
 
 // New validates cfg, applies its defaults and builds the gateway's app. It
@@ -135,6 +137,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		conns:  newConnSet(),
 
 		draining: make(chan struct{}),
+		preview:  newPreviewSigner(cfg.PreviewSecret),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -308,7 +311,7 @@ type route struct {
 // (TestOpenAPI_MatchesRoutes).
 func (g *Gateway) routeTable() []route {
 	const sbx = "/v1/sandboxes/:id"
-	return []route{
+	return append([]route{
 		{method: fiber.MethodGet, path: "/healthz", handler: g.healthz},
 		{method: fiber.MethodGet, path: "/readyz", handler: g.readyz},
 		{method: fiber.MethodGet, path: "/openapi.json", handler: serveOpenAPI},
@@ -366,7 +369,7 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodPost, path: sbx + "/env/reset", auth: true, handler: g.resetEnv},
 		{method: fiber.MethodPost, path: sbx + "/env/step", auth: true, handler: g.stepEnv},
 		{method: fiber.MethodPost, path: sbx + "/env/close", auth: true, handler: g.closeEnv},
-	}
+	}, g.portRoutes()...) // ports and preview URLs (ports.go)
 }
 
 func (g *Gateway) register() {
@@ -413,7 +416,7 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 // headerReceived picks, from a request's headers, how long its body may take
 // and how much the server reads ahead: uploads get the upload limits.
 func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-	if isUpload(h.Method(), h.RequestURI()) {
+	if isUpload(h.Method(), h.RequestURI()) || isPortPath(h.RequestURI()) {
 		return fasthttp.RequestConfig{ReadTimeout: g.cfg.UploadTimeout, MaxRequestBodySize: int(g.cfg.MaxUploadBody)}
 	}
 	return fasthttp.RequestConfig{MaxRequestBodySize: int(g.cfg.MaxJSONBody)}

@@ -20,3 +20,8 @@ const (
 	MinPort = 1
 	MaxPort = 65535
 )
+
+// HeaderPortProxied is set by the agent on every answer that came from the
+// program behind the port (its value is the port), so that the gateway can
+// tell the program's own 401 or 409 from the agent's.
+const HeaderPortProxied = "X-Quarry-Port"
