@@ -229,4 +229,3 @@ func errPreviewLease(err error) error {
 	}
 	return err
 }
-
