@@ -218,7 +218,7 @@ func TestOpenAPI_MatchesRoutes(t *testing.T) {
 	sort.Strings(documented)
 	sort.Strings(served)
 	assert.Equal(t, served, documented)
-	assert.Len(t, served, len(gw.routeTable())+len(gw.rock.Routes())+len(gw.rock.GemRoutes(nil)))
+	assert.Len(t, served, len(gw.routeTable())+len(gw.rock.Routes())+len(gw.rock.GemRoutes(nil))+len(gw.rockPortRoutes()))
 
 	// Every $ref points at something in the document.
 	var raw map[string]any

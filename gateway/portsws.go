@@ -10,3 +10,8 @@ import (
 func (g *Gateway) relayPortWS(c *fiber.Ctx, pc portCall) error {
 	return errclass.New(fiber.StatusNotImplemented, "not_implemented", "WebSocket to sandbox ports: not yet")
 }
+
+// relayTCP relays a WebSocket to a TCP forward of a port (not yet).
+func (g *Gateway) relayTCP(c *fiber.Ctx, pc portCall) error {
+	return errclass.New(fiber.StatusNotImplemented, "not_implemented", "WebSocket TCP forward: not yet")
+}
