@@ -113,6 +113,7 @@ type Gateway struct {
 	ck   *ckService          // checkpoints (checkpoints.go)
 
 	preview *previewSigner // preview URLs of sandbox ports (preview.go)
+	ws      *portSockets   // the port routes' WebSockets (portsws.go)
 }
 
 // New validates cfg, applies its defaults and builds the gateway's app. It
@@ -138,6 +139,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 
 		draining: make(chan struct{}),
 		preview:  newPreviewSigner(cfg.PreviewSecret),
+		ws:       newPortSockets(),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -279,6 +281,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 			g.conns.closeUnserved(unservedAge)
 		}
 	}
+	g.ws.closeAll(ctx)
 	g.parksMu.Lock()
 	parks := g.parks
 	g.parksMu.Unlock()

@@ -25,3 +25,17 @@ const (
 // program behind the port (its value is the port), so that the gateway can
 // tell the program's own 401 or 409 from the agent's.
 const HeaderPortProxied = "X-Quarry-Port"
+
+// RoutePortForward is the agent's TCP forward: GET upgrades to a WebSocket
+// whose binary messages carry the bytes of one TCP connection to
+// 127.0.0.1:{port} in the sandbox (ROCK's /portforward). The connection is
+// made before the upgrade: nothing listening is 502 CodePortClosed.
+const RoutePortForward = "/v1/portforward/{port}"
+
+// PortForwardPathPrefix is the prefix of RoutePortForward's paths.
+const PortForwardPathPrefix = "/v1/portforward/"
+
+// MaxPortMessage bounds one WebSocket message the port routes read (the
+// agent's TCP forward, the gateway's relay): larger is refused with close
+// 1009.
+const MaxPortMessage = 16 << 20
