@@ -109,11 +109,11 @@ type Gateway struct {
 	draining  chan struct{}
 	drainOnce sync.Once
 
+	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
 	ck   *ckService          // checkpoints (checkpoints.go)
 
 	preview *previewSigner // preview URLs of sandbox ports (preview.go)
-	ws      *portSockets   // the port routes' WebSockets (portsws.go)
 }
 
 // New validates cfg, applies its defaults and builds the gateway's app. It
@@ -139,7 +139,6 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 
 		draining: make(chan struct{}),
 		preview:  newPreviewSigner(cfg.PreviewSecret),
-		ws:       newPortSockets(),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -157,6 +156,12 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	g.ws = newWSSockets(cfg)
+	for _, c := range g.ws.collectors() {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register gateway metrics: %w", err)
+		}
+	}
 	if err := deps.CheckpointConfig.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -268,6 +273,7 @@ const unservedAge = 500 * time.Millisecond
 // connections. It never touches leases or sandboxes.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.drainOnce.Do(func() { close(g.draining) })
+	wsErr := g.ws.closeAll(ctx) // hijacked connections: the server does not track them
 	done := make(chan error, 1)
 	go func() { done <- g.app.ShutdownWithContext(ctx) }()
 	tick := time.NewTicker(unservedAge / 5)
@@ -281,7 +287,6 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 			g.conns.closeUnserved(unservedAge)
 		}
 	}
-	g.ws.closeAll(ctx)
 	g.parksMu.Lock()
 	parks := g.parks
 	g.parksMu.Unlock()
@@ -294,6 +299,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.agents.closeIdle()
 	g.ck.http.CloseIdleConnections()
 	g.rock.CloseIdle()
+	if err == nil {
+		err = wsErr
+	}
 	if err != nil {
 		return fmt.Errorf("shut down gateway: %w", err)
 	}
@@ -308,6 +316,9 @@ type route struct {
 	auth    bool
 	handler fiber.Handler
 	proxy   proxyKind
+	// ws: a WebSocket route; auth also accepts the API key in the
+	// quarry.auth. subprotocol (authenticateWS).
+	ws bool
 }
 
 // routeTable lists every route. openapi.json documents exactly these
@@ -382,9 +393,12 @@ func (g *Gateway) register() {
 		if h == nil {
 			h = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
 		}
-		if rt.auth {
+		switch {
+		case rt.auth && rt.ws:
+			g.app.Add(rt.method, rt.path, g.authenticateWS, h)
+		case rt.auth:
 			g.app.Add(rt.method, rt.path, g.authenticate, h)
-		} else {
+		default:
 			g.app.Add(rt.method, rt.path, h)
 		}
 		g.routes[rt.path] = true
