@@ -79,6 +79,10 @@ type wsTarget struct {
 	// MaxMessage bounds one message in each direction (0:
 	// DefaultWSMaxMessage).
 	MaxMessage int64
+	// Header holds more request headers for the agent (the port routes:
+	// the page's cookies and headers); the relay's own (Authorization, the
+	// generation, the handshake's) replace any of the same name.
+	Header http.Header
 
 	// Set by relayWS: the caller's owner id and the lease the request was
 	// fenced with (the lease check compares its generation).
@@ -420,7 +424,10 @@ func (g *Gateway) dialAgentWS(ctx context.Context, t wsTarget) (*websocket.Conn,
 		return nil, errclass.Sandbox(t.ID, err)
 	}
 	u := "ws" + strings.TrimPrefix(ac.base, "http") + t.path
-	h := http.Header{}
+	h := t.Header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
 	h.Set(fiber.HeaderAuthorization, "Bearer "+t.lease.AgentToken)
 	h.Set(agentapi.HeaderGeneration, strconv.FormatInt(t.lease.Generation, 10))
 	d := *g.ws.dialer
