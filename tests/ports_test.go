@@ -19,12 +19,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/remote"
 	"github.com/fasthttp/websocket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/rockcompat"
 )
 
@@ -251,4 +254,61 @@ func TestPorts_E2E(t *testing.T) {
 		require.NoError(t, json.Unmarshal(b, &e))
 		assert.Contains(t, e.Error.Message, "has ended")
 	})
+}
+
+// TestPorts_ChromiumOverCDP: a headless Chromium runs as a sandbox process
+// and is driven over CDP through a preview URL (no API key): /json/version
+// through the proxy, then chromedp on the proxied browser WebSocket loads a
+// page served inside the sandbox and reads it.
+func TestPorts_ChromiumOverCDP(t *testing.T) {
+	chromium := testenv.Chromium(t)
+	g := startGateway(t, defaultPools)
+	g.waitReady("default", 1)
+	c := g.client()
+	sbx, err := c.CreateSandbox(ctx(t), client.CreateSandboxRequest{Pool: "default"})
+	require.NoError(t, err)
+	httpPort, cdpPort := freePort(t), freePort(t)
+	startPortProgram(t, g, c, sbx.ID, "testdata/portserver.py", "portserver.py",
+		func(r string) []string { return []string{"python3", r} }, httpPort)
+	_, err = c.StartProcess(ctx(t), sbx.ID, agentapi.ProcessStartRequest{Argv: []string{chromium,
+		"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port=" + strconv.Itoa(cdpPort),
+		"--user-data-dir=chromium-profile", "about:blank"}})
+	require.NoError(t, err)
+
+	pv, err := c.PreviewURL(ctx(t), sbx.ID, cdpPort, 10*time.Minute)
+	require.NoError(t, err)
+	base, query, ok := strings.Cut(pv.URL, "?")
+	require.True(t, ok, pv.URL)
+	var version struct {
+		Browser string `json:"Browser"`
+		WS      string `json:"webSocketDebuggerUrl"`
+	}
+	eventually(t, 60*time.Second, "Chromium's DevTools answers through the preview URL", func() error {
+		resp, err := http.Get(base + "json/version?" + query)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%d: %s", resp.StatusCode, b)
+		}
+		return json.Unmarshal(b, &version)
+	})
+	assert.Contains(t, version.Browser, "Chrome")
+	// The answer names the sandbox's own address; the client connects to
+	// the same path through the proxy.
+	wsPath := version.WS[strings.Index(version.WS, "/devtools/"):]
+	cdpURL := "ws" + strings.TrimPrefix(strings.TrimSuffix(base, "/"), "http") + wsPath + "?" + query
+
+	actx, cancelA := remote.NewAllocator(ctx(t), cdpURL, remote.NoModifyURL)
+	defer cancelA()
+	tctx, cancelT := chromedp.NewContext(actx)
+	defer cancelT()
+	_, err = chromedp.Run(tctx, chromedp.Navigate(fmt.Sprintf("http://127.0.0.1:%d/hello", httpPort)))
+	require.NoError(t, err)
+	text, err := chromedp.Run(tctx, chromedp.Text("body"))
+	require.NoError(t, err)
+	assert.Equal(t, "hello from the sandbox, auth=", strings.TrimSpace(text), "the page, loaded by Chromium inside the sandbox, read over CDP")
 }
