@@ -128,8 +128,8 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("HTTP GET 1 KiB  direct  %s\n", dockergw.Line(dHTTP))
-	fmt.Printf("HTTP GET 1 KiB  proxied %s\n", dockergw.Line(pHTTP))
+	fmt.Printf("HTTP GET 1 KiB  direct  %s\n", line(dHTTP))
+	fmt.Printf("HTTP GET 1 KiB  proxied %s\n", line(pHTTP))
 	rHTTP := ratio(pHTTP, dHTTP)
 	fmt.Printf("HTTP proxied/direct: p50 x%.2f, p99 x%.2f\n", rHTTP[0], rHTTP[1])
 	res["http_direct_ms"], res["http_proxied_ms"], res["http_ratio_p50_p99"] = dockergw.Summary(dHTTP), dockergw.Summary(pHTTP), rHTTP
@@ -144,8 +144,8 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("websocket proxied: %w", err)
 	}
-	fmt.Printf("WS round trip 64 B  direct  %s\n", dockergw.Line(dRT))
-	fmt.Printf("WS round trip 64 B  proxied %s\n", dockergw.Line(pRT))
+	fmt.Printf("WS round trip 64 B  direct  %s\n", line(dRT))
+	fmt.Printf("WS round trip 64 B  proxied %s\n", line(pRT))
 	res["ws_rt_direct_ms"], res["ws_rt_proxied_ms"] = dockergw.Summary(dRT), dockergw.Summary(pRT)
 
 	dRate, err := wsStream(wsDirect, nil, o.wsMessages, o.wsWindow)
@@ -252,6 +252,13 @@ func wsStream(u string, h http.Header, n, window int) (float64, error) {
 		return 0, err
 	}
 	return float64(n) / time.Since(t0).Seconds(), nil
+}
+
+// line is dockergw.Summary as one printed line, in microseconds (Line
+// rounds to 100 µs, coarse for loopback).
+func line(ds []time.Duration) string {
+	m := dockergw.Summary(ds)
+	return fmt.Sprintf("n=%d p50 %.0f µs p99 %.0f µs (min %.0f, max %.0f)", len(ds), 1000*m["p50"], 1000*m["p99"], 1000*m["min"], 1000*m["max"])
 }
 
 func ratio(p, d []time.Duration) [2]float64 {
