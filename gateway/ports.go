@@ -45,6 +45,16 @@ func portParam(v string) (int, error) {
 	return n, nil
 }
 
+// portPathParams returns the sandbox id and the port of a port route.
+func portPathParams(c *fiber.Ctx) (string, int, error) {
+	id, err := pathID(c, "id")
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := portParam(c.Params("port"))
+	return id, port, err
+}
+
 // isPortPath reports whether an escaped path is under a port route, whose
 // bodies take the upload limits (headerReceived). It does not allocate.
 func isPortPath(uri []byte) bool {
@@ -65,11 +75,7 @@ func isPortPath(uri []byte) bool {
 // caller's, and for a token the generation it was issued for), and the call
 // is relayed to the agent's port proxy.
 func (g *Gateway) proxyPort(c *fiber.Ctx) error {
-	id, err := pathID(c, "id")
-	if err != nil {
-		return err
-	}
-	port, err := portParam(c.Params("port"))
+	id, port, err := portPathParams(c)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/bytebufferpool"
 
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
@@ -167,21 +168,19 @@ type previewAnswer struct {
 // of the port route that works without the API key until ttl_seconds pass
 // or the lease ends, whichever is first.
 func (g *Gateway) createPreviewURL(c *fiber.Ctx) error {
-	id, err := pathID(c, "id")
-	if err != nil {
-		return err
-	}
-	port, err := portParam(c.Params("port"))
+	id, port, err := portPathParams(c)
 	if err != nil {
 		return err
 	}
 	var req previewRequest
-	if len(c.Body()) > 0 {
+	if c.Request().Header.ContentLength() != 0 {
 		bb, err := readBody(c, g.cfg.MaxJSONBody)
 		if err != nil {
 			return err
 		}
-		if err := decodeStrict(bb.B, &req, []string{"ttl_seconds"}); err != nil {
+		err = decodeStrict(bb.B, &req, []string{"ttl_seconds"})
+		bytebufferpool.Put(bb)
+		if err != nil {
 			return err
 		}
 	}

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"strconv"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -70,16 +69,23 @@ func (g *Gateway) rockVNC(c *fiber.Ctx) error {
 // rockRelay fences a ROCK port call (rockAuth stored the owner) and relays
 // it as the port routes do.
 func (g *Gateway) rockRelay(c *fiber.Ctx, port int, rest string) error {
+	pc, err := g.rockPortCall(c, port)
+	if err != nil {
+		return err
+	}
+	pc.rest, pc.dropHeaders, pc.dropQuery = rest, rockDropHeaders, []string{rockTargetPortQuery}
+	return g.relayPort(c, pc)
+}
+
+// rockPortCall reads the lease of a ROCK port route's sandbox (as the
+// owner rockAuth stored) for a call to port.
+func (g *Gateway) rockPortCall(c *fiber.Ctx, port int) (portCall, error) {
 	id, err := pathID(c, "id")
 	if err != nil {
-		return err
+		return portCall{}, err
 	}
 	lease, err := g.activeLease(c, id)
-	if err != nil {
-		return err
-	}
-	return g.relayPort(c, portCall{id: id, port: port, lease: lease, rest: rest,
-		dropHeaders: rockDropHeaders, dropQuery: []string{rockTargetPortQuery}})
+	return portCall{id: id, port: port, lease: lease}, err
 }
 
 // rockTargetPort resolves the target port of a ROCK proxy path (the part
@@ -136,13 +142,9 @@ func (g *Gateway) rockPortForward(c *fiber.Ctx) error {
 	if port < rockPortForwardMin || port == rockPortForwardSSH {
 		return badinput.New("port", "port %d is not allowed for port forwarding (ROCK forwards %d-65535)", port, rockPortForwardMin)
 	}
-	id, err := pathID(c, "id")
+	pc, err := g.rockPortCall(c, port)
 	if err != nil {
 		return err
 	}
-	lease, err := g.activeLease(c, id)
-	if err != nil {
-		return err
-	}
-	return g.relayTCP(c, portCall{id: id, port: port, lease: lease, rest: "/" + strconv.Itoa(port)})
+	return g.relayTCP(c, pc)
 }

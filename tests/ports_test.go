@@ -44,7 +44,7 @@ func freePort(t *testing.T) int {
 
 // startPortProgram uploads a program into the sandbox and starts it there
 // with PORT set, then waits until the port answers through the proxy.
-func startPortProgram(t *testing.T, g *gatewayProc, c *client.Client, id, local, remote string, argv func(remote string) []string, port int) {
+func startPortProgram(t *testing.T, c *client.Client, id, local, remote string, argv func(remote string) []string, port int) {
 	t.Helper()
 	f, err := os.Open(local)
 	require.NoError(t, err)
@@ -71,22 +71,32 @@ func startPortProgram(t *testing.T, g *gatewayProc, c *client.Client, id, local,
 // TestPorts_E2E: a Python http.server and a Go WebSocket echo inside a
 // sandbox of the real gateway (process provider), reached through the port
 // proxy, with the API key and with preview URLs.
-func TestPorts_E2E(t *testing.T) {
+// portSandbox starts a gateway, leases a sandbox and runs the Python
+// program (testdata/portserver.py) in it on a free port.
+func portSandbox(t *testing.T) (*gatewayProc, *client.Client, client.Sandbox, int) {
+	t.Helper()
 	g := startGateway(t, defaultPools)
 	g.waitReady("default", 1)
 	c := g.client()
 	sbx, err := c.CreateSandbox(ctx(t), client.CreateSandboxRequest{Pool: "default"})
 	require.NoError(t, err)
-
-	httpPort, wsPort := freePort(t), freePort(t)
-	startPortProgram(t, g, c, sbx.ID, "testdata/portserver.py", "portserver.py",
+	httpPort := freePort(t)
+	startPortProgram(t, c, sbx.ID, "testdata/portserver.py", "portserver.py",
 		func(r string) []string { return []string{"python3", r} }, httpPort)
-	wsecho := filepath.Join(t.TempDir(), "wsecho")
-	build := exec.Command("go", "build", "-o", wsecho, "./testdata/wsecho")
+	return g, c, sbx, httpPort
+}
+
+func TestPorts_E2E(t *testing.T) {
+	g, c, sbx, httpPort := portSandbox(t)
+	// The WebSocket echo: bench/portbench's program (-serve), built here.
+	wsPort := freePort(t)
+	echo := filepath.Join(t.TempDir(), "portbench")
+	build := exec.Command("go", "build", "-o", echo, "./bench/portbench")
+	build.Dir = ".."
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, string(out))
-	startPortProgram(t, g, c, sbx.ID, wsecho, "wsecho", func(r string) []string { return []string{"./" + r} }, wsPort)
+	startPortProgram(t, c, sbx.ID, echo, "portbench", func(r string) []string { return []string{"./" + r, "-serve", strconv.Itoa(wsPort)} }, wsPort)
 
 	pc := c.PortClient()
 	portURL := func(port int, path string) string {
@@ -142,7 +152,7 @@ func TestPorts_E2E(t *testing.T) {
 	})
 	t.Run("WebSocket echo", func(t *testing.T) {
 		d := websocket.Dialer{Subprotocols: []string{"echo.v1"}, HandshakeTimeout: 30 * time.Second}
-		ws, resp, err := d.Dial("ws"+strings.TrimPrefix(portURL(wsPort, "/"), "http"), http.Header{"Authorization": {"Bearer " + g.key}})
+		ws, resp, err := d.Dial("ws"+strings.TrimPrefix(portURL(wsPort, "/ws"), "http"), http.Header{"Authorization": {"Bearer " + g.key}})
 		require.NoError(t, err)
 		defer ws.Close()
 		assert.Equal(t, "echo.v1", resp.Header.Get("Sec-WebSocket-Protocol"))
@@ -217,7 +227,7 @@ func TestPorts_E2E(t *testing.T) {
 
 		wsPv, err := c.PreviewURL(ctx(t), sbx.ID, wsPort, 0)
 		require.NoError(t, err)
-		ws, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(wsPv.URL, "http"), nil)
+		ws, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(strings.Replace(wsPv.URL, "/?", "/ws?", 1), "http"), nil)
 		require.NoError(t, err, "a preview URL opens a WebSocket")
 		require.NoError(t, ws.WriteMessage(websocket.TextMessage, []byte("via preview")))
 		_, got, err := ws.ReadMessage()
@@ -262,15 +272,9 @@ func TestPorts_E2E(t *testing.T) {
 // page served inside the sandbox and reads it.
 func TestPorts_ChromiumOverCDP(t *testing.T) {
 	chromium := testenv.Chromium(t)
-	g := startGateway(t, defaultPools)
-	g.waitReady("default", 1)
-	c := g.client()
-	sbx, err := c.CreateSandbox(ctx(t), client.CreateSandboxRequest{Pool: "default"})
-	require.NoError(t, err)
-	httpPort, cdpPort := freePort(t), freePort(t)
-	startPortProgram(t, g, c, sbx.ID, "testdata/portserver.py", "portserver.py",
-		func(r string) []string { return []string{"python3", r} }, httpPort)
-	_, err = c.StartProcess(ctx(t), sbx.ID, agentapi.ProcessStartRequest{Argv: []string{chromium,
+	_, c, sbx, httpPort := portSandbox(t)
+	cdpPort := freePort(t)
+	_, err := c.StartProcess(ctx(t), sbx.ID, agentapi.ProcessStartRequest{Argv: []string{chromium,
 		"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
 		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port=" + strconv.Itoa(cdpPort),
 		"--user-data-dir=chromium-profile", "about:blank"}})

@@ -295,9 +295,12 @@ func waitUp(ctx context.Context, c *http.Client, u string) error {
 	}
 }
 
-// serve is the program in the sandbox: GET / answers body, /ws echoes.
+// serve is the program in the sandbox: GET / answers body, /ws echoes
+// every message.
 func serve(port int) error {
-	up := websocket.Upgrader{ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10}
+	// echo.v1 is selected when offered (tests/ports_test.go runs this
+	// program as its WebSocket echo).
+	up := websocket.Upgrader{ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10, Subprotocols: []string{"echo.v1"}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) })
 	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
