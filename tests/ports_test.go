@@ -86,17 +86,27 @@ func portSandbox(t *testing.T) (*gatewayProc, *client.Client, client.Sandbox, in
 	return g, c, sbx, httpPort
 }
 
-func TestPorts_E2E(t *testing.T) {
-	g, c, sbx, httpPort := portSandbox(t)
-	// The WebSocket echo: bench/portbench's program (-serve), built here.
-	wsPort := freePort(t)
+// buildEcho builds bench/portbench, whose -serve program answers GET / and
+// echoes WebSocket messages on /ws (a static binary: it runs in any image).
+func buildEcho(t *testing.T) string {
+	t.Helper()
 	echo := filepath.Join(t.TempDir(), "portbench")
 	build := exec.Command("go", "build", "-o", echo, "./bench/portbench")
 	build.Dir = ".."
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, string(out))
-	startPortProgram(t, c, sbx.ID, echo, "portbench", func(r string) []string { return []string{"./" + r, "-serve", strconv.Itoa(wsPort)} }, wsPort)
+	return echo
+}
+
+func echoArgv(port int) func(string) []string {
+	return func(r string) []string { return []string{"./" + r, "-serve", strconv.Itoa(port)} }
+}
+
+func TestPorts_E2E(t *testing.T) {
+	g, c, sbx, httpPort := portSandbox(t)
+	wsPort := freePort(t)
+	startPortProgram(t, c, sbx.ID, buildEcho(t), "portbench", echoArgv(wsPort), wsPort)
 
 	pc := c.PortClient()
 	portURL := func(port int, path string) string {
@@ -315,4 +325,42 @@ func TestPorts_ChromiumOverCDP(t *testing.T) {
 	text, err := chromedp.Run(tctx, chromedp.Text("body"))
 	require.NoError(t, err)
 	assert.Equal(t, "hello from the sandbox, auth=", strings.TrimSpace(text), "the page, loaded by Chromium inside the sandbox, read over CDP")
+}
+
+// TestPorts_Docker: the same route into a Docker sandbox, whose ports are
+// not published: the program listens on the container's own loopback and
+// only its agent reaches it. HTTP, a WebSocket and a preview URL.
+func TestPorts_Docker(t *testing.T) {
+	d := requireDocker(t)
+	g := d.startGateway(dockerTwoPools)
+	g.waitReady("plain", 1)
+	c := g.client()
+	sbx, err := c.CreateSandbox(ctx(t), client.CreateSandboxRequest{Pool: "plain"})
+	require.NoError(t, err)
+	const port = 8123 // inside the container (the agent itself listens on 8000 there)
+	startPortProgram(t, c, sbx.ID, buildEcho(t), "portbench", echoArgv(port), port)
+
+	u, err := c.PortURL(sbx.ID, port, "/")
+	require.NoError(t, err)
+	resp, err := c.PortClient().Get(u)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Len(t, b, 1024, "the program's 1 KiB answer from inside the container")
+	direct, err := http.Get("http://127.0.0.1:8123/")
+	if err == nil {
+		direct.Body.Close()
+		assert.NotEqual(t, http.StatusOK, direct.StatusCode, "the container's port is not published")
+	}
+
+	pv, err := c.PreviewURL(ctx(t), sbx.ID, port, time.Minute)
+	require.NoError(t, err)
+	ws, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(strings.Replace(pv.URL, "/?", "/ws?", 1), "http"), nil)
+	require.NoError(t, err)
+	defer ws.Close()
+	require.NoError(t, ws.WriteMessage(websocket.TextMessage, []byte("into docker")))
+	_, got, err := ws.ReadMessage()
+	require.NoError(t, err)
+	assert.Equal(t, "into docker", string(got))
 }
