@@ -210,10 +210,11 @@ func TestOpenAPI_MatchesRoutes(t *testing.T) {
 	}
 	var served []string
 	for _, r := range gw.App().GetRoutes(true) {
-		if r.Method == http.MethodHead || r.Path == "/" {
-			continue // fiber's automatic HEAD routes; the root middleware
+		path := fiberParam.ReplaceAllString(r.Path, "{$1}")
+		if (r.Method == http.MethodHead && !slices.Contains(documented, "HEAD "+path)) || r.Path == "/" {
+			continue // fiber's automatic HEAD routes (the port proxies register theirs); the root middleware
 		}
-		served = append(served, r.Method+" "+fiberParam.ReplaceAllString(r.Path, "{$1}"))
+		served = append(served, r.Method+" "+path)
 	}
 	sort.Strings(documented)
 	sort.Strings(served)

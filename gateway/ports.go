@@ -16,9 +16,9 @@ import (
 	"github.com/quarryhq/quarry/warmpool"
 )
 
-// portMethods are the methods the port routes serve (HEAD comes with GET).
+// portMethods are the methods the port routes serve.
 var portMethods = [...]string{
-	fiber.MethodGet, fiber.MethodPost, fiber.MethodPut, fiber.MethodPatch, fiber.MethodDelete, fiber.MethodOptions,
+	fiber.MethodGet, fiber.MethodHead, fiber.MethodPost, fiber.MethodPut, fiber.MethodPatch, fiber.MethodDelete, fiber.MethodOptions,
 }
 
 // portRoutes lists the port routes: the proxy under every method, and the

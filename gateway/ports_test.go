@@ -109,6 +109,17 @@ func TestPorts_ProxiesHTTPAndStripsQuarryHeaders(t *testing.T) {
 	assert.Empty(t, resp.Header.Get(agentapi.HeaderPortProxied))
 	assert.Equal(t, "app=1; Path=/", resp.Header.Get("Set-Cookie"), "the program's headers pass")
 
+	// HEAD and OPTIONS pass as any other method.
+	for _, m := range []string{http.MethodHead, http.MethodOptions, http.MethodPatch, http.MethodDelete} {
+		resp, b := call(t, m, s.url("/echo/m"), testKey, nil)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, m)
+		if m == http.MethodHead {
+			assert.Empty(t, b)
+		} else {
+			assert.Contains(t, string(b), `"method":"`+m+`"`)
+		}
+	}
+
 	// The program's own 401 is its answer, not the agent's.
 	resp, b = call(t, http.MethodGet, s.url("/status/401"), testKey, nil)
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
