@@ -230,6 +230,8 @@ func (s *Server) routes() http.Handler {
 	fenced("POST "+agentapi.RouteKillAll, s.handleKillAll)
 	fenced("GET "+agentapi.RouteCheckpoint, s.handleCheckpoint)
 	fenced("PUT "+agentapi.RouteCheckpoint, s.handleRestore)
+	fenced(agentapi.RoutePort, s.handlePort(newPortProxy(s)))     // every method (ports.go)
+	fenced("GET "+agentapi.RoutePortForward, s.handlePortForward) // portforward.go
 	// Unknown routes and wrong methods: authenticate first, then answer in
 	// the ErrorBody shape (the mux's own 404/405 are plain text).
 	notFound := s.wrap(func(w http.ResponseWriter, r *http.Request) error {

@@ -23,13 +23,14 @@ type allowTable struct {
 type allowNode struct {
 	lit   map[string]*allowNode // literal segments, lowercase
 	param *allowNode            // a ":name" segment
+	wild  *allowNode            // a final "*": any rest of the path, empty included
 	mask  uint16                // methods of the template ending here
 }
 
 // newAllowTable builds the table of routes, whose methods are among methods
 // (the app's RequestMethods, at most 16). It fails on a route it cannot
-// model: a template with wildcards, optional parameters or a parameter that
-// is not a whole segment. Paths match as fiber matches them by default
+// model: a template with wildcards (but a final "/*"), optional parameters
+// or a parameter that is not a whole segment. Paths match as fiber matches them by default
 // (case-insensitive, trailing slashes ignored).
 func newAllowTable(methods []string, routes []fiber.Route) (*allowTable, error) {
 	if len(methods) > 16 {
@@ -47,8 +48,14 @@ func newAllowTable(methods []string, routes []fiber.Route) (*allowTable, error) 
 			return nil, fmt.Errorf("allow table: route %s %s: method not among the app's methods", r.Method, r.Path)
 		}
 		n := t.root
-		for _, seg := range splitPath(r.Path) {
+		segs := splitPath(r.Path)
+		for j, seg := range segs {
 			switch {
+			case seg == "*" && j == len(segs)-1:
+				if n.wild == nil {
+					n.wild = &allowNode{}
+				}
+				n = n.wild
 			case strings.HasPrefix(seg, ":") && len(seg) > 1 && !strings.ContainsAny(seg[1:], ":*+?.-"):
 				if n.param == nil {
 					n.param = &allowNode{}
@@ -120,12 +127,15 @@ func (t *allowTable) lookup(path string) (allow string, ok bool) {
 
 // match returns the methods of the templates below n that segs match.
 func (n *allowNode) match(segs []string) uint16 {
-	if len(segs) == 0 {
-		return n.mask
-	}
 	var mask uint16
+	if n.wild != nil {
+		mask = n.wild.mask
+	}
+	if len(segs) == 0 {
+		return mask | n.mask
+	}
 	if next := n.lit[strings.ToLower(segs[0])]; next != nil {
-		mask = next.match(segs[1:])
+		mask |= next.match(segs[1:])
 	}
 	if n.param != nil && segs[0] != "" {
 		mask |= n.param.match(segs[1:])

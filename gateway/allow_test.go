@@ -91,7 +91,14 @@ func TestAllowTable_UnionOfTemplatesAndRefusals(t *testing.T) {
 		})
 	}
 
-	for _, path := range []string{"/v1/*", "/v1/:id?", "/v1/file.:ext", "/v1/:a-:b", "/v1/+"} {
+	wild, err := newAllowTable(methods, []fiber.Route{{Method: "GET", Path: "/v1/things/:id/*"}, {Method: "POST", Path: "/v1/things/:id/x"}})
+	require.NoError(t, err, "a final wildcard is modelled")
+	for path, want := range map[string]string{"/v1/things/a": "GET", "/v1/things/a/": "GET", "/v1/things/a/b/c": "GET", "/v1/things/a/x": "GET, POST"} {
+		allow, ok := wild.lookup(path)
+		assert.True(t, ok, path)
+		assert.Equal(t, want, allow, path)
+	}
+	for _, path := range []string{"/v1/*/x", "/v1/:id?", "/v1/file.:ext", "/v1/:a-:b", "/v1/+"} {
 		_, err := newAllowTable(methods, []fiber.Route{{Method: "GET", Path: path}})
 		assert.Error(t, err, "%s is not modelled: refused at start-up", path)
 	}

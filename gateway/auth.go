@@ -60,6 +60,16 @@ var bearerPrefix = []byte("Bearer ")
 // authenticate is the middleware of every route that needs an API key: it
 // answers 401 for a missing or wrong key and stores the caller's owner id.
 func (g *Gateway) authenticate(c *fiber.Ctx) error {
+	if err := g.checkKey(c); err != nil {
+		return err
+	}
+	return c.Next()
+}
+
+// checkKey is authenticate without going on to the next handler: it
+// answers the 401 error of a missing or wrong key, or stores the caller's
+// owner id.
+func (g *Gateway) checkKey(c *fiber.Ctx) error {
 	h := c.Request().Header.Peek(fiber.HeaderAuthorization)
 	if len(h) == 0 {
 		return errclass.Unauthorized("missing API key: send Authorization: Bearer <api key>")
@@ -76,7 +86,7 @@ func (g *Gateway) authenticate(c *fiber.Ctx) error {
 		return errclass.Unauthorized("invalid API key")
 	}
 	c.Locals(ownerLocal, owner)
-	return c.Next()
+	return nil
 }
 
 // ownerOf returns the owner stored by authenticate.

@@ -76,6 +76,19 @@ type Config struct {
 	// "fast" (Huffman only: archives about 0.6 of none's, restores about
 	// twice as slow) or "small" (deflate's fastest level).
 	CheckpointCompression string `envconfig:"QUARRY_CHECKPOINT_COMPRESSION"`
+
+	// PreviewConfig: signed preview URLs of sandbox ports (preview.go).
+	PreviewConfig
+
+	// MaxWebSockets bounds the WebSockets (PTY and port routes) one gateway
+	// relays at once (default 10000); past it a new one is 503.
+	MaxWebSockets int `envconfig:"QUARRY_MAX_WEBSOCKETS"`
+	// WSLeaseCheck is how often an open WebSocket reads its lease; a
+	// released or expired lease closes it with 4410 lease_gone (default 10s).
+	WSLeaseCheck time.Duration `envconfig:"QUARRY_WS_LEASE_CHECK"`
+	// WSPingInterval is how often the relay pings both ends of a WebSocket;
+	// an end silent for two intervals is closed (default 30s).
+	WSPingInterval time.Duration `envconfig:"QUARRY_WS_PING_INTERVAL"`
 }
 
 // Defaults of Config's zero fields.
@@ -96,6 +109,9 @@ const (
 	DefaultMaxConnsPerAgent  = 256
 	DefaultMaxAgentClients   = 16384
 	DefaultRetryAfter        = 2 * time.Second
+	DefaultMaxWebSockets     = 10000
+	DefaultWSLeaseCheck      = 10 * time.Second
+	DefaultWSPingInterval    = 30 * time.Second
 )
 
 // maxAPIKeyLen bounds one API key; longer Authorization values are refused
@@ -136,6 +152,7 @@ func (c Config) Validate() error {
 		{"QUARRY_MAX_AGENT_RESPONSE", c.MaxAgentResponse},
 		{"QUARRY_MAX_CONNS_PER_AGENT", int64(c.MaxConnsPerAgent)},
 		{"QUARRY_MAX_AGENT_CLIENTS", int64(c.MaxAgentClients)},
+		{"QUARRY_MAX_WEBSOCKETS", int64(c.MaxWebSockets)},
 	}
 	for _, s := range sizes {
 		if s.v < 0 {
@@ -157,6 +174,8 @@ func (c Config) Validate() error {
 		{"QUARRY_IDLE_TIMEOUT", c.IdleTimeout},
 		{"QUARRY_AGENT_DIAL_TIMEOUT", c.AgentDialTimeout},
 		{"QUARRY_RETRY_AFTER", c.RetryAfter},
+		{"QUARRY_WS_LEASE_CHECK", c.WSLeaseCheck},
+		{"QUARRY_WS_PING_INTERVAL", c.WSPingInterval},
 	}
 	for _, d := range durations {
 		if d.v < 0 {
@@ -166,7 +185,7 @@ func (c Config) Validate() error {
 	if c.MaxJSONBody > 0 && c.MaxUploadBody > 0 && c.MaxUploadBody < c.MaxJSONBody {
 		return fmt.Errorf("QUARRY_MAX_UPLOAD_BODY: must be at least QUARRY_MAX_JSON_BODY (%d), got %d", c.MaxJSONBody, c.MaxUploadBody)
 	}
-	return nil
+	return c.PreviewConfig.validate()
 }
 
 // checkAPIKey accepts printable ASCII without spaces or commas, 1..256 bytes.
@@ -206,11 +225,15 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.AgentDialTimeout, DefaultAgentDialTimeout)
 	defaults.Set(&c.RetryAfter, DefaultRetryAfter)
 	defaults.Set(&c.CheckpointCompression, agentapi.CompressionNone)
+	defaults.Set(&c.WSLeaseCheck, DefaultWSLeaseCheck)
+	defaults.Set(&c.WSPingInterval, DefaultWSPingInterval)
+	defaults.Set(&c.MaxWebSockets, DefaultMaxWebSockets)
 	if c.MaxConnsPerAgent == 0 {
 		c.MaxConnsPerAgent = DefaultMaxConnsPerAgent
 	}
 	if c.MaxAgentClients == 0 {
 		c.MaxAgentClients = DefaultMaxAgentClients
 	}
+	c.PreviewConfig = c.PreviewConfig.withDefaults()
 	return c
 }

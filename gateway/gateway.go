@@ -109,8 +109,11 @@ type Gateway struct {
 	draining  chan struct{}
 	drainOnce sync.Once
 
+	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
 	ck   *ckService          // checkpoints (checkpoints.go)
+
+	preview *previewSigner // preview URLs of sandbox ports (preview.go)
 }
 
 // New validates cfg, applies its defaults and builds the gateway's app. It
@@ -135,6 +138,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		conns:  newConnSet(),
 
 		draining: make(chan struct{}),
+		preview:  newPreviewSigner(cfg.PreviewSecret),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -152,6 +156,12 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	g.ws = newWSSockets(cfg)
+	for _, c := range g.ws.collectors() {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register gateway metrics: %w", err)
+		}
+	}
 	if err := deps.CheckpointConfig.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -263,6 +273,7 @@ const unservedAge = 500 * time.Millisecond
 // connections. It never touches leases or sandboxes.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.drainOnce.Do(func() { close(g.draining) })
+	wsErr := g.ws.closeAll(ctx) // hijacked connections: the server does not track them
 	done := make(chan error, 1)
 	go func() { done <- g.app.ShutdownWithContext(ctx) }()
 	tick := time.NewTicker(unservedAge / 5)
@@ -288,6 +299,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.agents.closeIdle()
 	g.ck.http.CloseIdleConnections()
 	g.rock.CloseIdle()
+	if err == nil {
+		err = wsErr
+	}
 	if err != nil {
 		return fmt.Errorf("shut down gateway: %w", err)
 	}
@@ -302,13 +316,16 @@ type route struct {
 	auth    bool
 	handler fiber.Handler
 	proxy   proxyKind
+	// ws: a WebSocket route; auth also accepts the API key in the
+	// quarry.auth. subprotocol (authenticateWS).
+	ws bool
 }
 
 // routeTable lists every route. openapi.json documents exactly these
 // (TestOpenAPI_MatchesRoutes).
 func (g *Gateway) routeTable() []route {
 	const sbx = "/v1/sandboxes/:id"
-	return []route{
+	return append([]route{
 		{method: fiber.MethodGet, path: "/healthz", handler: g.healthz},
 		{method: fiber.MethodGet, path: "/readyz", handler: g.readyz},
 		{method: fiber.MethodGet, path: "/openapi.json", handler: serveOpenAPI},
@@ -366,7 +383,7 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodPost, path: sbx + "/env/reset", auth: true, handler: g.resetEnv},
 		{method: fiber.MethodPost, path: sbx + "/env/step", auth: true, handler: g.stepEnv},
 		{method: fiber.MethodPost, path: sbx + "/env/close", auth: true, handler: g.closeEnv},
-	}
+	}, g.portRoutes()...) // ports and preview URLs (ports.go)
 }
 
 func (g *Gateway) register() {
@@ -376,9 +393,12 @@ func (g *Gateway) register() {
 		if h == nil {
 			h = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
 		}
-		if rt.auth {
+		switch {
+		case rt.auth && rt.ws:
+			g.app.Add(rt.method, rt.path, g.authenticateWS, h)
+		case rt.auth:
 			g.app.Add(rt.method, rt.path, g.authenticate, h)
-		} else {
+		default:
 			g.app.Add(rt.method, rt.path, h)
 		}
 		g.routes[rt.path] = true
@@ -413,7 +433,7 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 // headerReceived picks, from a request's headers, how long its body may take
 // and how much the server reads ahead: uploads get the upload limits.
 func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-	if isUpload(h.Method(), h.RequestURI()) {
+	if isUpload(h.Method(), h.RequestURI()) || isPortPath(h.RequestURI()) {
 		return fasthttp.RequestConfig{ReadTimeout: g.cfg.UploadTimeout, MaxRequestBodySize: int(g.cfg.MaxUploadBody)}
 	}
 	return fasthttp.RequestConfig{MaxRequestBodySize: int(g.cfg.MaxJSONBody)}

@@ -46,7 +46,7 @@ func (g *Gateway) registerRock() {
 	if g.envs != nil {
 		e = g.envs
 	}
-	for _, rt := range append(g.rock.Routes(), g.rock.GemRoutes(e)...) {
+	for _, rt := range append(append(g.rock.Routes(), g.rock.GemRoutes(e)...), g.rockPortRoutes()...) { // rockports.go
 		g.app.Add(rt.Method, rt.Path, g.rockAuth, rt.Handler)
 		g.routes[rt.Path] = true
 	}

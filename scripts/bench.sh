@@ -47,6 +47,7 @@ run dockerbench go run ./bench/dockerbench -bin bin -json "$out/dockerbench.json
 run ckbench go run ./bench/ckbench -bin bin -json "$out/ckbench.json"
 run relaybench go run ./bench/relaybench -dynamodb -json "$out/relaybench.json"
 run envbench go run ./bench/envbench -bin bin -json "$out/envbench.json"
+run portbench go run ./bench/portbench -bin bin -json "$out/portbench.json"
 run pysdk "$(scripts/python-sdk-deps.sh)" bench/pysdk/bench.py --bin bin --json "$out/pysdk.json"
 run ecs go test -run '^$' -bench . -benchtime 50x ./providers/ecs/
 run warmpool go test -run '^$' -bench 'BenchmarkStore_Claim|BenchmarkManager_AcquireWarm' -benchtime=2000x ./warmpool/ ./warmpool/boltstore/

@@ -55,6 +55,9 @@ else
   echo "== AWS suites against AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL"
 fi
 export QUARRY_TEST_BUSYBOX=/bin/busybox QUARRY_TEST_DOCKER=1 QUARRY_TEST_AWS=1
+# Debian's chromium (apt-get install -y chromium): CDP through a preview URL (tests/ports_test.go).
+QUARRY_TEST_CHROMIUM="$(command -v chromium || true)"
+export QUARRY_TEST_CHROMIUM
 # Every go test below runs strict: a test whose dependency is not given fails instead of skipping.
 export QUARRY_TEST_STRICT=1
 # Everything the suites create in temp dirs (t.TempDir, built binaries, gateways' data dirs) is in

@@ -247,6 +247,9 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 		cfg.APIKeys, st.keySource = []string{key}, path
 		log.Info("no QUARRY_API_KEYS: using the generated key", "file", path)
 	}
+	if cfg.PreviewSecret, err = previewSecret(cfg.PreviewSecret, cfg.DataDir, cfg.Store, log); err != nil { // preview.go
+		return nil, err
+	}
 	pools, err := loadPools(cfg)
 	if err != nil {
 		return nil, err

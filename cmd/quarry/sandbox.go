@@ -34,6 +34,7 @@ func sandboxCommands() []command {
 			"take a checkpoint and make N sandboxes from it; prints one id per fork (failures on stderr)", runFork},
 		{"kill-all", "quarry sandbox kill-all [--json] ID", "kill every process in a sandbox but its agent (sessions end); the lease stays", runKillAll},
 		{"rm", "quarry sandbox rm ID…", "release sandboxes", runRemove},
+		{"url", "quarry sandbox url [--ttl D] [--json] ID PORT", "print a signed preview URL of a port in the sandbox (works without the API key until it expires or the lease ends)", runURL},
 	}
 }
 

@@ -309,6 +309,10 @@ func ofAgentAnswer(subject string, ae *agentapi.Error) Class {
 			Message: "the agent of " + subject + " refused the gateway's credentials"}
 	case ae.Status >= 400 && ae.Status < 500:
 		return Class{Code: ae.Code, Status: ae.Status, Message: ae.Message}
+	case ae.Code == agentapi.CodePortClosed:
+		// Nothing listens on a sandbox port the caller named (the agent is
+		// fine): 502 with the agent's message naming the port.
+		return Class{Code: agentapi.CodePortClosed, Status: http.StatusBadGateway, Message: ae.Message}
 	case ae.Code == agentapi.CodeInsufficientStorage:
 		// The sandbox's disk is full: its own state, which the caller can
 		// change (delete files, a larger disk); the agent is fine.

@@ -32,6 +32,8 @@ const (
 	EnvPythonPath = "QUARRY_TEST_PYTHONPATH"
 	// EnvRockPython names the python of a venv with ROCK's SDK (RockPython).
 	EnvRockPython = "QUARRY_ROCK_PYTHON"
+	// EnvChromium names a headless-capable Chromium binary (Chromium).
+	EnvChromium = "QUARRY_TEST_CHROMIUM"
 )
 
 // envEndpoint is the AWS SDK's own variable for the endpoint of every
@@ -82,6 +84,11 @@ var (
 		env:  EnvPythonPath,
 		what: "Python packages for programs run in sandboxes",
 		how:  "run `make test`, or set " + EnvPythonPath + "=\"$(scripts/python-deps.sh)\" (it installs them into .cache/python-deps)",
+	}
+	chromiumDep = dependency{
+		env:  EnvChromium,
+		what: "a Chromium browser (Debian's chromium)",
+		how:  "run `make test`, or `apt-get install -y chromium` and set " + EnvChromium + "=\"$(command -v chromium)\"",
 	}
 	rockDep = dependency{
 		env:  EnvRockPython,
@@ -217,6 +224,19 @@ func Busybox(t testing.TB) string {
 		busyboxDep.broken(t, "%v", err)
 	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
 		busyboxDep.broken(t, "%s is not an executable file (mode %s)", path, fi.Mode())
+	}
+	return path
+}
+
+// Chromium makes t need a Chromium binary, and returns its path. It is
+// asked for with QUARRY_TEST_CHROMIUM=<path> (make test: Debian's
+// chromium). Not asked for: t is skipped, or fails when Strict. A path that
+// is not an executable file fails t.
+func Chromium(t testing.TB) string {
+	t.Helper()
+	path := chromiumDep.value(t)
+	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		chromiumDep.broken(t, "%s is not an executable file", path)
 	}
 	return path
 }
