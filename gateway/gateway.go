@@ -109,6 +109,7 @@ type Gateway struct {
 	draining  chan struct{}
 	drainOnce sync.Once
 
+	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
 	ck   *ckService          // checkpoints (checkpoints.go)
 }
@@ -152,6 +153,12 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	g.ws = newWSSockets(cfg)
+	for _, c := range g.ws.collectors() {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register gateway metrics: %w", err)
+		}
+	}
 	if err := deps.CheckpointConfig.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -263,6 +270,7 @@ const unservedAge = 500 * time.Millisecond
 // connections. It never touches leases or sandboxes.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.drainOnce.Do(func() { close(g.draining) })
+	wsErr := g.ws.closeAll(ctx) // hijacked connections: the server does not track them
 	done := make(chan error, 1)
 	go func() { done <- g.app.ShutdownWithContext(ctx) }()
 	tick := time.NewTicker(unservedAge / 5)
@@ -288,6 +296,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.agents.closeIdle()
 	g.ck.http.CloseIdleConnections()
 	g.rock.CloseIdle()
+	if err == nil {
+		err = wsErr
+	}
 	if err != nil {
 		return fmt.Errorf("shut down gateway: %w", err)
 	}
@@ -302,6 +313,9 @@ type route struct {
 	auth    bool
 	handler fiber.Handler
 	proxy   proxyKind
+	// ws: a WebSocket route; auth also accepts the API key in the
+	// quarry.auth. subprotocol (authenticateWS).
+	ws bool
 }
 
 // routeTable lists every route. openapi.json documents exactly these
@@ -376,9 +390,12 @@ func (g *Gateway) register() {
 		if h == nil {
 			h = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
 		}
-		if rt.auth {
+		switch {
+		case rt.auth && rt.ws:
+			g.app.Add(rt.method, rt.path, g.authenticateWS, h)
+		case rt.auth:
 			g.app.Add(rt.method, rt.path, g.authenticate, h)
-		} else {
+		default:
 			g.app.Add(rt.method, rt.path, h)
 		}
 		g.routes[rt.path] = true
