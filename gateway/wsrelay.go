@@ -274,8 +274,9 @@ func wsCloseOf(err error) wsClose {
 
 // relayWS relays the client's WebSocket request c to the agent of sandbox
 // t.ID, fenced like every sandbox route: one lease read (owned by the
-// caller, else 404). Before the upgrade it answers HTTP errors: 426 when c
-// is no WebSocket request, 404 for another owner's or an unknown sandbox,
+// caller, else 404). Before the upgrade it answers HTTP errors: 404 for
+// another owner's or an unknown sandbox, then (for a request that is no
+// WebSocket upgrade: 410 for an ended lease and) 426,
 // 503 (Retry-After) when QUARRY_MAX_WEBSOCKETS are open. A lease that has
 // ended (4410 lease_gone), a failed t.Path, an agent that refuses or cannot
 // be reached are answered after the upgrade with a close (wsCloseOf), which
@@ -283,18 +284,19 @@ func wsCloseOf(err error) wsClose {
 // runs on the hijacked connection until either side closes; every goroutine
 // it starts ends with it.
 func (g *Gateway) relayWS(c *fiber.Ctx, t wsTarget) error {
-	if !websocket.FastHTTPIsWebSocketUpgrade(c.Context()) {
-		return errclass.New(http.StatusUpgradeRequired, agentapi.CodeBadRequest,
-			"this route upgrades to a WebSocket: send GET with Connection: Upgrade and Upgrade: websocket")
-	}
+	upgrade := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
 	t.owner = ownerOf(c)
 	var first *wsClose // set: close the client with it right after the upgrade
 	lease, err := g.activeLease(c, t.ID)
 	if err != nil {
-		if cl := errclass.Of(err); cl.Status != http.StatusGone {
+		if cl := errclass.Of(err); cl.Status != http.StatusGone || !upgrade {
 			return err
 		}
 		first = &wsClose{WSCloseLeaseGone, WSReasonLeaseGone}
+	}
+	if !upgrade {
+		return errclass.New(http.StatusUpgradeRequired, agentapi.CodeBadRequest,
+			"this route upgrades to a WebSocket: send GET with Connection: Upgrade and Upgrade: websocket")
 	}
 	t.lease = lease
 	if !g.ws.acquire() {
