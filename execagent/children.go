@@ -385,7 +385,7 @@ func groupMembers(pgid int) []int {
 // procStat holds the fields of /proc/<pid>/stat the agent uses.
 type procStat struct {
 	pid, ppid, pgrp int
-	sid             int // session id
+	sid             int    // session id
 	state           byte   // 'R', 'S', 'D', 'Z', ...
 	start           uint64 // start time (clock ticks after boot): with pid, names one process
 }
