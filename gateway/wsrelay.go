@@ -244,15 +244,7 @@ func (g *Gateway) authenticateWS(c *fiber.Ctx) error {
 	if key == nil {
 		return errclass.Unauthorized("missing API key: send Authorization: Bearer <api key> or the subprotocol " + WSAuthProtocolPrefix + "<base64url(api key)>")
 	}
-	if len(key) == 0 || len(key) > maxAPIKeyLen {
-		return errclass.Unauthorized("invalid API key")
-	}
-	owner, ok := g.keys.owner(key)
-	if !ok {
-		return errclass.Unauthorized("invalid API key")
-	}
-	c.Locals(ownerLocal, owner)
-	return c.Next()
+	return g.admitKey(c, key)
 }
 
 // wsClose is a close frame to send: its code and reason.

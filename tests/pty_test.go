@@ -42,6 +42,18 @@ func readAll(t *testing.T, r io.Reader, d time.Duration) (string, error) {
 	}
 }
 
+// readUntil reads the terminal until its output contains want.
+func readUntil(t *testing.T, term *client.PTYConn, want string) {
+	t.Helper()
+	buf := make([]byte, 4096)
+	var seen strings.Builder
+	for !strings.Contains(seen.String(), want) {
+		n, err := term.Read(buf)
+		require.NoError(t, err, "waiting for %q; got %q", want, seen.String())
+		seen.Write(buf[:n])
+	}
+}
+
 // PTY sessions end to end: the real gateway binary, the process provider
 // and its real agents, the Go client's terminal.
 func TestE2E_PTY_ProcessProvider(t *testing.T) {
@@ -72,22 +84,11 @@ func TestE2E_PTY_ProcessProvider(t *testing.T) {
 		require.NoError(t, err)
 		_, err = term.Write([]byte("echo got-$MARK\n"))
 		require.NoError(t, err)
-		buf := make([]byte, 4096)
-		var seen strings.Builder
-		for !strings.Contains(seen.String(), "got-m-1") {
-			n, err := term.Read(buf)
-			require.NoError(t, err)
-			seen.Write(buf[:n])
-		}
+		readUntil(t, term, "got-m-1")
 		require.NoError(t, term.Close())
 		again, err := cl.AttachPTY(ctx(t), sbx.ID, client.PTYOptions{PTY: info.ID})
 		require.NoError(t, err)
-		seen.Reset()
-		for !strings.Contains(seen.String(), "got-m-1") {
-			n, err := again.Read(buf)
-			require.NoError(t, err)
-			seen.Write(buf[:n])
-		}
+		readUntil(t, again, "got-m-1") // the replay
 		list, err := cl.ListPTYs(ctx(t), sbx.ID)
 		require.NoError(t, err)
 		assert.NotEmpty(t, list)
@@ -138,13 +139,7 @@ func TestE2E_PTY_ProcessProvider(t *testing.T) {
 		defer term.Close()
 		_, err = term.Write([]byte("echo up-$((3+3))\n"))
 		require.NoError(t, err)
-		buf := make([]byte, 4096)
-		var seen strings.Builder
-		for !strings.Contains(seen.String(), "up-6") {
-			n, err := term.Read(buf)
-			require.NoError(t, err)
-			seen.Write(buf[:n])
-		}
+		readUntil(t, term, "up-6")
 		_, err = cl.DeleteSandbox(ctx(t), sbx2.ID)
 		require.NoError(t, err)
 		start := time.Now()

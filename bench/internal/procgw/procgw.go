@@ -34,6 +34,9 @@ type Options struct {
 	Pools string
 	// Env adds QUARRY_* settings.
 	Env []string
+	// Files are settings that name a file: variable → the file's text,
+	// written to the gateway's directory (e.g. QUARRY_ENVS_FILE).
+	Files map[string]string
 }
 
 // Gateway is a running gateway process.
@@ -65,6 +68,14 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
+	env := o.Env
+	for name, text := range o.Files {
+		path := filepath.Join(dir, name+".txt")
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			return nil, err
+		}
+		env = append(env, name+"="+path)
+	}
 	logf, err := os.Create(filepath.Join(dir, "gateway.log"))
 	if err != nil {
 		return nil, err
@@ -72,7 +83,7 @@ func Start(ctx context.Context, o Options) (*Gateway, error) {
 	cmd := exec.Command(filepath.Join(bin, "gateway"))
 	cmd.Env = append(append(os.Environ(), "QUARRY_ADDR="+addr, "QUARRY_API_KEYS="+o.Key,
 		"QUARRY_DATA_DIR="+filepath.Join(dir, "data"), "QUARRY_POOLS_FILE="+filepath.Join(dir, "pools.yaml"),
-		"QUARRY_AGENT_BINARY="+filepath.Join(bin, "execagent"), "QUARRY_LOG_LEVEL=warn"), o.Env...)
+		"QUARRY_AGENT_BINARY="+filepath.Join(bin, "execagent"), "QUARRY_LOG_LEVEL=warn"), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start gateway: %w", err)
