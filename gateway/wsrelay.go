@@ -126,7 +126,7 @@ func newWSSockets(cfg Config) *wsSockets {
 		}),
 		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quarry_gateway_websockets_closed_total",
-			Help: "Relayed WebSockets closed, by the close code sent to the client.",
+			Help: "Relayed WebSockets closed, by the close code of the client's side (sent to it, or its own; 1006: cut).",
 		}, []string{"code"}),
 	}
 }
@@ -555,16 +555,15 @@ func (s *wsSession) ended(err error, fromClient bool) {
 	}
 	if fromClient {
 		s.closeSide(s.agent, cl, false)
-		if errors.Is(err, websocket.ErrReadLimit) {
-			s.recordClient(cl)
-		}
+		s.recordClient(cl) // how the client's side ended, for the metric
 	} else {
 		s.closeSide(s.client, cl, true)
 	}
 	s.finish()
 }
 
-// recordClient records the first close the client got.
+// recordClient records the first close of the client's side (sent to it,
+// or its own); false when one was recorded already.
 func (s *wsSession) recordClient(cl wsClose) bool {
 	s.sentMu.Lock()
 	defer s.sentMu.Unlock()
