@@ -471,10 +471,10 @@ func (s *wsSession) run() {
 		c.SetPongHandler(func(string) error { s.extendRead(c); return nil })
 	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(2)
 	go func() { defer wg.Done(); s.pump(s.client, s.agent, true) }()
-	go func() { defer wg.Done(); s.pump(s.agent, s.client, false) }()
 	go func() { defer wg.Done(); s.watch() }()
+	s.pump(s.agent, s.client, false) // on the hijacked connection's goroutine
 	wg.Wait()
 	_ = s.client.Close()
 	_ = s.agent.Close()
