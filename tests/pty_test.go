@@ -66,6 +66,7 @@ func TestE2E_PTY_ProcessProvider(t *testing.T) {
 		term, err := cl.AttachPTY(ctx(t), sbx.ID, client.PTYOptions{Cols: 91, Rows: 19})
 		require.NoError(t, err)
 		defer term.Close()
+		require.NotEmpty(t, term.ID, "the PTY the gateway created")
 		_, err = term.Write([]byte("stty size; echo hi-$((40+2)); exit 5\n"))
 		require.NoError(t, err)
 		out, err := readAll(t, term, time.Minute)
