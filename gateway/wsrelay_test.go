@@ -319,7 +319,7 @@ func TestRelayWS_ReleasedWhileOpenCloses4410(t *testing.T) {
 	ce := readClose(t, c, testDeadline)
 	assert.Equal(t, WSCloseLeaseGone, ce.Code)
 	assert.Equal(t, WSReasonLeaseGone, ce.Text)
-	assert.Less(t, time.Since(start), 5*check, "within about one lease-check interval")
+	assert.Less(t, time.Since(start), 20*check, "within a few lease-check intervals (the test agent never closes on its own)")
 	eventually(t, func() bool { return r.agent.conns.Load() == 0 }, "the agent's side is closed too")
 }
 
