@@ -360,6 +360,14 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodPut, path: sbx + "/files/archive", auth: true, proxy: kindUpload},
 		{method: fiber.MethodPost, path: sbx + "/kill-all", auth: true, proxy: kindJSON},
 
+		// Terminals (pty.go, wsrelay.go): the WebSocket, and the REST fallback.
+		{method: fiber.MethodGet, path: sbx + "/pty", auth: true, ws: true, handler: g.ptyWebSocket},
+		{method: fiber.MethodPost, path: sbx + "/ptys", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/ptys", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/ptys/:pid", auth: true, proxy: kindJSON},
+		{method: fiber.MethodDelete, path: sbx + "/ptys/:pid", auth: true, proxy: kindJSON},
+		{method: fiber.MethodPost, path: sbx + "/ptys/:pid/resize", auth: true, proxy: kindJSON},
+
 		// Checkpoints (checkpoints.go).
 		{method: fiber.MethodPost, path: sbx + "/checkpoints", auth: true, handler: g.createCheckpoint},
 		{method: fiber.MethodPost, path: sbx + "/restore", auth: true, handler: g.restoreSandbox},

@@ -130,7 +130,7 @@ func newWSSockets(cfg Config) *wsSockets {
 		}),
 		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quarry_gateway_websockets_closed_total",
-			Help: "Relayed WebSockets closed, by the close code sent to the client.",
+			Help: "Relayed WebSockets closed, by the close code of the client's side (sent to it, or its own; 1006: cut).",
 		}, []string{"code"}),
 	}
 }
@@ -248,14 +248,9 @@ func (g *Gateway) authenticateWS(c *fiber.Ctx) error {
 	if key == nil {
 		return errclass.Unauthorized("missing API key: send Authorization: Bearer <api key> or the subprotocol " + WSAuthProtocolPrefix + "<base64url(api key)>")
 	}
-	if len(key) == 0 || len(key) > maxAPIKeyLen {
-		return errclass.Unauthorized("invalid API key")
+	if err := g.admitKey(c, key); err != nil {
+		return err
 	}
-	owner, ok := g.keys.owner(key)
-	if !ok {
-		return errclass.Unauthorized("invalid API key")
-	}
-	c.Locals(ownerLocal, owner)
 	return c.Next()
 }
 
@@ -278,8 +273,9 @@ func wsCloseOf(err error) wsClose {
 
 // relayWS relays the client's WebSocket request c to the agent of sandbox
 // t.ID, fenced like every sandbox route: one lease read (owned by the
-// caller, else 404). Before the upgrade it answers HTTP errors: 426 when c
-// is no WebSocket request, 404 for another owner's or an unknown sandbox,
+// caller, else 404). Before the upgrade it answers HTTP errors: 404 for
+// another owner's or an unknown sandbox, then (for a request that is no
+// WebSocket upgrade: 410 for an ended lease and) 426,
 // 503 (Retry-After) when QUARRY_MAX_WEBSOCKETS are open. A lease that has
 // ended (4410 lease_gone), a failed t.Path, an agent that refuses or cannot
 // be reached are answered after the upgrade with a close (wsCloseOf), which
@@ -287,18 +283,19 @@ func wsCloseOf(err error) wsClose {
 // runs on the hijacked connection until either side closes; every goroutine
 // it starts ends with it.
 func (g *Gateway) relayWS(c *fiber.Ctx, t wsTarget) error {
-	if !websocket.FastHTTPIsWebSocketUpgrade(c.Context()) {
-		return errclass.New(http.StatusUpgradeRequired, agentapi.CodeBadRequest,
-			"this route upgrades to a WebSocket: send GET with Connection: Upgrade and Upgrade: websocket")
-	}
+	upgrade := websocket.FastHTTPIsWebSocketUpgrade(c.Context())
 	t.owner = ownerOf(c)
 	var first *wsClose // set: close the client with it right after the upgrade
 	lease, err := g.activeLease(c, t.ID)
 	if err != nil {
-		if cl := errclass.Of(err); cl.Status != http.StatusGone {
+		if cl := errclass.Of(err); cl.Status != http.StatusGone || !upgrade {
 			return err
 		}
 		first = &wsClose{WSCloseLeaseGone, WSReasonLeaseGone}
+	}
+	if !upgrade {
+		return errclass.New(http.StatusUpgradeRequired, agentapi.CodeBadRequest,
+			"this route upgrades to a WebSocket: send GET with Connection: Upgrade and Upgrade: websocket")
 	}
 	t.lease = lease
 	if !g.ws.acquire() {
@@ -484,10 +481,10 @@ func (s *wsSession) run() {
 		c.SetPongHandler(func(string) error { s.extendRead(c); return nil })
 	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(2)
 	go func() { defer wg.Done(); s.pump(s.client, s.agent, true) }()
-	go func() { defer wg.Done(); s.pump(s.agent, s.client, false) }()
 	go func() { defer wg.Done(); s.watch() }()
+	s.pump(s.agent, s.client, false) // on the hijacked connection's goroutine
 	wg.Wait()
 	_ = s.client.Close()
 	_ = s.agent.Close()
@@ -568,16 +565,15 @@ func (s *wsSession) ended(err error, fromClient bool) {
 	}
 	if fromClient {
 		s.closeSide(s.agent, cl, false)
-		if errors.Is(err, websocket.ErrReadLimit) {
-			s.recordClient(cl)
-		}
+		s.recordClient(cl) // how the client's side ended, for the metric
 	} else {
 		s.closeSide(s.client, cl, true)
 	}
 	s.finish()
 }
 
-// recordClient records the first close the client got.
+// recordClient records the first close of the client's side (sent to it,
+// or its own); false when one was recorded already.
 func (s *wsSession) recordClient(cl wsClose) bool {
 	s.sentMu.Lock()
 	defer s.sentMu.Unlock()
