@@ -465,6 +465,8 @@ type wsSession struct {
 	doneOnce sync.Once
 	sentMu   sync.Mutex
 	sent     *wsClose // the close sent to the client, once
+	// agentClosed: a close was sent to the agent.
+	agentClosed atomic.Bool
 }
 
 // run relays until either side closes, then closes both connections. Its
@@ -514,6 +516,12 @@ func (s *wsSession) pump(src, dst *websocket.Conn, fromClient bool) {
 		w, err := dst.NextWriter(typ)
 		if err == nil {
 			_, err = io.CopyBuffer(w, r, buf)
+			if errors.Is(err, websocket.ErrReadLimit) {
+				// Not finished as a message: dst gets the close in the
+				// middle of it, never a truncated message it could answer.
+				s.ended(err, fromClient)
+				return
+			}
 			if cerr := w.Close(); err == nil {
 				err = cerr
 			}
@@ -584,9 +592,13 @@ func (s *wsSession) recordClient(cl wsClose) bool {
 	return true
 }
 
-// closeSide sends cl to conn (once for the client).
+// closeSide sends cl to conn, once a side: the first close decided
+// wins (two close frames would break the protocol).
 func (s *wsSession) closeSide(conn *websocket.Conn, cl wsClose, client bool) {
 	if client && !s.recordClient(cl) {
+		return
+	}
+	if !client && !s.agentClosed.CompareAndSwap(false, true) {
 		return
 	}
 	if len(cl.reason) > 123 {
