@@ -756,7 +756,7 @@ function processesTab(pg, id) {
   }
 
   return h('div', {},
-    h('form', { class: 'row card', id: 'process-start', onsubmit: startProcess }, cmd, h('button', { type: 'submit', class: 'primary' }, 'Start')),
+    h('form', { class: 'row card', id: 'process-start', onsubmit: startProcess }, cmd, h('button', { id: 'process-submit', type: 'submit', class: 'primary' }, 'Start')),
     err,
     h('table', { id: 'processes' }, h('thead', {}, h('tr', {}, h('th', {}, 'Id'), h('th', { class: 'num' }, 'PID'), h('th', {}, 'Command'),
       h('th', {}, 'State'), h('th', {}, 'Started'), h('th', { class: 'num' }, 'Output'), h('th', {}, ''))), body),
@@ -841,7 +841,7 @@ function checkpointsTab(pg, id) {
     op('checkpoint', () => api('POST', sbxPath(id, '/checkpoints'), { body: p.length ? { paths: p } : {} }), (c) => `created ${c.id}: ${c.files} files, ${fmtBytes(c.size_bytes)}`);
   };
   return h('div', {},
-    h('form', { class: 'row card', id: 'checkpoint-create', onsubmit: create }, paths, h('button', { type: 'submit', class: 'primary' }, 'Checkpoint now')),
+    h('form', { class: 'row card', id: 'checkpoint-create', onsubmit: create }, paths, h('button', { id: 'checkpoint-submit', type: 'submit', class: 'primary' }, 'Checkpoint now')),
     err, ok,
     h('table', { id: 'checkpoints' }, h('thead', {}, h('tr', {}, h('th', {}, 'Checkpoint'), h('th', {}, 'Created'), h('th', {}, 'Paths'),
       h('th', { class: 'num' }, 'Files'), h('th', { class: 'num' }, 'Size'), h('th', {}, 'Expires'), h('th', {}, ''))), body));

@@ -32,6 +32,8 @@ const (
 	EnvPythonPath = "QUARRY_TEST_PYTHONPATH"
 	// EnvRockPython names the python of a venv with ROCK's SDK (RockPython).
 	EnvRockPython = "QUARRY_ROCK_PYTHON"
+	// EnvChromium names a Chromium binary for browser tests (Chromium).
+	EnvChromium = "QUARRY_TEST_CHROMIUM"
 )
 
 // envEndpoint is the AWS SDK's own variable for the endpoint of every
@@ -82,6 +84,11 @@ var (
 		env:  EnvPythonPath,
 		what: "Python packages for programs run in sandboxes",
 		how:  "run `make test`, or set " + EnvPythonPath + "=\"$(scripts/python-deps.sh)\" (it installs them into .cache/python-deps)",
+	}
+	chromiumDep = dependency{
+		env:  EnvChromium,
+		what: "a headless Chromium",
+		how:  "run `make test`, or `apt-get install chromium` and set " + EnvChromium + "=/usr/bin/chromium",
 	}
 	rockDep = dependency{
 		env:  EnvRockPython,
@@ -217,6 +224,32 @@ func Busybox(t testing.TB) string {
 		busyboxDep.broken(t, "%v", err)
 	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
 		busyboxDep.broken(t, "%s is not an executable file (mode %s)", path, fi.Mode())
+	}
+	return path
+}
+
+// Chromium makes t need a Chromium (or Chrome) binary that runs headless,
+// and returns its path. It is asked for with QUARRY_TEST_CHROMIUM=<path>
+// (make test: /usr/bin/chromium, from Debian's chromium). Not asked for: t
+// is skipped, or fails when Strict. A path that is not an executable, or a
+// binary that does not print its version, fails t. Safe for concurrent use.
+func Chromium(t testing.TB) string {
+	t.Helper()
+	path := chromiumDep.value(t)
+	err := check("chromium "+path, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s --version: %w: %s", path, err, bytesTail(out))
+		}
+		if !strings.Contains(strings.ToLower(string(out)), "chrom") {
+			return fmt.Errorf("%s --version printed %q: not a Chromium", path, bytesTail(out))
+		}
+		return nil
+	})
+	if err != nil {
+		chromiumDep.broken(t, "%v", err)
 	}
 	return path
 }
