@@ -144,22 +144,29 @@ function newPage() {
 
 // poll runs f now and every ms until the page is left; a failure shows in
 // show (when given) and polling goes on: the console rides out a gateway
-// restart.
+// restart. It returns a function that polls at once (after an action); one
+// poll runs at a time, and one asked for meanwhile runs right after it.
 function poll(pg, ms, f, show) {
-  let timer = null;
+  let timer = null, running = false, again = false;
   const tick = async () => {
+    clearTimeout(timer);
+    timer = null;
+    if (running) { again = true; return; }
+    running = true;
     try {
       await f();
       if (show) show('');
     } catch (err) {
-      if (err.name === 'AbortError' || pg.signal.aborted) return;
-      if (show) show(errorText(err));
+      if (err.name !== 'AbortError' && !pg.signal.aborted && show) show(errorText(err));
     }
-    if (!pg.signal.aborted) timer = setTimeout(tick, ms);
+    running = false;
+    if (pg.signal.aborted) return;
+    if (again) { again = false; tick(); return; }
+    timer = setTimeout(tick, ms);
   };
   pg.onLeave(() => clearTimeout(timer));
   tick();
-  return () => { clearTimeout(timer); tick(); };
+  return tick;
 }
 
 function parseHash() {
@@ -782,21 +789,30 @@ function modelTab(pg, id) {
     h('h2', {}, 'Request'), h('pre', { class: 'json' }, pretty(x.request)),
     x.response ? [h('h2', {}, 'Response'), h('pre', { class: 'json' }, pretty(x.response.body))] : null);
 
+  // after is the cursor past the settled prefix: every exchange up to it has
+  // ended (its state no longer changes), so a poll reads from there: the
+  // ones still open again, and the new ones. At most 10 pages a poll.
+  const open = (x) => x.state === 'pending' || x.state === 'claimed';
+  const order = []; // exchange ids, oldest first
   poll(pg, 5000, async () => {
-    // Pages through what is new since the last poll; exchanges still open are
-    // read again (their state changes) until they end.
+    let cursor = after;
     for (let pages = 0; pages < 10; pages++) {
       const q = new URLSearchParams({ limit: '100' });
-      if (after) q.set('after', after);
+      if (cursor) q.set('after', cursor);
       const t = await api('GET', sbxPath(id, '/model/transcript?' + q), { signal: pg.signal });
       for (const x of t.exchanges || []) {
         const el = render(x);
+        el.dataset.open = open(x) ? '1' : '';
         const old = seen.get(x.id);
-        if (old) { el.open = old.open; old.replaceWith(el); } else list.append(el);
+        if (old) { el.open = old.open; old.replaceWith(el); } else { list.append(el); order.push(x.id); }
         seen.set(x.id, el);
       }
-      if (!t.next_after || t.next_after === after || (t.exchanges || []).length === 0) break;
-      after = t.next_after;
+      if (!t.next_after) break;
+      cursor = t.next_after;
+    }
+    for (const xid of order.slice(order.indexOf(after) + 1)) {
+      if (seen.get(xid).dataset.open) break;
+      after = xid;
     }
     if (seen.size === 0) list.replaceChildren(h('p', { class: 'muted', id: 'transcript-empty' }, 'No model calls from this sandbox yet.'));
     else { const e = document.getElementById('transcript-empty'); if (e) e.remove(); }
