@@ -430,6 +430,13 @@ func TestConsole_Browser(t *testing.T) {
 			return nil
 		})
 		waitJS(t, 20*time.Second, "the terminal to connect", `document.getElementById('terminal-state').textContent.startsWith('connected')`)
+		// The shell's exit code reaches the page; New terminal starts another.
+		typeInTerminal(t, "exit 3")
+		waitJS(t, 10*time.Second, "the exit", `document.getElementById('terminal-state').textContent === 'exited with code 3'`)
+		do(t, chromedp.Click(chromedp.ID("terminal-new")))
+		waitJS(t, 20*time.Second, "a new terminal", `document.getElementById('terminal-state').textContent.startsWith('connected')`)
+		typeInTerminal(t, "echo fresh-$((1+1))")
+		waitJS(t, 10*time.Second, "the new shell's output", terminalHas("fresh-2"))
 		do(t, chromedp.Click(chromedp.ID("release")))
 		waitJS(t, 10*time.Second, "released", `document.getElementById('lease-state').textContent === 'released'`)
 		s, err := api.GetSandbox(context.Background(), sbxID)

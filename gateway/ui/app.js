@@ -507,8 +507,9 @@ function terminalTab(pg, id) {
         done = true;
         sessionStorage.removeItem(ptyKey);
         ptyId = '';
-        term.write(`\r\n[exited with code ${msg.exit_code}]\r\n`);
-        setState(`exited with code ${msg.exit_code}`);
+        const how = msg.exit_code != null ? `with code ${msg.exit_code}` : `by ${msg.signal || 'a signal'}`;
+        term.write(`\r\n[exited ${how}]\r\n`);
+        setState(`exited ${how}`);
         again.hidden = false;
       }
     };
