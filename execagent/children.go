@@ -110,7 +110,9 @@ func (t *childTable) start(cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	cmd.SysProcAttr.Setpgid = true
+	// A new session (a PTY's program) is its own process group already,
+	// and setpgid would fail for a session leader.
+	cmd.SysProcAttr.Setpgid = !cmd.SysProcAttr.Setsid
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -383,6 +385,7 @@ func groupMembers(pgid int) []int {
 // procStat holds the fields of /proc/<pid>/stat the agent uses.
 type procStat struct {
 	pid, ppid, pgrp int
+	sid             int    // session id
 	state           byte   // 'R', 'S', 'D', 'Z', ...
 	start           uint64 // start time (clock ticks after boot): with pid, names one process
 }
@@ -430,11 +433,12 @@ func readProcStat(pid int) (procStat, bool) {
 	}
 	ppid, err1 := strconv.Atoi(f[1])
 	pgrp, err2 := strconv.Atoi(f[2])
+	sid, _ := strconv.Atoi(f[3])
 	start, err3 := strconv.ParseUint(f[19], 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil {
 		return procStat{}, false
 	}
-	return procStat{pid: pid, ppid: ppid, pgrp: pgrp, state: f[0][0], start: start}, true
+	return procStat{pid: pid, ppid: ppid, pgrp: pgrp, sid: sid, state: f[0][0], start: start}, true
 }
 
 // reapSignaled runs on SIGCHLD: it peeks at the first zombie child without

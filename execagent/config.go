@@ -67,6 +67,12 @@ type Config struct {
 	// tracked background processes, running or exited (256).
 	MaxSessions  int `split_words:"true"`
 	MaxProcesses int `split_words:"true"`
+	// PTYReplay is the size of each PTY's replay ring: the recent output a
+	// client that attaches gets first (256 KiB).
+	PTYReplay int64 `envconfig:"PTY_REPLAY"`
+	// MaxPTYs bounds the running PTYs (32); past it a create is 409. Exited
+	// ones are kept (their exit code) until deleted or until room is needed.
+	MaxPTYs int `envconfig:"MAX_PTYS"`
 	// KeepAlive is the interval of ": keep-alive" comments on quiet event
 	// streams (15 s).
 	KeepAlive time.Duration `split_words:"true"`
@@ -122,6 +128,8 @@ func DefaultConfig() Config {
 		ProcessOutputBytes:   4 << 20,
 		MaxSessions:          64,
 		MaxProcesses:         256,
+		PTYReplay:            256 << 10,
+		MaxPTYs:              32,
 		KeepAlive:            15 * time.Second,
 		InterruptGrace:       5 * time.Second,
 		DrainTimeout:         2 * time.Second,
@@ -147,6 +155,8 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.ProcessOutputBytes, d.ProcessOutputBytes)
 	defaults.Set(&c.MaxSessions, d.MaxSessions)
 	defaults.Set(&c.MaxProcesses, d.MaxProcesses)
+	defaults.Set(&c.PTYReplay, d.PTYReplay)
+	defaults.Set(&c.MaxPTYs, d.MaxPTYs)
 	defaults.Set(&c.KeepAlive, d.KeepAlive)
 	defaults.Set(&c.InterruptGrace, d.InterruptGrace)
 	defaults.Set(&c.DrainTimeout, d.DrainTimeout)
@@ -203,6 +213,8 @@ func (c Config) Validate() error {
 		{"QUARRY_AGENT_PROCESS_OUTPUT_BYTES", c.ProcessOutputBytes},
 		{"QUARRY_AGENT_MAX_SESSIONS", int64(c.MaxSessions)},
 		{"QUARRY_AGENT_MAX_PROCESSES", int64(c.MaxProcesses)},
+		{"QUARRY_AGENT_PTY_REPLAY", c.PTYReplay},
+		{"QUARRY_AGENT_MAX_PTYS", int64(c.MaxPTYs)},
 		{"QUARRY_AGENT_KEEP_ALIVE", int64(c.KeepAlive)},
 		{"QUARRY_AGENT_INTERRUPT_GRACE", int64(c.InterruptGrace)},
 		{"QUARRY_AGENT_DRAIN_TIMEOUT", int64(c.DrainTimeout)},

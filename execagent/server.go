@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
@@ -37,6 +39,7 @@ type Server struct {
 
 	sessions  *sessionTable
 	processes *processTable
+	ptys      *ptyTable // PTY sessions (pty.go)
 	calls     callTable // requests in flight that carry a call id
 	// ckMu: checkpoints hold it shared, a restore exclusively; neither
 	// waits (TryRLock, TryLock): the loser answers 409 busy.
@@ -113,6 +116,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s.sessions = newSessionTable(s)
 	s.processes = newProcessTable(s)
+	s.ptys = newPTYTable(s)
 	s.handler = s.routes()
 	s.wg.Add(1)
 	go func() {
@@ -172,6 +176,7 @@ func (s *Server) Close(ctx context.Context) error {
 		s.children.killAll()
 		s.sessions.closeAll()
 		s.processes.closeAll()
+		s.ptys.reset(websocket.CloseGoingAway, "the agent is shutting down")
 		for _, hs := range servers {
 			if e := hs.Shutdown(ctx); e != nil {
 				_ = hs.Close()
@@ -229,6 +234,12 @@ func (s *Server) routes() http.Handler {
 	fenced("PUT "+agentapi.RouteFileArchive, s.handleArchiveUpload)
 	fenced("POST "+agentapi.RouteKillAll, s.handleKillAll)
 	fenced("GET "+agentapi.RouteCheckpoint, s.handleCheckpoint)
+	fenced("POST "+agentapi.RoutePTYs, s.handlePTYCreate)
+	fenced("GET "+agentapi.RoutePTYs, s.handlePTYList)
+	fenced("GET "+agentapi.RoutePTY, s.handlePTYGet)
+	fenced("DELETE "+agentapi.RoutePTY, s.handlePTYKill)
+	fenced("POST "+agentapi.RoutePTYResize, s.handlePTYResize)
+	fenced("GET "+agentapi.RoutePTYAttach, s.handlePTYAttach)
 	fenced("PUT "+agentapi.RouteCheckpoint, s.handleRestore)
 	// Unknown routes and wrong methods: authenticate first, then answer in
 	// the ErrorBody shape (the mux's own 404/405 are plain text).
@@ -364,9 +375,15 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) error {
 		s.leaseMu.Unlock()
 		return fmt.Errorf("generation %d is already initialized for lease %q, not %q: %w", req.Generation, cur, req.LeaseID, errConflict)
 	}
+	newLease := s.initDone && req.Generation > s.generation
 	s.leaseEnded = s.initEndsLease(req.LeaseID, req.Generation)
 	s.generation, s.leaseID, s.leaseEnv, s.initDone = req.Generation, req.LeaseID, env, true
 	s.leaseMu.Unlock()
+	if newLease {
+		// The previous lease's terminals end with it: a new lease never
+		// sees them, and their clients are told the lease is gone.
+		s.ptys.reset(closeLeaseGone, agentapi.ReasonLeaseGone)
+	}
 	s.log.Info("init", "lease", req.LeaseID, "generation", req.Generation)
 	writeJSON(w, http.StatusOK, s.health())
 	return nil

@@ -67,7 +67,12 @@ func (g *Gateway) authenticate(c *fiber.Ctx) error {
 	if len(h) < len(bearerPrefix) || !bytes.EqualFold(h[:len(bearerPrefix)], bearerPrefix) {
 		return errclass.Unauthorized("malformed Authorization header: expected Bearer <api key>")
 	}
-	key := bytes.TrimSpace(h[len(bearerPrefix):])
+	return g.admitKey(c, bytes.TrimSpace(h[len(bearerPrefix):]))
+}
+
+// admitKey checks key, stores its owner and goes on to the handler; a
+// missing or unknown key is 401.
+func (g *Gateway) admitKey(c *fiber.Ctx, key []byte) error {
 	if len(key) == 0 || len(key) > maxAPIKeyLen {
 		return errclass.Unauthorized("invalid API key")
 	}

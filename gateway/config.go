@@ -75,6 +75,16 @@ type Config struct {
 	// "fast" (the default: Huffman only), "none" (gzip's stored blocks:
 	// faster, larger archives) or "small" (deflate's fastest level).
 	CheckpointCompression string `envconfig:"QUARRY_CHECKPOINT_COMPRESSION"`
+
+	// MaxWebSockets bounds the WebSockets (PTY and port routes) one gateway
+	// relays at once (default 10000); past it a new one is 503.
+	MaxWebSockets int `envconfig:"QUARRY_MAX_WEBSOCKETS"`
+	// WSLeaseCheck is how often an open WebSocket reads its lease; a
+	// released or expired lease closes it with 4410 lease_gone (default 10s).
+	WSLeaseCheck time.Duration `envconfig:"QUARRY_WS_LEASE_CHECK"`
+	// WSPingInterval is how often the relay pings both ends of a WebSocket;
+	// an end silent for two intervals is closed (default 30s).
+	WSPingInterval time.Duration `envconfig:"QUARRY_WS_PING_INTERVAL"`
 }
 
 // Defaults of Config's zero fields.
@@ -95,6 +105,9 @@ const (
 	DefaultMaxConnsPerAgent  = 256
 	DefaultMaxAgentClients   = 16384
 	DefaultRetryAfter        = 2 * time.Second
+	DefaultMaxWebSockets     = 10000
+	DefaultWSLeaseCheck      = 10 * time.Second
+	DefaultWSPingInterval    = 30 * time.Second
 )
 
 // maxAPIKeyLen bounds one API key; longer Authorization values are refused
@@ -135,6 +148,7 @@ func (c Config) Validate() error {
 		{"QUARRY_MAX_AGENT_RESPONSE", c.MaxAgentResponse},
 		{"QUARRY_MAX_CONNS_PER_AGENT", int64(c.MaxConnsPerAgent)},
 		{"QUARRY_MAX_AGENT_CLIENTS", int64(c.MaxAgentClients)},
+		{"QUARRY_MAX_WEBSOCKETS", int64(c.MaxWebSockets)},
 	}
 	for _, s := range sizes {
 		if s.v < 0 {
@@ -156,6 +170,8 @@ func (c Config) Validate() error {
 		{"QUARRY_IDLE_TIMEOUT", c.IdleTimeout},
 		{"QUARRY_AGENT_DIAL_TIMEOUT", c.AgentDialTimeout},
 		{"QUARRY_RETRY_AFTER", c.RetryAfter},
+		{"QUARRY_WS_LEASE_CHECK", c.WSLeaseCheck},
+		{"QUARRY_WS_PING_INTERVAL", c.WSPingInterval},
 	}
 	for _, d := range durations {
 		if d.v < 0 {
@@ -204,6 +220,9 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.IdleTimeout, DefaultIdleTimeout)
 	defaults.Set(&c.AgentDialTimeout, DefaultAgentDialTimeout)
 	defaults.Set(&c.RetryAfter, DefaultRetryAfter)
+	defaults.Set(&c.WSLeaseCheck, DefaultWSLeaseCheck)
+	defaults.Set(&c.WSPingInterval, DefaultWSPingInterval)
+	defaults.Set(&c.MaxWebSockets, DefaultMaxWebSockets)
 	if c.MaxConnsPerAgent == 0 {
 		c.MaxConnsPerAgent = DefaultMaxConnsPerAgent
 	}

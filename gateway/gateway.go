@@ -110,6 +110,7 @@ type Gateway struct {
 	draining  chan struct{}
 	drainOnce sync.Once
 
+	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
 	ck   *ckService          // checkpoints (checkpoints.go)
 	ui   *console            // the web console's files (console.go)
@@ -154,6 +155,12 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	g.ws = newWSSockets(cfg)
+	for _, c := range g.ws.collectors() {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register gateway metrics: %w", err)
+		}
+	}
 	if err := deps.CheckpointConfig.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -268,6 +275,7 @@ const unservedAge = 500 * time.Millisecond
 // connections. It never touches leases or sandboxes.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.drainOnce.Do(func() { close(g.draining) })
+	wsErr := g.ws.closeAll(ctx) // hijacked connections: the server does not track them
 	done := make(chan error, 1)
 	go func() { done <- g.app.ShutdownWithContext(ctx) }()
 	tick := time.NewTicker(unservedAge / 5)
@@ -293,6 +301,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.agents.closeIdle()
 	g.ck.http.CloseIdleConnections()
 	g.rock.CloseIdle()
+	if err == nil {
+		err = wsErr
+	}
 	if err != nil {
 		return fmt.Errorf("shut down gateway: %w", err)
 	}
@@ -307,6 +318,9 @@ type route struct {
 	auth    bool
 	handler fiber.Handler
 	proxy   proxyKind
+	// ws: a WebSocket route; auth also accepts the API key in the
+	// quarry.auth. subprotocol (authenticateWS).
+	ws bool
 }
 
 // routeTable lists every route. openapi.json documents exactly these
@@ -354,6 +368,14 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodPut, path: sbx + "/files/archive", auth: true, proxy: kindUpload},
 		{method: fiber.MethodPost, path: sbx + "/kill-all", auth: true, proxy: kindJSON},
 
+		// Terminals (pty.go, wsrelay.go): the WebSocket, and the REST fallback.
+		{method: fiber.MethodGet, path: sbx + "/pty", auth: true, ws: true, handler: g.ptyWebSocket},
+		{method: fiber.MethodPost, path: sbx + "/ptys", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/ptys", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/ptys/:pid", auth: true, proxy: kindJSON},
+		{method: fiber.MethodDelete, path: sbx + "/ptys/:pid", auth: true, proxy: kindJSON},
+		{method: fiber.MethodPost, path: sbx + "/ptys/:pid/resize", auth: true, proxy: kindJSON},
+
 		// Checkpoints (checkpoints.go).
 		{method: fiber.MethodPost, path: sbx + "/checkpoints", auth: true, handler: g.createCheckpoint},
 		{method: fiber.MethodPost, path: sbx + "/restore", auth: true, handler: g.restoreSandbox},
@@ -387,9 +409,12 @@ func (g *Gateway) register() {
 		if h == nil {
 			h = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
 		}
-		if rt.auth {
+		switch {
+		case rt.auth && rt.ws:
+			g.app.Add(rt.method, rt.path, g.authenticateWS, h)
+		case rt.auth:
 			g.app.Add(rt.method, rt.path, g.authenticate, h)
-		} else {
+		default:
 			g.app.Add(rt.method, rt.path, h)
 		}
 		g.routes[rt.path] = true

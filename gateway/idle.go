@@ -379,8 +379,7 @@ func (l *parkListener) park(pc *parkConn, first bool) {
 func (l *parkListener) serveConn(pc *parkConn) {
 	defer l.wg.Done()
 	_ = l.serve(pc.outer) // errors are the connection's; the server logs none either
-	if pc.parking {
-		pc.parking = false
+	if pc.parking.Swap(false) {
 		l.wg.Add(1)
 		go l.park(pc, false)
 	}
@@ -397,7 +396,10 @@ type parkConn struct {
 	replay  bool  // first holds a byte the server has not read yet
 	readErr error // the server's next read fails with it (a first request that never came)
 	idle    bool  // the server answered: its next read waits for a request
-	parking bool  // it did: Close leaves the connection to park
+	// parking: the server did; Close leaves the connection to park. Atomic:
+	// since fasthttp 1.58 the server's Shutdown closes idle connections
+	// from its own goroutine.
+	parking atomic.Bool
 	// ctx is the request being served, whose body buffers are released
 	// when it ends (set by Gateway.observe).
 	ctx *fasthttp.RequestCtx
@@ -466,7 +468,7 @@ func (c *parkConn) Read(p []byte) (int, error) {
 		// The server waits for the next request with nothing buffered:
 		// it ends serving the connection, which then parks.
 		c.idle = false
-		c.parking = true
+		c.parking.Store(true)
 		return 0, io.EOF
 	}
 	return c.Conn.Read(p)
@@ -475,7 +477,7 @@ func (c *parkConn) Read(p []byte) (int, error) {
 // Close closes the connection, unless the server is done with it because
 // it waits for its next request: then it parks (parkListener.serveConn).
 func (c *parkConn) Close() error {
-	if c.parking {
+	if c.parking.Load() {
 		return nil
 	}
 	return c.closeNow()

@@ -8,6 +8,7 @@
 #  4. relaybench: the model relay (memory and DynamoDB brokers, passthrough, 1,000 sandboxes)
 #  5. envbench: the env API (episodes of reset + 20 steps + close on the terminal task, 1 and 64
 #     clients, step overhead over a session run)
+#  5a. ptybench: a PTY keystroke's echo round trip through the gateway's WebSocket relay, p50/p99
 #  5b. pysdk: the Python SDK (bench/pysdk): a session run's overhead over raw httpx, and one asyncio
 #     process driving 1,000 sandboxes (acquire, 10 session runs each, release; the client's CPU)
 #  6. the ECS launch controller against a fake that enforces AWS's limits
@@ -47,6 +48,7 @@ run dockerbench go run ./bench/dockerbench -bin bin -json "$out/dockerbench.json
 run ckbench go run ./bench/ckbench -bin bin -json "$out/ckbench.json"
 run relaybench go run ./bench/relaybench -dynamodb -json "$out/relaybench.json"
 run envbench go run ./bench/envbench -bin bin -json "$out/envbench.json"
+run ptybench go run ./bench/ptybench -bin bin -json "$out/ptybench.json"
 run pysdk "$(scripts/python-sdk-deps.sh)" bench/pysdk/bench.py --bin bin --json "$out/pysdk.json"
 run ecs go test -run '^$' -bench . -benchtime 50x ./providers/ecs/
 run warmpool go test -run '^$' -bench 'BenchmarkStore_Claim|BenchmarkManager_AcquireWarm' -benchtime=2000x ./warmpool/ ./warmpool/boltstore/

@@ -18,28 +18,24 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sys/unix"
 
+	"github.com/quarryhq/quarry/bench/internal/procgw"
 	"github.com/quarryhq/quarry/envs/envclient"
 	"github.com/quarryhq/quarry/internal/stats"
 )
@@ -96,10 +92,10 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer g.stop()
+	defer g.Stop()
 	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: o.clients + 8}}
-	c := envclient.New(g.base, benchKey, hc)
-	if err := g.waitReady(ctx, hc, o.clients); err != nil {
+	c := envclient.New(g.Base, benchKey, hc)
+	if err := g.WaitReady(ctx, o.clients); err != nil {
 		return err
 	}
 
@@ -109,7 +105,7 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("one client: %w", err)
 	}
 	results = append(results, r)
-	if err := g.waitReady(ctx, hc, o.clients); err != nil {
+	if err := g.WaitReady(ctx, o.clients); err != nil {
 		return err
 	}
 	r, err = manyClients(ctx, c, o)
@@ -230,7 +226,7 @@ func manyClients(ctx context.Context, c *envclient.Client, o options) (result, e
 	}, nil
 }
 
-func overhead(ctx context.Context, c *envclient.Client, g *gatewayProc, hc *http.Client, o options) (result, error) {
+func overhead(ctx context.Context, c *envclient.Client, g *procgw.Gateway, hc *http.Client, o options) (result, error) {
 	id, err := c.Make(ctx, envID)
 	if err != nil {
 		return result{}, fmt.Errorf("make: %w", err)
@@ -239,7 +235,7 @@ func overhead(ctx context.Context, c *envclient.Client, g *gatewayProc, hc *http
 	if _, err := c.Reset(ctx, id, nil, map[string]any{"max_steps": o.overheadCalls + 10}); err != nil {
 		return result{}, fmt.Errorf("reset: %w", err)
 	}
-	api := envclient.New(g.base, benchKey, hc)
+	api := envclient.New(g.Base, benchKey, hc)
 	var ses struct {
 		ID string `json:"id"`
 	}
@@ -291,21 +287,9 @@ func sortedKeys(m map[string]float64) []string {
 	return slices.Sorted(maps.Keys(m))
 }
 
-// gatewayProc is the gateway under test.
-type gatewayProc struct {
-	base string
-	cmd  *exec.Cmd
-	dir  string
-	done chan struct{}
-}
-
-// startGateway starts bin/gateway with one process pool of o.clients warm
-// sandboxes and the terminal env.
-func startGateway(ctx context.Context, o options) (*gatewayProc, error) {
-	bin, err := filepath.Abs(o.bin)
-	if err != nil {
-		return nil, err
-	}
+// startGateway starts bin/gateway (bench/internal/procgw) with one process
+// pool of o.clients warm sandboxes and the terminal env.
+func startGateway(ctx context.Context, o options) (*procgw.Gateway, error) {
 	examples, err := filepath.Abs(o.examples)
 	if err != nil {
 		return nil, err
@@ -313,131 +297,8 @@ func startGateway(ctx context.Context, o options) (*gatewayProc, error) {
 	if _, err := os.Stat(filepath.Join(examples, "terminal_task.py")); err != nil {
 		return nil, fmt.Errorf("-examples: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "envbench-")
-	if err != nil {
-		return nil, err
-	}
 	pools := fmt.Sprintf("pools:\n  - name: env\n    image: host\n    min_warm: %d\n    max_total: %d\n", o.clients, 2*o.clients+8)
 	registry := fmt.Sprintf("envs:\n  - id: %s\n    pool: env\n    command: [python3, %s]\n", envID, filepath.Join(examples, "terminal_task.py"))
-	for name, body := range map[string]string{"pools.yaml": pools, "envs.yaml": registry} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			return nil, err
-		}
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	logf, err := os.Create(filepath.Join(dir, "gateway.log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(filepath.Join(bin, "gateway"))
-	cmd.Env = append(os.Environ(), "QUARRY_ADDR="+addr, "QUARRY_API_KEYS="+benchKey,
-		"QUARRY_DATA_DIR="+filepath.Join(dir, "data"), "QUARRY_POOLS_FILE="+filepath.Join(dir, "pools.yaml"),
-		"QUARRY_ENVS_FILE="+filepath.Join(dir, "envs.yaml"), "QUARRY_AGENT_BINARY="+filepath.Join(bin, "execagent"),
-		"QUARRY_LOG_LEVEL=warn")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start gateway: %w", err)
-	}
-	g := &gatewayProc{base: "http://" + addr, cmd: cmd, dir: dir, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); _ = logf.Close(); close(g.done) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(g.base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return g, nil
-			}
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			g.stop()
-			return nil, fmt.Errorf("gateway did not answer /healthz within 30 s (log: %s)", logf.Name())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// waitReady waits until the env pool has n ready sandboxes.
-func (g *gatewayProc) waitReady(ctx context.Context, hc *http.Client, n int) error {
-	deadline := time.Now().Add(3 * time.Minute)
-	for time.Now().Before(deadline) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.base+"/v1/pools", nil)
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Authorization", "Bearer "+benchKey)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		var ps struct {
-			Pools []struct {
-				Ready int `json:"ready"`
-			} `json:"pools"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&ps)
-		resp.Body.Close()
-		if err != nil {
-			return fmt.Errorf("decode pools: %w", err)
-		}
-		if len(ps.Pools) == 1 && ps.Pools[0].Ready >= n {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("the env pool did not reach %d ready sandboxes in 3 minutes", n)
-}
-
-// stop stops the gateway (SIGTERM, then SIGKILL), kills the agents it
-// started (sandboxes outlive gateways) and removes its directory.
-func (g *gatewayProc) stop() {
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.done:
-	case <-time.After(30 * time.Second):
-		_ = g.cmd.Process.Kill()
-		<-g.done
-	}
-	killAgents(filepath.Join(g.dir, "data"))
-	_ = os.RemoveAll(g.dir)
-}
-
-// killAgents SIGKILLs every process in the session of an agent whose
-// workdir is under dataDir (the process provider starts each agent in its
-// own session; the env programs are in it).
-func killAgents(dataDir string) {
-	want := []byte("QUARRY_AGENT_WORKDIR=" + dataDir + "/")
-	var sessions []int
-	for _, pid := range pids() {
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err == nil && bytes.Contains(env, want) {
-			sessions = append(sessions, pid)
-		}
-	}
-	for _, pid := range pids() {
-		if sid, err := unix.Getsid(pid); err == nil && slices.Contains(sessions, sid) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-}
-
-// pids lists the processes in /proc.
-func pids() []int {
-	entries, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range entries {
-		if pid, err := strconv.Atoi(e.Name()); err == nil {
-			out = append(out, pid)
-		}
-	}
-	return out
+	return procgw.Start(ctx, procgw.Options{Bin: o.bin, Key: benchKey, Pools: pools,
+		Files: map[string]string{"QUARRY_ENVS_FILE": registry}})
 }

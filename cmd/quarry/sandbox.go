@@ -27,7 +27,7 @@ func sandboxCommands() []command {
 		{"heartbeat", "quarry sandbox heartbeat [--json] ID", "renew a sandbox's lease", runHeartbeat},
 		{"exec", "quarry sandbox exec [-i] [--timeout D] [--max-output SIZE] [--env K=V]… [--cwd DIR] ID -- CMD ARGS…\n       quarry sandbox exec [flags] ID 'SHELL STRING'",
 			"run a command, streaming its output byte for byte; exits with its status (" + strconv.Itoa(exitOutputCut) + " when it succeeded but its output went over --max-output)", runExec},
-		{"shell", "quarry sandbox shell [--timeout D] [--env K=V]… [--cwd DIR] ID", "an interactive session (Ctrl-D ends it)", runShell},
+		{"shell", "quarry sandbox shell [--timeout D] [--env K=V]… [--cwd DIR] ID", "an interactive shell: a real terminal when stdin is one (raw mode, resizes, the exit code), else a line session (Ctrl-D ends it)", runShellCommand},
 		{"cp", "quarry sandbox cp LOCAL ID:REMOTE\n       quarry sandbox cp ID:REMOTE LOCAL\n       (LOCAL - is standard input or output: a file's bytes, a directory as a tar)", "copy a file or a directory in or out", runCopy},
 		{"restore", "quarry sandbox restore [--json] ID CKP", "roll a sandbox's paths back to a checkpoint, in place (processes keep running)", runRestore},
 		{"fork", "quarry sandbox fork [-n N] [--lease-seconds N] [--path P]… [--exclude GLOB]… [--label K=V]… [--keep-checkpoint] [--json] ID",
