@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
@@ -189,7 +190,13 @@ func TestConsole_Browser(t *testing.T) {
 	}
 	typeInTerminal := func(t *testing.T, line string) {
 		t.Helper()
-		do(t, chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")), chromedp.KeyEvent(line+"\r"))
+		do(t, chromedp.Focus(chromedp.CSS("#terminal .xterm-helper-textarea")))
+		for _, r := range line + "\r" {
+			for _, ev := range keystroke(r) {
+				_, err := chromedp.Call(bctx, input.DispatchKeyEvent, ev)
+				require.NoError(t, err)
+			}
+		}
 	}
 
 	base := g.url() + "/ui"
@@ -317,7 +324,7 @@ func TestConsole_Browser(t *testing.T) {
 		do(t, chromedp.SetUploadFiles(chromedp.ID("upload-file"), []string{src}), chromedp.Click(chromedp.ID("upload-submit")))
 		waitJS(t, 20*time.Second, "the upload", `document.getElementById('upload-state').textContent.includes('uploaded')`)
 		waitJS(t, 10*time.Second, "the uploaded file listed", `document.querySelector('#files-body tr[data-file="upload.bin"]')`)
-		got := readAll(t, api, sbxID, "upload.bin")
+		got := sandboxFile(t, api, sbxID, "upload.bin")
 		assert.True(t, bytes.Equal(payload, got), "the sandbox holds the uploaded bytes (%d of %d)", len(got), len(payload))
 
 		do(t, chromedp.Click(chromedp.CSS(`#files-body tr[data-file="upload.bin"] button.download`)))
@@ -365,7 +372,7 @@ func TestConsole_Browser(t *testing.T) {
 		require.NoError(t, err)
 		do(t, chromedp.Click(chromedp.CSS(`#checkpoints-body tr[data-checkpoint] button.restore`)))
 		waitJS(t, 30*time.Second, "the restore", `document.getElementById('checkpoints-ok').textContent.startsWith('restored ckp-')`)
-		got := readAll(t, api, sbxID, "notes.txt")
+		got := sandboxFile(t, api, sbxID, "notes.txt")
 		assert.Equal(t, "console view check\nline two\n", string(got))
 		shot(t, "checkpoints")
 	})
@@ -461,8 +468,23 @@ func TestConsole_Browser(t *testing.T) {
 	}
 }
 
-// readAll reads a sandbox's file whole through the API.
-func readAll(t *testing.T, c *client.Client, id, path string) []byte {
+// keystroke is one key press as a keyboard makes it: a keyDown that
+// carries the text (the browser derives keypress and input from it) and a
+// keyUp. chromedp's KeyEvent sends a separate char event after a keyDown
+// that carries the key, which xterm.js takes as two presses (it handles
+// the keydown and the keypress); Puppeteer and Playwright type as here.
+func keystroke(r rune) []input.DispatchKeyEventParams {
+	down := input.DispatchKeyEventParams{Type: input.DispatchKeyEventTypeKeyDown, Key: string(r), Text: string(r), UnmodifiedText: string(r)}
+	if r == '\r' {
+		down.Key, down.Code, down.WindowsVirtualKeyCode, down.NativeVirtualKeyCode = "Enter", "Enter", 13, 13
+	}
+	up := down
+	up.Type, up.Text, up.UnmodifiedText = input.DispatchKeyEventTypeKeyUp, "", ""
+	return []input.DispatchKeyEventParams{down, up}
+}
+
+// sandboxFile reads a sandbox's file whole through the API.
+func sandboxFile(t *testing.T, c *client.Client, id, path string) []byte {
 	t.Helper()
 	rc, err := c.ReadFile(context.Background(), id, path, 0, 0)
 	require.NoError(t, err)
