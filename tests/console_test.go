@@ -35,6 +35,9 @@ import (
 // QUARRY_UI_SCREENSHOTS=docs/console.
 const envScreenshots = "QUARRY_UI_SCREENSHOTS"
 
+// The page's size for the test (and its screenshots).
+const shotWidth, shotHeight = 1280, 800
+
 // browserLog collects what the page writes to its console. Errors fail the
 // test: uncaught exceptions, console.error calls (the CSP listener below
 // makes one of every violation) and error entries of the browser log. The
@@ -134,7 +137,7 @@ func TestConsole_Browser(t *testing.T) {
 	t.Cleanup(cancelTimeout)
 
 	// Start the browser and the tab, then listen to its console from the start.
-	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate("about:blank")))
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate("about:blank"), chromedp.EmulateViewport(shotWidth, shotHeight)))
 	var blog browserLog
 	listenCtx, stopListening := context.WithCancel(bctx)
 	listened := make(chan struct{})
@@ -288,7 +291,7 @@ func TestConsole_Browser(t *testing.T) {
 		do(t, chromedp.EmulateViewport(900, 700))
 		typeInTerminal(t, "echo size-$(stty size | tr ' ' x)")
 		waitJS(t, 10*time.Second, "the new size in the shell", `/size-\d+x\d+/.test(document.querySelector('#terminal .xterm-rows').textContent)`)
-		do(t, chromedp.ResetViewport())
+		do(t, chromedp.EmulateViewport(shotWidth, shotHeight))
 	})
 
 	t.Run("gateway restart", func(t *testing.T) {
