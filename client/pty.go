@@ -105,13 +105,16 @@ func (c *Client) AttachPTY(ctx context.Context, id string, opts PTYOptions) (*PT
 		return nil, fmt.Errorf("GET %s: %w", rt.path, err)
 	}
 	conn.SetReadLimit(agentapi.MaxPTYMessage)
-	return &PTYConn{conn: conn}, nil
+	return &PTYConn{ID: resp.Header.Get(agentapi.HeaderPTY), conn: conn}, nil
 }
 
 // PTYConn is an open terminal. Read and Write may be called from different
 // goroutines (one reader at a time); Write, Resize and Close are safe for
 // concurrent use.
 type PTYConn struct {
+	// ID is the PTY's id (agentapi.HeaderPTY): attach to it again with
+	// PTYOptions.PTY; the replay ring restores the recent screen.
+	ID   string
 	conn *websocket.Conn
 
 	readMu  sync.Mutex

@@ -374,9 +374,11 @@ func (t *ptyTable) kill(p *ptySession) agentapi.PTYInfo {
 	return p.info()
 }
 
-// reset ends every PTY for a new lease (or the agent's Close): clients are
-// closed with code (4410 lease_gone, 1001 going away), programs hung up,
-// and the PTYs forgotten, so the next lease never sees them.
+// reset ends every PTY for a new lease (or the agent's Close): the PTYs are
+// forgotten and their clients closed with code (4410 lease_gone, 1001 going
+// away) at once, so the next lease never sees them; their programs are hung
+// up in the background (goroutines of the server's WaitGroup), so an init
+// does not wait for them.
 func (t *ptyTable) reset(code int, why string) {
 	t.mu.Lock()
 	all := make([]*ptySession, 0, len(t.m))
@@ -385,7 +387,6 @@ func (t *ptyTable) reset(code int, why string) {
 		delete(t.m, id)
 	}
 	t.mu.Unlock()
-	var wg sync.WaitGroup
 	for _, p := range all {
 		p.mu.Lock()
 		for c := range p.clients {
@@ -393,10 +394,9 @@ func (t *ptyTable) reset(code int, why string) {
 			delete(p.clients, c)
 		}
 		p.mu.Unlock()
-		wg.Add(1)
-		go func() { defer wg.Done(); t.hangUp(p) }()
+		t.srv.wg.Add(1)
+		go func() { defer t.srv.wg.Done(); t.hangUp(p) }()
 	}
-	wg.Wait()
 }
 
 // handlePTYCreate answers POST /v1/ptys.

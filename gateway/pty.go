@@ -47,6 +47,7 @@ func (g *Gateway) ptyWebSocket(c *fiber.Ctx) error {
 		MaxMessage: agentapi.MaxPTYMessage,
 		Path: func(ctx context.Context, lease warmpool.Lease) (string, error) {
 			if ptyID != "" {
+				c.Set(agentapi.HeaderPTY, ptyID)
 				return agentapi.PTYPath(ptyID, "/attach"), nil
 			}
 			ac, err := g.agents.get(lease.AgentURL)
@@ -59,6 +60,7 @@ func (g *Gateway) ptyWebSocket(c *fiber.Ctx) error {
 			if err := (&envAgent{g: g, lease: lease, ac: ac}).do(ctx, agentapi.RoutePTYs, create, &info); err != nil {
 				return "", err
 			}
+			c.Set(agentapi.HeaderPTY, info.ID) // on the 101: the client can reattach to it
 			return agentapi.PTYPath(info.ID, "/attach"), nil
 		},
 	})

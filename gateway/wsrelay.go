@@ -126,7 +126,7 @@ func newWSSockets(cfg Config) *wsSockets {
 		}),
 		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quarry_gateway_websockets_closed_total",
-			Help: "Relayed WebSockets closed, by the close code sent to the client.",
+			Help: "Relayed WebSockets closed, by the close code of the client's side (sent to it, or its own; 1006: cut).",
 		}, []string{"code"}),
 	}
 }
@@ -471,10 +471,10 @@ func (s *wsSession) run() {
 		c.SetPongHandler(func(string) error { s.extendRead(c); return nil })
 	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(2)
 	go func() { defer wg.Done(); s.pump(s.client, s.agent, true) }()
-	go func() { defer wg.Done(); s.pump(s.agent, s.client, false) }()
 	go func() { defer wg.Done(); s.watch() }()
+	s.pump(s.agent, s.client, false) // on the hijacked connection's goroutine
 	wg.Wait()
 	_ = s.client.Close()
 	_ = s.agent.Close()
@@ -555,16 +555,15 @@ func (s *wsSession) ended(err error, fromClient bool) {
 	}
 	if fromClient {
 		s.closeSide(s.agent, cl, false)
-		if errors.Is(err, websocket.ErrReadLimit) {
-			s.recordClient(cl)
-		}
+		s.recordClient(cl) // how the client's side ended, for the metric
 	} else {
 		s.closeSide(s.client, cl, true)
 	}
 	s.finish()
 }
 
-// recordClient records the first close the client got.
+// recordClient records the first close of the client's side (sent to it,
+// or its own); false when one was recorded already.
 func (s *wsSession) recordClient(cl wsClose) bool {
 	s.sentMu.Lock()
 	defer s.sentMu.Unlock()

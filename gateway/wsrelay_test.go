@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -384,4 +385,36 @@ func TestRelayWS_ShutdownClosesOpenSockets(t *testing.T) {
 	ce := readClose(t, c, testDeadline)
 	assert.Equal(t, websocket.CloseGoingAway, ce.Code)
 	assert.Equal(t, 0.0, testutil.ToFloat64(r.g.ws.opened))
+}
+
+// The memory of open relayed sockets, measured in one process that also
+// holds their clients and the agent's ends: an upper bound of the gateway's
+// share. It fails past 256 KiB a socket.
+func TestRelayWS_MemoryPerSocket(t *testing.T) {
+	const n = 200
+	r := startRelayRig(t, func(c *Config) { c.MaxWebSockets = n })
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	goBefore := runtime.NumGoroutine()
+	conns := make([]*websocket.Conn, 0, n)
+	for range n {
+		c, _, err := dialWS(t, r.url, wsBearer(testKey))
+		require.NoError(t, err)
+		require.NoError(t, c.WriteMessage(websocket.TextMessage, []byte("x")))
+		_, _, err = c.ReadMessage()
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perSocket := (int64(after.HeapInuse) + int64(after.StackInuse) - int64(before.HeapInuse) - int64(before.StackInuse)) / n
+	goroutines := float64(runtime.NumGoroutine()-goBefore) / n
+	t.Logf("%d sockets: %.1f KiB and %.1f goroutines per socket (gateway relay + test client + agent end)", n, float64(perSocket)/1024, goroutines)
+	assert.Less(t, perSocket, int64(256<<10))
+	for _, c := range conns {
+		require.NoError(t, c.Close())
+	}
+	eventually(t, func() bool { return testutil.ToFloat64(r.g.ws.opened) == 0 }, "every session ends")
+	eventually(t, func() bool { return runtime.NumGoroutine() <= goBefore+5 }, "their goroutines end")
 }

@@ -66,6 +66,7 @@ func TestE2E_PTY_ProcessProvider(t *testing.T) {
 		term, err := cl.AttachPTY(ctx(t), sbx.ID, client.PTYOptions{Cols: 91, Rows: 19})
 		require.NoError(t, err)
 		defer term.Close()
+		require.NotEmpty(t, term.ID, "the PTY the gateway created")
 		_, err = term.Write([]byte("stty size; echo hi-$((40+2)); exit 5\n"))
 		require.NoError(t, err)
 		out, err := readAll(t, term, time.Minute)
@@ -158,4 +159,31 @@ func TestE2E_PTY_ProcessProvider(t *testing.T) {
 		require.ErrorAs(t, err, &ce)
 		assert.Equal(t, "lease_gone", ce.Code)
 	})
+}
+
+// A terminal in a Docker sandbox: the agent in the container opens the PTY
+// (its devpts), the gateway relays; for both images (bash, and busybox's
+// sh as the default shell).
+func TestDocker_PTY_ShellInAContainer(t *testing.T) {
+	d := requireDocker(t)
+	g, cl, c := d.startTwoPools()
+	for _, pool := range []string{"bash", "plain"} {
+		t.Run(pool, func(t *testing.T) {
+			sbx, err := cl.CreateSandbox(c, client.CreateSandboxRequest{Pool: pool})
+			require.NoError(t, err)
+			term, err := cl.AttachPTY(c, sbx.ID, client.PTYOptions{Cols: 83, Rows: 21})
+			require.NoError(t, err)
+			defer term.Close()
+			_, err = term.Write([]byte("stty size; tty; echo in-$((5*5)); exit 6\n"))
+			require.NoError(t, err)
+			out, err := readAll(t, term, time.Minute)
+			require.NoError(t, err, "output %q; gateway log:\n%s", out, g.logs())
+			assert.Contains(t, out, "21 83")
+			assert.Contains(t, out, "/dev/pts/")
+			assert.Contains(t, out, "in-25")
+			code, ok := term.ExitCode()
+			require.True(t, ok)
+			assert.Equal(t, 6, code)
+		})
+	}
 }

@@ -30,6 +30,11 @@ const ReasonLeaseGone = "lease_gone"
 // MaxPTYMessage bounds one message of a PTY WebSocket in either direction.
 const MaxPTYMessage = 64 << 10
 
+// HeaderPTY names, on the gateway's 101 answer to GET
+// /v1/sandboxes/{id}/pty, the PTY the socket is attached to (the one it
+// created, without ?pty=): reattach with ?pty=<it>.
+const HeaderPTY = "X-Quarry-Pty"
+
 // PTY control message types (PTYControl.Type).
 const (
 	PTYControlResize = "resize"
