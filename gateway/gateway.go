@@ -18,6 +18,7 @@ import (
 
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/gateway/ui"
 	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/rockcompat"
@@ -112,6 +113,7 @@ type Gateway struct {
 	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
 	ck   *ckService          // checkpoints (checkpoints.go)
+	ui   *console            // the web console's files (console.go)
 
 	preview *previewSigner // preview URLs of sandbox ports (preview.go)
 }
@@ -171,6 +173,9 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	}
 	if g.envs, err = newEnvService(g, deps.Envs); err != nil {
 		return nil, err
+	}
+	if g.ui, err = newConsole(ui.Files()); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 
 	g.app = fiber.New(fiber.Config{
@@ -330,6 +335,12 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodGet, path: "/readyz", handler: g.readyz},
 		{method: fiber.MethodGet, path: "/openapi.json", handler: serveOpenAPI},
 		{method: fiber.MethodGet, path: "/metrics", auth: true, handler: g.metrics.handler},
+
+		// The web console's static files (console.go, docs/CONSOLE.md): no
+		// auth, the page sends the API key on every call it makes.
+		{method: fiber.MethodGet, path: "/ui", handler: g.serveConsole},
+		{method: fiber.MethodGet, path: "/ui/:file", handler: g.serveConsole},
+		{method: fiber.MethodGet, path: "/ui/vendor/:pkg/:file", handler: g.serveConsole},
 
 		{method: fiber.MethodPost, path: "/v1/sandboxes", auth: true, handler: g.createSandbox},
 		{method: fiber.MethodGet, path: "/v1/sandboxes", auth: true, handler: g.listSandboxes},

@@ -60,6 +60,7 @@ cat <<MSG
 
   Quarry gateway: $url   (provider: $QUARRY_PROVIDER, lease store: embedded in $QUARRY_DATA_DIR, gateway id: $QUARRY_GATEWAY_ID)
   API key:        $key
+  Web console:    $url/ui   (sign in with the API key; docs/CONSOLE.md)
 
   Try it:
     export QUARRY_URL=$url QUARRY_API_KEY=$key

@@ -31,6 +31,7 @@ trap cleanup EXIT
 echo "== dependencies"
 ensure_apt busybox-static test -x /bin/busybox
 ensure_apt curl command -v curl
+ensure_apt chromium command -v chromium # the console's browser test (tests/console_test.go)
 scripts/docker-up.sh
 scripts/images/build.sh
 QUARRY_TEST_PYTHONPATH="$(scripts/python-deps.sh)"
@@ -55,8 +56,8 @@ else
   echo "== AWS suites against AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL"
 fi
 export QUARRY_TEST_BUSYBOX=/bin/busybox QUARRY_TEST_DOCKER=1 QUARRY_TEST_AWS=1
-# Debian's chromium (apt-get install -y chromium): CDP through a preview URL (tests/ports_test.go).
-QUARRY_TEST_CHROMIUM="$(command -v chromium || true)"
+# Debian's chromium (apt-get install -y chromium): the console's browser test and CDP through a preview URL.
+QUARRY_TEST_CHROMIUM="$(command -v chromium)"
 export QUARRY_TEST_CHROMIUM
 # Every go test below runs strict: a test whose dependency is not given fails instead of skipping.
 export QUARRY_TEST_STRICT=1

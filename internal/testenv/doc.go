@@ -1,7 +1,8 @@
 // Package testenv is the one place a Quarry test asks whether a dependency
 // outside Go is there: the AWS API emulator (AWS), a Docker engine and its
 // test images (Docker), a static busybox (Busybox), Python packages for
-// sandboxed programs (PythonPath) and ROCK's Python SDK (RockPython).
+// sandboxed programs (PythonPath), ROCK's Python SDK (RockPython) and a
+// headless Chromium for browser tests (Chromium).
 //
 // Each dependency is asked for with an environment variable (the package's
 // Env constants), which scripts/test.sh (make test) sets after installing or

@@ -32,7 +32,7 @@ const (
 	EnvPythonPath = "QUARRY_TEST_PYTHONPATH"
 	// EnvRockPython names the python of a venv with ROCK's SDK (RockPython).
 	EnvRockPython = "QUARRY_ROCK_PYTHON"
-	// EnvChromium names a headless-capable Chromium binary (Chromium).
+	// EnvChromium names a Chromium binary for browser tests (Chromium).
 	EnvChromium = "QUARRY_TEST_CHROMIUM"
 )
 
@@ -87,8 +87,8 @@ var (
 	}
 	chromiumDep = dependency{
 		env:  EnvChromium,
-		what: "a Chromium browser (Debian's chromium)",
-		how:  "run `make test`, or `apt-get install -y chromium` and set " + EnvChromium + "=\"$(command -v chromium)\"",
+		what: "a headless Chromium",
+		how:  "run `make test`, or `apt-get install chromium` and set " + EnvChromium + "=/usr/bin/chromium",
 	}
 	rockDep = dependency{
 		env:  EnvRockPython,
@@ -228,15 +228,28 @@ func Busybox(t testing.TB) string {
 	return path
 }
 
-// Chromium makes t need a Chromium binary, and returns its path. It is
-// asked for with QUARRY_TEST_CHROMIUM=<path> (make test: Debian's
-// chromium). Not asked for: t is skipped, or fails when Strict. A path that
-// is not an executable file fails t.
+// Chromium makes t need a Chromium (or Chrome) binary that runs headless,
+// and returns its path. It is asked for with QUARRY_TEST_CHROMIUM=<path>
+// (make test: /usr/bin/chromium, from Debian's chromium). Not asked for: t
+// is skipped, or fails when Strict. A path that is not an executable, or a
+// binary that does not print its version, fails t. Safe for concurrent use.
 func Chromium(t testing.TB) string {
 	t.Helper()
 	path := chromiumDep.value(t)
-	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-		chromiumDep.broken(t, "%s is not an executable file", path)
+	err := check("chromium "+path, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s --version: %w: %s", path, err, bytesTail(out))
+		}
+		if !strings.Contains(strings.ToLower(string(out)), "chrom") {
+			return fmt.Errorf("%s --version printed %q: not a Chromium", path, bytesTail(out))
+		}
+		return nil
+	})
+	if err != nil {
+		chromiumDep.broken(t, "%v", err)
 	}
 	return path
 }

@@ -98,6 +98,10 @@ func TestDependencies_SkipFailOrRun(t *testing.T) {
 		return func(tb testing.TB) { PythonPath(tb, modules...) }
 	}
 	rock := func(tb testing.TB) { RockPython(tb) }
+	chromium := func(tb testing.TB) { Chromium(tb) }
+	goodChromium := script(t, dir, "chromium", `echo "Chromium 156.0.8078.114 built on Debian GNU/Linux 12 (bookworm)"`)
+	otherBinary := script(t, dir, "not-chromium", `echo "busybox v1.35"`)
+	failingChromium := script(t, dir, "broken-chromium", `echo "error while loading shared libraries" >&2; exit 127`)
 	tests := []struct {
 		name    string
 		env     map[string]string
@@ -145,10 +149,17 @@ func TestDependencies_SkipFailOrRun(t *testing.T) {
 		{name: "rock does not import: fail", env: map[string]string{EnvRockPython: badPython}, fn: rock, outcome: "fail",
 			msg: []string{"cannot import rock.sdk.sandbox.client", "No module named 'rock'"}},
 		{name: "rock python missing: fail", env: map[string]string{EnvRockPython: filepath.Join(dir, "none")}, fn: rock, outcome: "fail"},
+
+		{name: "chromium not asked: skip", fn: chromium, outcome: "skip", msg: []string{"a headless Chromium", "QUARRY_TEST_CHROMIUM is not set", "apt-get install chromium"}},
+		{name: "chromium not asked, strict: fail", env: map[string]string{EnvStrict: "1"}, fn: chromium, outcome: "fail"},
+		{name: "chromium there: run", env: map[string]string{EnvChromium: goodChromium}, fn: chromium, outcome: "ran"},
+		{name: "chromium missing: fail", env: map[string]string{EnvChromium: filepath.Join(dir, "none")}, fn: chromium, outcome: "fail"},
+		{name: "chromium another binary: fail", env: map[string]string{EnvChromium: otherBinary}, fn: chromium, outcome: "fail", msg: []string{"not a Chromium"}},
+		{name: "chromium does not start: fail", env: map[string]string{EnvChromium: failingChromium}, fn: chromium, outcome: "fail", msg: []string{"shared libraries"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			for _, name := range []string{EnvStrict, EnvAWS, EnvDocker, EnvBusybox, EnvPythonPath, EnvRockPython} {
+			for _, name := range []string{EnvStrict, EnvAWS, EnvDocker, EnvBusybox, EnvPythonPath, EnvRockPython, EnvChromium} {
 				t.Setenv(name, "")
 			}
 			for k, v := range tt.env {
