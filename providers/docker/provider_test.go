@@ -309,8 +309,11 @@ func TestProvider_Describe_OOMReasonWithLimitAndLogTail(t *testing.T) {
 	task := launchOne(t, p, s, "oom-"+randomHex(t, 4))
 	a := agentOf(t, task)
 	// /dev/shm (Docker's 64 MiB tmpfs) holds its pages in the container's
-	// memory; then the agent itself needs memory for a large output.
-	execIn(t, a, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=70 2>/dev/null; true")
+	// memory: 48 MiB of them leave the agent room to answer this call (a
+	// fill to the limit let the OOM killer take the agent during it, under
+	// a loaded make test); then the agent itself needs 40 MiB more for a
+	// large output, past the limit.
+	execIn(t, a, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=48 2>/dev/null; true")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, _ = a.Exec(ctx, agentapi.ExecRequest{Command: "head -c 40m /dev/zero", MaxOutputBytes: 64 << 20})
