@@ -144,7 +144,7 @@ func (t *tries) error() error {
 // retry is true when the task's agent failed its init (the lease ended as
 // lost and the task is stopped): another task may be tried.
 func (m *Manager) claimTask(ctx context.Context, p *pool, req AcquireRequest, dur time.Duration, taskID, outcome string) (Lease, string, bool, error) {
-	res, err := m.store.Claim(ctx, m.claimRequest(p, req, dur, taskID))
+	res, err := m.claim(ctx, p, m.claimRequest(p, req, dur, taskID))
 	if err != nil {
 		return Lease{}, outcomeError, false, err
 	}
@@ -155,6 +155,23 @@ func (m *Manager) claimTask(ctx context.Context, p *pool, req AcquireRequest, du
 		return Lease{}, outcomeError, true, err
 	}
 	return res.Lease, outcome, false, nil
+}
+
+// staleRounds bounds the claims one claim call makes while each meets only
+// ready tasks of another configuration (StaleScan of them each).
+const staleRounds = 4
+
+// claim is the store's Claim of req for p: the stale tasks a claim meets
+// (TaskRecord.Spec) are retired (retireStale), and a claim that met only
+// those is made again, at most staleRounds times.
+func (m *Manager) claim(ctx context.Context, p *pool, req ClaimRequest) (ClaimResult, error) {
+	for round := 1; ; round++ {
+		res, err := m.store.Claim(ctx, req)
+		m.retireStale(p, res.Stale)
+		if err == nil || len(res.Stale) == 0 || !errors.Is(err, ErrNoCapacity) || round == staleRounds {
+			return res, err
+		}
+	}
 }
 
 // await waits in the pool's acquire queue until a task is offered to it (a
@@ -343,7 +360,7 @@ func (m *Manager) claimRequest(p *pool, req AcquireRequest, dur time.Duration, t
 		digest = req.Digest()
 	}
 	return ClaimRequest{
-		Pool: p.cfg.Name, TaskID: taskID, Now: now,
+		Pool: p.cfg.Name, TaskID: taskID, Spec: p.digest, Now: now,
 		Lease: Lease{
 			ID: id, Owner: req.Owner, Labels: maps.Clone(req.Labels), Env: env,
 			IdempotencyKey: req.IdempotencyKey, RequestDigest: digest, Duration: dur, CreatedAt: now, ExpiresAt: now.Add(dur),
@@ -369,7 +386,7 @@ func (m *Manager) coldStart(ctx context.Context, p *pool, req AcquireRequest, du
 	if err != nil {
 		return Lease{}, outcomeError, false, err
 	}
-	res, err := m.store.Claim(ctx, m.claimRequest(p, req, dur, rec.ID))
+	res, err := m.claim(ctx, p, m.claimRequest(p, req, dur, rec.ID))
 	if err != nil {
 		if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {
 			m.giveBack(ctx, p, rec) // healthy: let another acquire have it

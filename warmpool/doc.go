@@ -7,7 +7,9 @@
 // ParsePools); manager_config.go the Manager's Config (defaults,
 // Validate); manager.go the Manager, New and its Start/Close lifecycle;
 // leases.go the lease calls (Get, Heartbeat, Release, List, CheckTask);
-// stop.go retiring ended leases (fence, stop, delete); acquire.go the
+// stop.go retiring ended leases (fence, stop, delete); stale.go tasks of
+// another configuration of their pool (TaskRecord.Spec) and the providers
+// built to stop them; acquire.go the
 // acquire path; reconcile.go the per-pool reconciler and
 // launches; reaper.go the reaper and the orphan sweep; locks.go the locks
 // that gate background work across replicas; cache.go the short lease

@@ -261,6 +261,7 @@ func (w *watchingProvider) Watch(ctx context.Context, events chan<- providers.Ta
 // HealthFunc and InitFunc, when set, decide instead (nil error = default).
 type fakeAgents struct {
 	prov *fakeProvider
+	more []*fakeProvider // other providers whose tasks' agents answer too
 
 	mu         sync.Mutex
 	HealthFunc func(url string) error
@@ -278,8 +279,12 @@ var errRefused = errors.New("connection refused")
 // reachable reports whether url is the agent of a running task.
 func (a *fakeAgents) reachable(url string) bool {
 	name := strings.TrimPrefix(url, "fake://")
-	t, ok := a.prov.byName(name)
-	return ok && t.State == providers.TaskRunning
+	for _, p := range append([]*fakeProvider{a.prov}, a.more...) {
+		if t, ok := p.byName(name); ok {
+			return t.State == providers.TaskRunning
+		}
+	}
+	return false
 }
 
 func (a *fakeAgents) Health(ctx context.Context, url, token string) (agentapi.Health, error) {

@@ -185,7 +185,7 @@ func (m *Manager) launch(ctx context.Context, p *pool, recs []TaskRecord) ([]Tas
 		out = append(out, r)
 	}
 	for _, t := range byName { // tasks under names nobody asked for
-		m.stopProviderTask(ctx, p, t.ID, "launched under an unexpected name")
+		m.stopProviderTask(ctx, p, p.provider, t.ID, "launched under an unexpected name")
 	}
 	if len(out) == 0 && launchErr == nil && len(recs) > 0 {
 		launchErr = fmt.Errorf("launch %d task(s): none could be recorded", len(recs))
@@ -214,7 +214,7 @@ func launchedAt(t providers.Task, rec TaskRecord, now time.Time) time.Time {
 func (m *Manager) newTaskRecord(p *pool) TaskRecord {
 	now := m.clock.Now()
 	return TaskRecord{
-		ID: NewTaskID(), Pool: p.cfg.Name, Provider: p.cfg.Provider, State: TaskLaunching,
+		ID: NewTaskID(), Pool: p.cfg.Name, Provider: p.cfg.Provider, Spec: p.digest, State: TaskLaunching,
 		CreatedAt: now, UpdatedAt: now, LaunchDeadline: now.Add(m.cfg.LaunchQueueTimeout + p.startupTimeout()),
 	}
 }
@@ -281,15 +281,15 @@ func (m *Manager) markStopping(ctx context.Context, p *pool, rec TaskRecord, rea
 		return
 	}
 	if rec.ProviderID != "" {
-		m.stopProviderTask(ctx, p, rec.ProviderID, reason)
+		m.stopProviderTask(ctx, p, p.provider, rec.ProviderID, reason)
 	}
 }
 
-// stopProviderTask stops a provider task directly (no record to update).
-func (m *Manager) stopProviderTask(ctx context.Context, p *pool, id, reason string) {
+// stopProviderTask stops a task of prov directly (no record to update).
+func (m *Manager) stopProviderTask(ctx context.Context, p *pool, prov providers.Provider, id, reason string) {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ProviderTimeout)
 	defer cancel()
-	if err := p.provider.Stop(pctx, id, reason); err != nil {
+	if err := prov.Stop(pctx, id, reason); err != nil {
 		p.log.Warn("stop provider task: the orphan sweep will retry", "provider_task", id, "err", err)
 	}
 }

@@ -38,6 +38,12 @@ type Deps struct {
 	// (providers.SandboxRelay), or "" when they reach the gateway's own
 	// address.
 	LeaseEnv func(leaseID, relayURL string) map[string]string
+	// ExtraProvider, when set, builds a provider that no pool uses, on the
+	// first need of it: to describe and stop the tasks it made for an
+	// earlier configuration of a pool (its provider changed). The manager
+	// closes what it built at Close. nil (or an error): such tasks are
+	// reported once and left running, their records kept.
+	ExtraProvider func(name string) (providers.Provider, error)
 }
 
 // Manager runs the warm pools: it hands out leases (Acquire), renews and
@@ -76,6 +82,17 @@ type Manager struct {
 	// leases it read recently.
 	locks lockSet
 	cache *leaseCache
+
+	// extraProvider builds providers no pool uses (Deps.ExtraProvider);
+	// extras are those built, extraFailed the builds that failed lately,
+	// reported the unstoppable tasks logged. extraMu guards them.
+	extraProvider func(name string) (providers.Provider, error)
+	extraMu       sync.Mutex
+	extras        map[string]providers.Provider
+	extraFailed   map[string]extraFailure
+	extrasClosed  bool
+	extraLimits   map[string]*rate.Limiter // their describe rates
+	reported      map[string]bool
 
 	bg     context.Context // canceled by Close; background work runs under it
 	cancel context.CancelFunc
@@ -137,7 +154,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	limits := make(map[string]*rate.Limiter, len(provs))
 	for name := range provs {
-		limits[name] = rate.NewLimiter(rate.Limit(cfg.DescribeRate), max(1, int(cfg.DescribeRate)))
+		limits[name] = newDescribeLimit(cfg)
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{
@@ -145,6 +162,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphans: orphanSweep{seen: map[string]time.Time{}},
 		describeLimits: limits, watchers: map[string]bool{},
 		locks: lockSet{held: map[string]bool{}, failing: map[string]bool{}}, cache: newLeaseCache(cfg.LeaseCacheTTL), bg: bg, cancel: cancel,
+		extraProvider: deps.ExtraProvider, extras: map[string]providers.Provider{}, extraFailed: map[string]extraFailure{}, extraLimits: map[string]*rate.Limiter{}, reported: map[string]bool{},
 	}, nil
 }
 
@@ -202,6 +220,11 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
+// newDescribeLimit is one provider's describe rate (Config.DescribeRate).
+func newDescribeLimit(cfg Config) *rate.Limiter {
+	return rate.NewLimiter(rate.Limit(cfg.DescribeRate), max(1, int(cfg.DescribeRate)))
+}
+
 // providersInUse returns the names of the providers that pools use,
 // sorted.
 func (m *Manager) providersInUse() []string {
@@ -237,6 +260,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		if started {
 			m.unlockAll(ContextWithCaller(context.WithoutCancel(ctx), CallerLifecycle))
 		}
+		m.closeExtras(context.WithoutCancel(ctx))
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("close warm pool manager: %w", ctx.Err())

@@ -36,6 +36,7 @@ type metrics struct {
 	describes      *prometheus.CounterVec
 	taskEvents     *prometheus.CounterVec
 	orphanWalked   prometheus.Counter
+	staleTasks     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -114,6 +115,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "quarry_orphan_walked_tasks_total",
 			Help: "Task records the orphan sweep's walks read.",
 		}),
+		staleTasks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_stale_tasks_total",
+			Help: "Tasks found launched for another configuration of their pool (another provider, image, resources, env or options), by pool and what was done (retired: a ready one was stopped; leased: a lease holds one, which keeps working until it ends; unstoppable: its provider is not configured, so it is left running and reported).",
+		}, []string{"pool", "action"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -121,7 +126,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range []prometheus.Collector{
 		m.acquires, m.acquireSeconds, m.tasks, m.launches, m.launchFailures, m.reaped, m.orphans,
 		m.lockAttempts, m.lockHeld, m.lockedPasses, m.refillBlocked, m.queueFull, m.queueLength, m.passSeconds,
-		m.walked, m.describes, m.taskEvents, m.orphanWalked,
+		m.walked, m.describes, m.taskEvents, m.orphanWalked, m.staleTasks,
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -17,6 +17,7 @@ type pool struct {
 	cfg      PoolConfig
 	provider providers.Provider
 	spec     providers.Spec
+	digest   string // cfg.SpecDigest(): the tasks this pool hands out
 	relayURL string // providers.SandboxRelay's answer for spec ("": the gateway's own address)
 	log      *slog.Logger
 	wake     chan struct{} // buffered 1: wakes the reconciler
@@ -35,6 +36,9 @@ type pool struct {
 	blockedBy  string                  // why the last refill could not proceed ("": it could)
 	walk       walkState               // the reconciler's walk over the pool's tasks
 	resync     bool                    // events were dropped: the next walk describes
+	// staleLeaseSeen: a lease on a task of another configuration was
+	// logged (noteStaleLease logs the first only).
+	staleLeaseSeen bool
 }
 
 // walkState is where the reconciler's walk over a pool's tasks is.
@@ -68,6 +72,7 @@ func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger, mcfg Con
 		cfg:        cfg,
 		provider:   prov,
 		spec:       spec,
+		digest:     cfg.SpecDigest(),
 		relayURL:   relayURL,
 		log:        log.With("pool", cfg.Name),
 		wake:       make(chan struct{}, 1),

@@ -178,6 +178,19 @@ func (m *Manager) visit(ctx context.Context, p *pool, recs []TaskRecord, describ
 				}
 			}
 		case TaskReady, TaskLeased:
+			switch {
+			case !p.stale(t):
+			case t.State == TaskLeased:
+				m.noteStaleLease(p, t)
+			default:
+				if r, ok := m.transition(ctx, p, t, TaskStopping, ReasonStaleSpec); ok {
+					m.metrics.staleTasks.WithLabelValues(p.cfg.Name, "retired").Inc()
+					p.log.Info("retiring a ready task launched for another configuration of the pool", "task", t.ID,
+						"provider", t.Provider, "spec", t.Spec, "pool_spec", p.digest)
+					stop = append(stop, r)
+				}
+				continue
+			}
 			if t.ProviderID != "" {
 				running = append(running, t)
 			}
@@ -198,11 +211,27 @@ func (m *Manager) visit(ctx context.Context, p *pool, recs []TaskRecord, describ
 // never recorded (a replica died between its launch and its record):
 // they are found by name with one listing of the pool's provider tasks.
 func (m *Manager) stopUnlaunched(ctx context.Context, p *pool, recs []TaskRecord) {
-	if len(recs) == 0 {
+	byProvider := map[string][]TaskRecord{}
+	for _, r := range recs {
+		byProvider[r.Provider] = append(byProvider[r.Provider], r)
+	}
+	for name, recs := range byProvider {
+		m.stopUnlaunchedOf(ctx, p, name, recs)
+	}
+}
+
+// stopUnlaunchedOf stops and deletes the unlaunched stopping tasks of one
+// provider.
+func (m *Manager) stopUnlaunchedOf(ctx context.Context, p *pool, name string, recs []TaskRecord) {
+	prov, err := m.providerOf(name)
+	if err != nil {
+		for _, r := range recs {
+			m.unstoppable(r, err)
+		}
 		return
 	}
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.ProviderTimeout)
-	found, err := p.provider.List(pctx, p.cfg.Name)
+	found, err := prov.List(pctx, p.cfg.Name)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -220,7 +249,7 @@ func (m *Manager) stopUnlaunched(ctx context.Context, p *pool, recs []TaskRecord
 	}
 	for _, r := range recs {
 		for _, id := range byName[r.ID] {
-			m.stopProviderTask(ctx, p, id, r.Reason)
+			m.stopProviderTask(ctx, p, prov, id, r.Reason)
 		}
 		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 		err := m.store.DeleteTask(sctx, r)
@@ -289,9 +318,10 @@ func (m *Manager) checkRunning(ctx context.Context, p *pool, running []TaskRecor
 		byProvider[t.Provider] = append(byProvider[t.Provider], t)
 	}
 	for name, recs := range byProvider {
-		prov, ok := m.providers[name]
-		if !ok {
-			p.log.Warn("tasks of an unconfigured provider are left alone", "provider", name, "tasks", len(recs))
+		prov, err := m.providerOf(name)
+		if err != nil { // left alone: reported when it is to be stopped
+			p.log.Debug("cannot describe tasks", "tasks", len(recs), "err", err)
+			alive = append(alive, recs...)
 			continue
 		}
 		for start := 0; start < len(recs); start += describeBatch {
@@ -421,7 +451,11 @@ func (m *Manager) stopAll(ctx context.Context, recs []TaskRecord) {
 			if reason == "" {
 				reason = "stopping"
 			}
-			if err := m.stopTask(ctx, r, reason); err != nil && ctx.Err() == nil {
+			err := m.stopTask(ctx, r, reason)
+			switch {
+			case errors.Is(err, errNoProvider):
+				m.unstoppable(r, err)
+			case err != nil && ctx.Err() == nil:
 				m.log.Warn("stop task: will retry", "pool", r.Pool, "task", r.ID, "err", err)
 			}
 			return nil

@@ -357,7 +357,7 @@ func TestManager_AcquireQueue_TakesATaskMadeReadyElsewhere(t *testing.T) {
 	got := acquireAsync(t.Context(), e, "alice")
 	e.waitQueued(1)
 
-	rec := warmpool.TaskRecord{ID: warmpool.NewTaskID(), Pool: "default", Provider: "fake", CreatedAt: e.clock.Now()}
+	rec := warmpool.TaskRecord{ID: warmpool.NewTaskID(), Pool: "default", Provider: "fake", Spec: testPool(0, 3).SpecDigest(), CreatedAt: e.clock.Now()}
 	require.NoError(t, e.store.ReserveTasks(t.Context(), "default", 3, []warmpool.TaskRecord{rec}))
 	e.prov.add(providers.Task{ID: "proc-elsewhere", Name: rec.ID, Pool: "default", AgentURL: "fake://" + rec.ID, AgentToken: "tok-" + rec.ID,
 		Labels: map[string]string{providers.LabelManaged: "true", providers.LabelTask: rec.ID}})

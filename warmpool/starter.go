@@ -323,7 +323,7 @@ func (m *Manager) waitReady(ctx context.Context, p *pool, rec TaskRecord) (TaskR
 // returns them by id.
 func (m *Manager) describe(ctx context.Context, name string, prov providers.Provider, ids []string) (map[string]providers.Task, error) {
 	m.metrics.describes.WithLabelValues(name).Inc()
-	if err := m.describeLimits[name].Wait(ctx); err != nil {
+	if err := m.describeLimit(name).Wait(ctx); err != nil {
 		return nil, fmt.Errorf("describe %d task(s): wait for the describe rate (QUARRY_DESCRIBE_RATE %v/s): %w", len(ids), m.cfg.DescribeRate, err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.ProviderTimeout)

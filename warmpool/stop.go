@@ -52,15 +52,15 @@ func (m *Manager) retire(ctx context.Context, l Lease, fence bool) {
 }
 
 // leaseTask is the record of an ended lease's task (stopping) as the lease
-// knows it; false when the lease does not name the provider's task or its
-// pool is not configured.
+// knows it; false when the lease does not name the provider's task or the
+// provider that made it (a lease made before leases carried it: the
+// task's record says).
 func (m *Manager) leaseTask(l Lease) (TaskRecord, bool) {
-	p := m.pools[l.Pool]
-	if l.ProviderTaskID == "" || p == nil {
+	if l.ProviderTaskID == "" || l.Provider == "" {
 		return TaskRecord{}, false
 	}
 	return TaskRecord{
-		ID: l.TaskID, Pool: l.Pool, Provider: p.cfg.Provider, ProviderID: l.ProviderTaskID, State: TaskStopping,
+		ID: l.TaskID, Pool: l.Pool, Provider: l.Provider, ProviderID: l.ProviderTaskID, State: TaskStopping,
 		AgentURL: l.AgentURL, AgentToken: l.AgentToken, LeaseID: l.ID, Generation: l.Generation,
 	}, true
 }
@@ -72,9 +72,9 @@ func (m *Manager) leaseTask(l Lease) (TaskRecord, bool) {
 // provider stops it (best effort; the caller clears AgentURL for a task
 // known to be dead).
 func (m *Manager) stopTask(ctx context.Context, rec TaskRecord, reason string) error {
-	prov, ok := m.providers[rec.Provider]
-	if !ok {
-		return fmt.Errorf("stop task %s: provider %q is not configured", rec.ID, rec.Provider)
+	prov, err := m.providerOf(rec.Provider)
+	if err != nil {
+		return fmt.Errorf("stop task %s: %w", rec.ID, err)
 	}
 	if rec.LeaseID != "" && rec.AgentURL != "" {
 		fctx, cancel := context.WithTimeout(ctx, m.cfg.HealthTimeout)

@@ -61,10 +61,17 @@ func (s TaskState) Valid() bool {
 // task id (chosen before launch, so that launches in flight are counted);
 // ProviderID is the provider's id once launched.
 type TaskRecord struct {
-	ID             string    `json:"id"`
-	Pool           string    `json:"pool"`
-	Provider       string    `json:"provider"`
-	ProviderID     string    `json:"provider_id,omitempty"`
+	ID         string `json:"id"`
+	Pool       string `json:"pool"`
+	Provider   string `json:"provider"`
+	ProviderID string `json:"provider_id,omitempty"`
+	// Spec is the digest of the pool configuration the task was launched
+	// for (PoolConfig.SpecDigest), set when it is reserved and never
+	// changed: a pool hands out only tasks of its current digest, so a task
+	// launched for an older configuration (another provider, image or
+	// size) is never leased by the new one. Empty on records written before
+	// digests were kept: those count as another configuration.
+	Spec           string    `json:"spec,omitempty"`
 	State          TaskState `json:"state"`
 	AgentURL       string    `json:"agent_url,omitempty"`
 	AgentToken     string    `json:"agent_token,omitempty"`
@@ -104,8 +111,13 @@ type Lease struct {
 	// ProviderTaskID is the provider's id of the task (TaskRecord.ProviderID
 	// when it was claimed), so that the task of an ended lease can be
 	// stopped without reading its record.
-	ProviderTaskID string            `json:"provider_task_id,omitempty"`
-	Labels         map[string]string `json:"labels,omitempty"`
+	ProviderTaskID string `json:"provider_task_id,omitempty"`
+	// Provider is the provider that made the task (TaskRecord.Provider when
+	// it was claimed), which stops it when the lease ends, whatever the
+	// pool's provider is by then. Empty on leases made before leases
+	// carried it: their task's record says.
+	Provider string            `json:"provider,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
 	// Env is what the acquire asked to set in the sandbox, given to its
 	// agent's init. Stores keep it apart from the lease's record, which
 	// every heartbeat rewrites: only Claim returns it; every read returns
@@ -167,6 +179,13 @@ func (e *LeaseEndedError) Is(target error) bool { return target == ErrLeaseEnded
 type ClaimRequest struct {
 	// Pool to claim a ready task from.
 	Pool string
+	// Spec, when set, is the pool's current configuration digest
+	// (TaskRecord.Spec): only a task of that digest is claimed. A claim of
+	// any ready task moves each ready task of another digest that it meets
+	// to stopping (reason ReasonStaleSpec) and reports it in
+	// ClaimResult.Stale, also when it then finds none to claim; a claim of
+	// TaskID refuses a task of another digest with ErrConflict.
+	Spec string
 	// TaskID, when set, claims that task only (a cold start claims the task
 	// it launched); it must be ready or launching, and in Pool.
 	TaskID string
@@ -184,7 +203,23 @@ type ClaimResult struct {
 	// Replayed is true when Lease.IdempotencyKey had already been used by the
 	// same owner: Lease is that earlier lease and nothing was claimed.
 	Replayed bool
+	// Stale are the ready tasks of another configuration digest than
+	// ClaimRequest.Spec that the claim moved to stopping, as stored now
+	// (the caller stops them in their provider). Claim returns them with
+	// its error too: a claim that met only stale tasks returns them with
+	// ErrNoCapacity.
+	Stale []TaskRecord
 }
+
+// ReasonStaleSpec is the reason recorded with a ready task that a claim or
+// the reconciler retired because it was launched for another configuration
+// of its pool.
+const ReasonStaleSpec = "it was launched for another configuration of its pool (provider, image, resources, env or options changed)"
+
+// StaleScan is the most ready tasks of another configuration that one
+// claim retires before it answers: a claim costs at most that many more
+// records than it would, whatever the number of stale tasks.
+const StaleScan = 16
 
 // LeaseEnd describes how a lease ends.
 type LeaseEnd struct {

@@ -104,3 +104,32 @@ func (r AcquireRequest) Digest() string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:16])
 }
+
+// SpecDigest is the digest of what a task of the pool is launched with:
+// its provider, image, cpu, memory, disk, env and provider options (not
+// its name, labels, lease bounds, warm counts or gateway service options,
+// which a running task does not depend on). Tasks record it when they are
+// reserved (TaskRecord.Spec), and a pool hands out only tasks of its own
+// digest. Provider must be set (cmd/ defaults it before New).
+func (p PoolConfig) SpecDigest() string {
+	b, _ := json.Marshal(struct {
+		Provider string            `json:"provider"`
+		Image    string            `json:"image"`
+		CPU      float64           `json:"cpu"`
+		Memory   MiB               `json:"memory"`
+		Disk     DiskMiB           `json:"disk"`
+		Env      map[string]string `json:"env"`
+		Options  map[string]string `json:"options"`
+	}{p.Provider, p.Image, p.CPU, p.Memory, p.Disk, nilIfEmpty(p.Env), p.ProviderOptions()}) // map keys sorted: canonical
+	sum := sha256.Sum256(b)
+	return "v1:" + hex.EncodeToString(sum[:12])
+}
+
+// nilIfEmpty is m, or nil when it has no entries (an empty map and none
+// digest the same).
+func nilIfEmpty(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}

@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/syncbuf"
 )
 
 // waitLong is the generous deadline of the polling waits (busy CI machine).
@@ -49,28 +49,10 @@ func TestMain(m *testing.M) {
 // agentProc is a started agent binary.
 type agentProc struct {
 	cmd     *exec.Cmd
-	stderr  *syncBuffer
+	stderr  *syncbuf.Buffer
 	addr    string
 	done    chan struct{} // closed when the agent exited; then waitErr is set
 	waitErr error
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // baseEnv is a minimal environment for the agent under test.
@@ -86,7 +68,7 @@ func startAgent(t testing.TB, env ...string) *agentProc {
 	cmd := exec.Command(buildAgent(t))
 	cmd.Dir = dir
 	cmd.Env = append(append(baseEnv(), "QUARRY_AGENT_ADDR=127.0.0.1:0", "QUARRY_AGENT_ADDR_FILE="+addrFile), env...)
-	p := &agentProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &agentProc{cmd: cmd, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	require.NoError(t, cmd.Start())
 	go func() { p.waitErr = cmd.Wait(); close(p.done) }()

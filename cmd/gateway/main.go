@@ -317,7 +317,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 	})
 	mgr, err := warmpool.New(cfg.ManagerConfig.WithDefaults(), warmpool.Deps{
 		Store: store, Providers: provs, Pools: pools, Agents: warmpool.NewHTTPAgents(agentHTTP),
-		Logger: log, Metrics: reg, LeaseEnv: relay.LeaseEnv,
+		Logger: log, Metrics: reg, LeaseEnv: relay.LeaseEnv, ExtraProvider: extraProvider(cfg, log),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
@@ -502,6 +502,26 @@ func makeProviders(cfg Config, pools []warmpool.PoolConfig, log *slog.Logger) (m
 		out[p.Provider] = prov
 	}
 	return out, nil
+}
+
+// extraProvider is the manager's Deps.ExtraProvider: on the embedded store
+// (one machine, whose data dir made every task in it), a provider that no
+// pool uses any more is built when a task it made is to be stopped (a pool
+// moved from the process provider to Docker in the same data dir). On a
+// shared store a task may have been made on another machine, which this
+// one's process provider or engine cannot see: such tasks are reported
+// instead (nil).
+func extraProvider(cfg Config, log *slog.Logger) func(name string) (providers.Provider, error) {
+	if cfg.Store != "embedded" {
+		return nil
+	}
+	return func(name string) (providers.Provider, error) {
+		maker, ok := providerMakers()[name]
+		if !ok {
+			return nil, fmt.Errorf("unknown provider %q (known: %s)", name, knownProviders())
+		}
+		return maker(cfg, log.With("provider", name))
+	}
 }
 
 // registerProviderMetrics registers the collectors of the providers that

@@ -223,6 +223,7 @@ func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord, from wa
 			return fmt.Errorf("task %s: pool cannot change from %q to %q", rec.ID, old.Pool, rec.Pool)
 		}
 		out = rec
+		out.Spec = old.Spec // set at reserve, never changed
 		out.Version++
 		return t.putTask(&old, out)
 	})
@@ -362,7 +363,9 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 		return warmpool.ClaimResult{}, err
 	}
 	var res warmpool.ClaimResult
+	var none bool // no task of req.Spec was ready
 	err := s.update(ctx, "claim", func(t *tx) error {
+		res, none = warmpool.ClaimResult{}, false // fn may run again
 		if key := req.Lease.IdempotencyKey; key != "" {
 			if id := t.idem.Get(idemKey(req.Lease.Owner, key)); id != nil {
 				l, ok, err := t.getLease(string(id))
@@ -381,9 +384,13 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 		if t.leases.Get([]byte(req.Lease.ID)) != nil {
 			return fmt.Errorf("lease %s exists already: %w", req.Lease.ID, warmpool.ErrConflict)
 		}
-		task, err := t.claimable(req.Pool, req.TaskID)
+		task, stale, err := t.claimable(req)
 		if err != nil {
 			return err
+		}
+		if task.ID == "" { // only stale tasks (now stopping): that write commits
+			res, none = warmpool.ClaimResult{Stale: stale}, true
+			return nil
 		}
 		old := task
 		task.State = warmpool.TaskLeased
@@ -399,6 +406,7 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 		l.AgentURL = task.AgentURL
 		l.AgentToken = task.AgentToken
 		l.ProviderTaskID = task.ProviderID
+		l.Provider = task.Provider
 		l.State = warmpool.LeaseActive
 		l.Reason = ""
 		l.EndedAt = time.Time{}
@@ -421,11 +429,14 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 				return err
 			}
 		}
-		res = warmpool.ClaimResult{Lease: l, Task: task}
+		res = warmpool.ClaimResult{Lease: l, Task: task, Stale: stale}
 		return nil
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return warmpool.ClaimResult{}, err
+	case none:
+		return res, fmt.Errorf("claim: pool %q has no ready task of its configuration (%d of another retired): %w", req.Pool, len(res.Stale), warmpool.ErrNoCapacity)
 	}
 	return res, nil
 }
@@ -810,34 +821,59 @@ func (t *tx) getTask(id string) (warmpool.TaskRecord, bool, error) {
 	return getJSON[warmpool.TaskRecord](t.tasks, id, "task")
 }
 
-// claimable returns the task a claim takes: taskID (ready or launching, in
-// pool), or the oldest ready task of pool.
-func (t *tx) claimable(pool, taskID string) (warmpool.TaskRecord, error) {
-	if taskID != "" {
+// claimable returns the task a claim takes: req.TaskID (ready or
+// launching, in the pool, of req.Spec when set), or the oldest ready task
+// of the pool of req.Spec. Ready tasks of another spec that it meets on the
+// way, at most warmpool.StaleScan, become stopping in the same transaction
+// and are returned as stale; the task is zero when only those were met.
+func (t *tx) claimable(req warmpool.ClaimRequest) (warmpool.TaskRecord, []warmpool.TaskRecord, error) {
+	if taskID := req.TaskID; taskID != "" {
 		task, ok, err := t.getTask(taskID)
 		switch {
 		case err != nil:
-			return task, err
-		case !ok || task.Pool != pool:
-			return task, fmt.Errorf("task %s in pool %q: %w", taskID, pool, warmpool.ErrNotFound)
+			return task, nil, err
+		case !ok || task.Pool != req.Pool:
+			return task, nil, fmt.Errorf("task %s in pool %q: %w", taskID, req.Pool, warmpool.ErrNotFound)
 		case task.State != warmpool.TaskReady && task.State != warmpool.TaskLaunching:
-			return task, fmt.Errorf("task %s is %s, not ready or launching: %w", taskID, task.State, warmpool.ErrConflict)
+			return task, nil, fmt.Errorf("task %s is %s, not ready or launching: %w", taskID, task.State, warmpool.ErrConflict)
+		case req.Spec != "" && task.Spec != req.Spec:
+			return task, nil, fmt.Errorf("task %s was launched for another configuration of pool %q: %w", taskID, req.Pool, warmpool.ErrConflict)
 		}
-		return task, nil
+		return task, nil, nil
 	}
-	prefix := lp(pool)
-	k, v := t.ready.Cursor().Seek(prefix)
-	if k == nil || !bytes.HasPrefix(k, prefix) {
-		return warmpool.TaskRecord{}, fmt.Errorf("pool %q has no ready task: %w", pool, warmpool.ErrNoCapacity)
+	var found warmpool.TaskRecord
+	var stale []warmpool.TaskRecord
+	prefix := lp(req.Pool)
+	c := t.ready.Cursor()
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(stale) < warmpool.StaleScan; k, v = c.Next() {
+		task, ok, err := t.getTask(string(v))
+		if err != nil {
+			return task, nil, err
+		}
+		if !ok || task.State != warmpool.TaskReady {
+			return task, nil, fmt.Errorf("ready index names task %s which is not ready", v)
+		}
+		if req.Spec == "" || task.Spec == req.Spec {
+			found = task
+			break
+		}
+		stale = append(stale, task)
 	}
-	task, ok, err := t.getTask(string(v))
-	if err != nil {
-		return task, err
+	if found.ID == "" && len(stale) == 0 {
+		return found, nil, fmt.Errorf("pool %q has no ready task: %w", req.Pool, warmpool.ErrNoCapacity)
 	}
-	if !ok || task.State != warmpool.TaskReady {
-		return task, fmt.Errorf("ready index names task %s which is not ready", v)
+	// Retire the stale tasks met, after the walk (its cursor must not see
+	// the index change under it); a refusal must come before any write.
+	for i, task := range stale {
+		old := task
+		task.State, task.Reason, task.UpdatedAt = warmpool.TaskStopping, warmpool.ReasonStaleSpec, req.Now
+		task.Version++
+		if err := t.putTask(&old, task); err != nil {
+			return found, nil, err
+		}
+		stale[i] = task
 	}
-	return task, nil
+	return found, stale, nil
 }
 
 // putTask writes rec and keeps the indexes and the counts in step with old

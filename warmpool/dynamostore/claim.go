@@ -59,8 +59,9 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 		res, err = c.anyReady(ctx)
 	}
 	if err != nil {
-		return warmpool.ClaimResult{}, translate(action, err)
+		return warmpool.ClaimResult{Stale: c.stale}, translate(action, err)
 	}
+	res.Stale = c.stale
 	return res, nil
 }
 
@@ -73,6 +74,9 @@ type claim struct {
 	staleKey string
 	// replay is the lease to return when the key was taken.
 	replay warmpool.Lease
+	// stale are the ready tasks of another spec than req.Spec that the
+	// claim moved to stopping (at most warmpool.StaleScan).
+	stale []warmpool.TaskRecord
 }
 
 // byID claims req.TaskID, which must be ready or launching.
@@ -93,6 +97,8 @@ func (c *claim) byID(ctx context.Context) (warmpool.ClaimResult, error) {
 			return warmpool.ClaimResult{}, fmt.Errorf("task %s in pool %q: %w", c.req.TaskID, c.req.Pool, warmpool.ErrNotFound)
 		case task.State != warmpool.TaskReady && task.State != warmpool.TaskLaunching:
 			return warmpool.ClaimResult{}, fmt.Errorf("task %s is %s, not ready or launching: %w", task.ID, task.State, warmpool.ErrConflict)
+		case c.req.Spec != "" && task.Spec != c.req.Spec:
+			return warmpool.ClaimResult{}, fmt.Errorf("task %s was launched for another configuration of pool %q: %w", task.ID, c.req.Pool, warmpool.ErrConflict)
 		}
 		res, outcome, err := c.try(ctx, task)
 		if done, res, err := c.settle(ctx, res, outcome, err); done {
@@ -130,11 +136,23 @@ func (c *claim) anyReady(ctx context.Context) (warmpool.ClaimResult, error) {
 				return c.noneReady(ctx)
 			}
 		}
+		tried, retired := false, len(c.stale)
 		for _, i := range randPerm(len(cands)) {
+			if c.req.Spec != "" && cands[i].Spec != c.req.Spec {
+				c.retireStale(ctx, cands[i])
+				continue
+			}
+			tried = true
 			res, outcome, err := c.try(ctx, cands[i])
 			if done, res, err := c.settle(ctx, res, outcome, err); done {
 				return res, err
 			}
+		}
+		switch {
+		case !tried && len(c.stale) >= warmpool.StaleScan:
+			return c.noneReady(ctx) // the stale ones are reported; the caller comes back
+		case !tried && len(c.stale) > retired:
+			continue // only stale tasks, now stopping: the next query sees past them
 		}
 		if err := backoff(ctx, round); err != nil { // every candidate was taken
 			return warmpool.ClaimResult{}, err
@@ -244,6 +262,21 @@ func (s *Store) readyCandidates(ctx context.Context, pool string, shard int, fro
 	return tasks, nil
 }
 
+// retireStale moves a ready task of another spec than the claim's to
+// stopping (one conditional write; a task that changed meanwhile is left
+// to whoever changed it) and notes it, at most warmpool.StaleScan per
+// claim: past that, the claim passes over stale tasks without a write.
+func (c *claim) retireStale(ctx context.Context, task warmpool.TaskRecord) {
+	if len(c.stale) >= warmpool.StaleScan {
+		return
+	}
+	next := task
+	next.State, next.Reason, next.UpdatedAt = warmpool.TaskStopping, warmpool.ReasonStaleSpec, c.req.Now
+	if out, err := c.s.UpdateTask(ctx, next, warmpool.TaskReady); err == nil {
+		c.stale = append(c.stale, out)
+	}
+}
+
 // noneReady ends a claim that found no ready task: ErrNoCapacity, unless
 // the owner's idempotency key names a lease already (then that lease is
 // replayed, as the contract asks, without a launch for nothing).
@@ -301,6 +334,7 @@ func (c *claim) try(ctx context.Context, task warmpool.TaskRecord) (warmpool.Cla
 	l.AgentURL = task.AgentURL
 	l.AgentToken = task.AgentToken
 	l.ProviderTaskID = task.ProviderID
+	l.Provider = task.Provider
 	l.State = warmpool.LeaseActive
 	l.Reason = ""
 	l.EndedAt = time.Time{}

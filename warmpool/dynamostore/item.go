@@ -43,10 +43,11 @@ const (
 	fEndedAt        = "ended_at"
 	fHolder         = "holder"
 	fProviderTaskID = "provider_task_id"
+	fSpec           = "spec"
 )
 
 // taskFields are the attributes UpdateTask writes (SET when the record has
-// a value, REMOVE when not); id and pool never change.
+// a value, REMOVE when not); id, pool and spec never change.
 var taskFields = []string{fProvider, fProviderID, fState, fAgentURL, fAgentToken, fLeaseID, fGeneration,
 	fReason, fCreatedAt, fUpdatedAt, fLaunchDeadline, fVersion}
 
@@ -90,6 +91,7 @@ func taskAttrs(rec warmpool.TaskRecord) item {
 		fGeneration: avN(rec.Generation), fVersion: avN(rec.Version)}
 	putS(it, fProvider, rec.Provider)
 	putS(it, fProviderID, rec.ProviderID)
+	putS(it, fSpec, rec.Spec)
 	putS(it, fAgentURL, rec.AgentURL)
 	putS(it, fAgentToken, rec.AgentToken)
 	putS(it, fLeaseID, rec.LeaseID)
@@ -181,7 +183,7 @@ func (d *decoder) m(name string) map[string]string {
 func decodeTask(it item) (warmpool.TaskRecord, error) {
 	d := decoder{it: it}
 	rec := warmpool.TaskRecord{
-		ID: d.s(fID), Pool: d.s(fPool), Provider: d.s(fProvider), ProviderID: d.s(fProviderID),
+		ID: d.s(fID), Pool: d.s(fPool), Provider: d.s(fProvider), ProviderID: d.s(fProviderID), Spec: d.s(fSpec),
 		State: warmpool.TaskState(d.s(fState)), AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken),
 		LeaseID: d.s(fLeaseID), Generation: d.n(fGeneration), Reason: d.s(fReason),
 		CreatedAt: d.time(fCreatedAt), UpdatedAt: d.time(fUpdatedAt), LaunchDeadline: d.time(fLaunchDeadline),
@@ -226,6 +228,7 @@ func leaseItem(l warmpool.Lease, shards int, endedTTL time.Duration, forgotten b
 	putS(it, fAgentURL, l.AgentURL)
 	putS(it, fAgentToken, l.AgentToken)
 	putS(it, fProviderTaskID, l.ProviderTaskID)
+	putS(it, fProvider, l.Provider)
 	putS(it, fIdemKey, l.IdempotencyKey)
 	putS(it, fReqDigest, l.RequestDigest)
 	putMap(it, fLabels, l.Labels) // the env is an item of its own (envItem)
@@ -271,7 +274,7 @@ func decodeLease(it item) (warmpool.Lease, error) {
 	l := warmpool.Lease{
 		ID: d.s(fID), Pool: d.s(fPool), TaskID: d.s(fTaskID), Owner: d.s(fOwner),
 		State: warmpool.LeaseState(d.s(fState)), Reason: d.s(fReason), Generation: d.n(fGeneration),
-		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), ProviderTaskID: d.s(fProviderTaskID), Labels: d.m(fLabels),
+		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), ProviderTaskID: d.s(fProviderTaskID), Provider: d.s(fProvider), Labels: d.m(fLabels),
 		IdempotencyKey: d.s(fIdemKey), RequestDigest: d.s(fReqDigest), Duration: time.Duration(d.n(fDuration)),
 		CreatedAt: d.time(fCreatedAt), ExpiresAt: d.time(fExpiresAt), EndedAt: d.time(fEndedAt),
 		Version: d.n(fVersion),

@@ -81,6 +81,10 @@ func Run(t *testing.T, newStore func(t *testing.T) warmpool.Store, opts Options)
 		{"Claim_OnlyReadyTasks", testClaimReadyOnly},
 		{"Claim_FillsLeaseAndTask", testClaimFills},
 		{"Claim_ByTaskID", testClaimByTaskID},
+		{"Claim_SpecPassesOverAndRetiresOtherSpecs", testClaimSpec},
+		{"Claim_SpecOnlyStaleRetiresThemAndFindsNone", testClaimSpecOnlyStale},
+		{"Claim_SpecByTaskIDRefusesAnotherSpec", testClaimSpecByID},
+		{"TaskRecord_SpecSetAtReserveNeverChanges", testSpecKept},
 		{"Claim_NeverGrantsATaskTwice", testClaimDistinct},
 		{"Claim_DuplicateLeaseIDConflicts", testClaimDuplicateLease},
 		{"Claim_IdempotencyKeyReplaysPerOwner", testClaimIdempotency},
@@ -533,6 +537,7 @@ func testClaimFills(t *testing.T, s warmpool.Store) {
 	assert.Equal(t, rec.AgentURL, got.AgentURL)
 	assert.Equal(t, rec.AgentToken, got.AgentToken)
 	assert.Equal(t, rec.ProviderID, got.ProviderTaskID, "the lease names the provider's task")
+	assert.Equal(t, rec.Provider, got.Provider, "the lease names the provider that made its task")
 	assert.Equal(t, l.Labels, got.Labels)
 	assert.Equal(t, l.Env, got.Env)
 	assert.Equal(t, "k1", got.IdempotencyKey)
@@ -553,6 +558,7 @@ func testClaimFills(t *testing.T, s warmpool.Store) {
 	assert.Equal(t, got.Generation, stored.Generation)
 	assert.Equal(t, got.Version, stored.Version)
 	assert.Equal(t, rec.ProviderID, stored.ProviderTaskID)
+	assert.Equal(t, rec.Provider, stored.Provider)
 	task, ok := findTask(t, s, rec.ID)
 	require.True(t, ok)
 	assert.Equal(t, warmpool.TaskLeased, task.State)
