@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 
-.PHONY: all build lambda run test unit bench bench-scale lint clean
+.PHONY: all build lambda run test unit flake-hunt bench bench-scale lint clean
 
 all: build
 
@@ -24,6 +24,9 @@ run: build ## start the gateway on embedded defaults (process provider, embedded
 
 test: ## everything CI runs: vet, unit and integration suites with their real dependencies
 	./scripts/test.sh
+
+flake-hunt: ## make test's race-enabled suites COUNT times (default 20) under CPU pressure (stress-ng); PKGS, RUN, SUITE, STRESS=0
+	./scripts/flake-hunt.sh
 
 unit: ## go vet + unit tests only (needs nothing but Go)
 	$(GO) vet ./...
