@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,9 +23,9 @@ import (
 )
 
 // runScript is scripts/run.sh (what make run starts after make build) with
-// the test's binaries, address and data directory, and none of the
-// caller's other QUARRY_* settings.
-func runScript(addr, dataDir string) *exec.Cmd {
+// the test's binaries, address and data directory, the settings in env
+// (QUARRY_*=…), and none of the caller's other QUARRY_* settings.
+func runScript(addr, dataDir string, env ...string) *exec.Cmd {
 	cmd := exec.Command("./scripts/run.sh")
 	cmd.Dir = ".."
 	for _, kv := range os.Environ() {
@@ -34,49 +35,94 @@ func runScript(addr, dataDir string) *exec.Cmd {
 	}
 	cmd.Env = append(cmd.Env, "QUARRY_ADDR="+addr, "QUARRY_DATA_DIR="+dataDir,
 		"QUARRY_GATEWAY_BINARY="+bins.gateway, "QUARRY_AGENT_BINARY="+bins.agent)
+	cmd.Env = append(cmd.Env, env...)
 	return cmd
+}
+
+// madeRun is a make run (scripts/run.sh) that printed its banner.
+type madeRun struct {
+	addr, dataDir string
+	key           string   // the banner's API key
+	banner        []string // the banner's lines, "Quarry gateway: …" to "Ctrl-C stops …"
+}
+
+// bannerLine is the banner's first line that starts (after its indent) with prefix, trimmed; "" for none.
+func (m *madeRun) bannerLine(prefix string) string {
+	for _, l := range m.banner {
+		if l = strings.TrimSpace(l); strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+// startMakeRun starts runScript on a free address and a fresh data
+// directory and waits (2 min) for its whole banner; cleanup stops it and
+// the sandboxes it left.
+func startMakeRun(t *testing.T, env ...string) *madeRun {
+	t.Helper()
+	m := &madeRun{addr: freeAddr(t), dataDir: t.TempDir()}
+	cmd := runScript(m.addr, m.dataDir, env...)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr bytes.Buffer
+	var mu sync.Mutex
+	cmd.Stderr = lockedWriter{mu: &mu, w: &stderr}
+	logs := func() string { mu.Lock(); defer mu.Unlock(); return stderr.String() }
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+		}
+		stopSandboxes(t, m.dataDir)
+		if t.Failed() {
+			t.Logf("make run's stderr:\n%s", logs())
+		}
+	})
+
+	bannerc := make(chan []string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		var banner []string
+		sent := false
+		for sc.Scan() { // to its end: the gateway writes here after the banner too
+			l := sc.Text()
+			if sent {
+				continue
+			}
+			if len(banner) > 0 || strings.HasPrefix(strings.TrimSpace(l), "Quarry gateway:") {
+				banner = append(banner, l)
+			}
+			if strings.HasPrefix(strings.TrimSpace(l), "Ctrl-C stops the gateway") {
+				bannerc <- banner
+				sent = true
+			}
+		}
+	}()
+	select {
+	case m.banner = <-bannerc:
+	case err := <-exited:
+		t.Fatalf("make run exited before its banner: %v\n%s", err, logs())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("no banner from make run within 2 min\n%s", logs())
+	}
+	m.key, _ = strings.CutPrefix(m.bannerLine("API key:"), "API key:")
+	m.key = strings.TrimSpace(m.key)
+	require.NotEmpty(t, m.key, "the banner's API key:\n%s", strings.Join(m.banner, "\n"))
+	return m
 }
 
 // make run prints a banner whose key and URL work, and a second make run on
 // the same address refuses to start instead of printing a banner for the
 // gateway that is already there.
 func TestMakeRun_BannerWorksAndABusyAddressIsRefused(t *testing.T) {
-	dataDir, addr := t.TempDir(), freeAddr(t)
-	first := runScript(addr, dataDir)
-	out, err := first.StdoutPipe()
-	require.NoError(t, err)
-	var stderr bytes.Buffer
-	first.Stderr = &stderr
-	require.NoError(t, first.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- first.Wait() }()
-	t.Cleanup(func() {
-		_ = first.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(time.Minute):
-			_ = first.Process.Kill()
-		}
-		stopSandboxes(t, dataDir)
-	})
-
-	keyc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if k, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "API key:"); ok {
-				keyc <- strings.TrimSpace(k)
-			}
-		}
-	}()
-	var key string
-	select {
-	case key = <-keyc:
-	case err := <-exited:
-		t.Fatalf("make run exited before its banner: %v\n%s", err, stderr.String())
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("no banner from make run\n%s", stderr.String())
-	}
+	m := startMakeRun(t)
+	addr, dataDir, key := m.addr, m.dataDir, m.key
 	c := client.New("http://"+addr, key)
 	sbx, err := c.CreateSandbox(ctx(t), client.CreateSandboxRequest{})
 	require.NoError(t, err, "the banner's key and URL work")
