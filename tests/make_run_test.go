@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -156,4 +158,63 @@ func TestMakeRun_BannerWorksAndABusyAddressIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the first gateway still serves")
+}
+
+// bannerSandbox is a sandbox id in a JSON answer ("id" of a create, "sandbox_id" of an env's).
+var bannerSandbox = regexp.MustCompile(`"(?:sandbox_)?id":"(sbx-[a-z0-9]+)"`)
+
+// runBanner runs every command m's banner prints, in order, as a reader
+// would (readerShell, after the banner's export line), with <id> the sandbox
+// the last command without one answered with; a command that fails (an HTTP
+// error too) fails t. It returns how many commands ran.
+func runBanner(t *testing.T, m *madeRun) int {
+	t.Helper()
+	export := m.bannerLine("export QUARRY_URL=")
+	require.NotEmpty(t, export, "the banner's export line:\n%s", strings.Join(m.banner, "\n"))
+	dir, env := readerShell(t)
+	id, n := "", 0
+	for _, l := range m.banner {
+		l = strings.TrimSpace(l)
+		if !strings.HasPrefix(l, "curl ") && !strings.HasPrefix(l, "./bin/quarry ") {
+			continue
+		}
+		if strings.Contains(l, "<id>") {
+			require.NotEmpty(t, id, "%q: no sandbox made before it", l)
+			l = strings.ReplaceAll(l, "<id>", id)
+		} else {
+			id = ""
+		}
+		c, cancel := context.WithTimeout(context.Background(), time.Minute)
+		cmd := exec.CommandContext(c, "bash", "-c", "set -euo pipefail; "+export+"; "+l)
+		cmd.Dir, cmd.Env = dir, env
+		out, err := cmd.CombinedOutput()
+		cancel()
+		require.NoError(t, err, "the banner's %q:\n%s", l, out)
+		if s := bannerSandbox.FindSubmatch(out); s != nil && id == "" {
+			id = string(s[1])
+		}
+		n++
+	}
+	return n
+}
+
+// The banner says only what the gateway serves: every command it prints
+// works, on make run's defaults (the example envs) and with a pools file of
+// one's own (QUARRY_POOLS_FILE: no envs, and no pool named default).
+func TestMakeRun_BannerSaysOnlyWhatIsServed(t *testing.T) {
+	t.Run("defaults", func(t *testing.T) {
+		m := startMakeRun(t)
+		banner := strings.Join(m.banner, "\n")
+		assert.Contains(t, banner, "/v1/envs", "make run's defaults serve the example envs")
+		assert.Equal(t, 7, runBanner(t, m), banner)
+	})
+	t.Run("own pools file", func(t *testing.T) {
+		pools := filepath.Join(t.TempDir(), "pools.yaml")
+		require.NoError(t, os.WriteFile(pools, []byte("pools:\n  - name: work\n    image: host\n    min_warm: 1\n    max_total: 4\n"), 0o644))
+		m := startMakeRun(t, "QUARRY_POOLS_FILE="+pools)
+		banner := strings.Join(m.banner, "\n")
+		assert.NotContains(t, banner, "/v1/envs", "no envs are served")
+		assert.Contains(t, banner, "set QUARRY_ENVS_FILE")
+		assert.Equal(t, 4, runBanner(t, m), banner)
+	})
 }

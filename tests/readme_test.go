@@ -94,9 +94,7 @@ var readmeFailure = regexp.MustCompile(`readme-test: line (\d+) exited (\d+): (.
 // curl is curl --fail-with-body, so an HTTP error fails the block too (a
 // block that used a released sandbox answered 410 and went on).
 func TestReadme_MarkedBlocksRunInOrder(t *testing.T) {
-	realCurl, err := exec.LookPath("curl")
-	require.NoError(t, err, "the README's blocks use curl (make test installs it)")
-	_, err = exec.LookPath("jq")
+	_, err := exec.LookPath("jq")
 	require.NoError(t, err, "the README's blocks use jq: apt-get install jq (make test installs it)")
 	blocks := readmeBlocks(t, "../README.md")
 	require.NotEmpty(t, blocks, "README.md marks no block with %s", readmeMarker)
@@ -106,26 +104,14 @@ func TestReadme_MarkedBlocksRunInOrder(t *testing.T) {
 	require.NotEmpty(t, export, "the banner's export line:\n%s", strings.Join(m.banner, "\n"))
 	script, at := readmeScript(export, blocks)
 
-	work, tools := t.TempDir(), t.TempDir()
-	require.NoError(t, os.Symlink(bins.dir, filepath.Join(work, "bin")))
-	require.NoError(t, os.WriteFile(filepath.Join(tools, "curl"),
-		[]byte("#!/bin/sh\nexec "+strconv.Quote(realCurl)+" --fail-with-body \"$@\"\n"), 0o755))
-	scriptFile := filepath.Join(tools, "readme.sh")
+	work, env := readerShell(t)
+	scriptFile := filepath.Join(t.TempDir(), "readme.sh")
 	require.NoError(t, os.WriteFile(scriptFile, []byte(script), 0o644))
 
 	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(c, "bash", scriptFile)
-	cmd.Dir = work
-	for _, kv := range os.Environ() {
-		switch {
-		case strings.HasPrefix(kv, "QUARRY_"):
-		case strings.HasPrefix(kv, "PATH="):
-			cmd.Env = append(cmd.Env, "PATH="+tools+":"+kv[len("PATH="):])
-		default:
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
+	cmd.Dir, cmd.Env = work, env
 	// Its own process group, killed whole: a block's background job dies with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -149,6 +135,31 @@ func TestReadme_MarkedBlocksRunInOrder(t *testing.T) {
 	if os.Getenv("E2E_LOGS") != "" {
 		t.Logf("the blocks' output:\n%s", out.String())
 	}
+}
+
+// readerShell is where a test runs commands as a reader of make run's
+// banner or the README would: a fresh directory whose bin/ holds the built
+// binaries (as make build's bin/ in a checkout), and an environment without
+// the caller's QUARRY_* settings in which curl is curl --fail-with-body, so
+// that an HTTP error fails the command.
+func readerShell(t *testing.T) (dir string, env []string) {
+	t.Helper()
+	realCurl, err := exec.LookPath("curl")
+	require.NoError(t, err, "needs curl (make test installs it)")
+	dir, tools := t.TempDir(), t.TempDir()
+	require.NoError(t, os.Symlink(bins.dir, filepath.Join(dir, "bin")))
+	require.NoError(t, os.WriteFile(filepath.Join(tools, "curl"),
+		[]byte("#!/bin/sh\nexec "+strconv.Quote(realCurl)+" --fail-with-body \"$@\"\n"), 0o755))
+	for _, kv := range os.Environ() {
+		switch {
+		case strings.HasPrefix(kv, "QUARRY_"):
+		case strings.HasPrefix(kv, "PATH="):
+			env = append(env, "PATH="+tools+":"+kv[len("PATH="):])
+		default:
+			env = append(env, kv)
+		}
+	}
+	return dir, env
 }
 
 // tail is at most the last n bytes of s.
