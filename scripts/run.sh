@@ -56,25 +56,48 @@ if [ -z "$ready" ]; then
 fi
 
 if [ -n "${QUARRY_API_KEYS:-}" ]; then key="${QUARRY_API_KEYS%%,*}"; else key="$(cat "$QUARRY_DATA_DIR/api-key")"; fi
+
+# The banner says only what this gateway serves: it asks the gateway for its pools and envs.
+get() { curl -fsk --max-time 5 -H "Authorization: Bearer $key" "$url$1" 2>/dev/null || true; }
+names() { { grep -o "\"$1\":\"[^\"]*\"" || true; } | cut -d'"' -f4; }
+pools="$(get /v1/pools | names name)"
+envs="$(get /v1/envs | names id)"
+pool=default
+[ -z "$pools" ] || grep -qx default <<<"$pools" || pool="$(head -n 1 <<<"$pools")"
+cli_pool=""
+[ "$pool" = default ] || cli_pool=" --pool $pool"
+auth='-H "Authorization: Bearer $QUARRY_API_KEY"'
+
 cat <<MSG
 
   Quarry gateway: $url   (provider: $QUARRY_PROVIDER, lease store: embedded in $QUARRY_DATA_DIR, gateway id: $QUARRY_GATEWAY_ID)
   API key:        $key
   Web console:    $url/ui   (sign in with the API key; docs/CONSOLE.md)
 
-  Try it:
+  Try it (pools: $(echo $pools | sed 's/ /, /g')):
     export QUARRY_URL=$url QUARRY_API_KEY=$key
-    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"pool":"default"}' \$QUARRY_URL/v1/sandboxes
-    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"command":"uname -a"}' \$QUARRY_URL/v1/sandboxes/<id>/exec
+    curl -s $auth -d '{"pool":"$pool"}' \$QUARRY_URL/v1/sandboxes
+    curl -s $auth -d '{"command":"uname -a"}' \$QUARRY_URL/v1/sandboxes/<id>/exec
   or with the CLI:
-    ./bin/quarry sandbox create && ./bin/quarry sandbox ls
-  a Gym-style env (reset / step; envs in \$QUARRY_ENVS_FILE, docs/ENVS.md):
-    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"env_id":"guess"}' \$QUARRY_URL/v1/envs
-    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"seed":42}' \$QUARRY_URL/v1/sandboxes/<id>/env/reset
-    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" -d '{"action":50}' \$QUARRY_URL/v1/sandboxes/<id>/env/step
+    ./bin/quarry sandbox create$cli_pool && ./bin/quarry sandbox ls
+MSG
+if [ -n "$envs" ]; then
+  # A step of the guess game or the terminal task (the examples), else of the first env.
+  env="$(head -n 1 <<<"$envs")" action='…'
+  if grep -qx guess <<<"$envs"; then env=guess action=50; elif grep -qx terminal <<<"$envs"; then env=terminal action='"cat input.txt"'; fi
+  cat <<MSG
+  a Gym-style env (reset / step; envs $(echo $envs | sed 's/ /, /g') from \$QUARRY_ENVS_FILE, docs/ENVS.md):
+    curl -s $auth -d '{"env_id":"$env"}' \$QUARRY_URL/v1/envs
+    curl -s $auth -d '{"seed":42}' \$QUARRY_URL/v1/sandboxes/<id>/env/reset
+    curl -s $auth -d '{"action":$action}' \$QUARRY_URL/v1/sandboxes/<id>/env/step
+MSG
+else
+  echo "  (no Gym-style envs here: set QUARRY_ENVS_FILE to serve them; docs/ENVS.md)"
+fi
+cat <<MSG
   the model relay (docs/MODELSERVICE.md): an OpenAI client in any sandbox works as it is
   (OPENAI_BASE_URL and OPENAI_API_KEY are set); the trainer claims and answers its calls:
-    curl -s -H "Authorization: Bearer \$QUARRY_API_KEY" "\$QUARRY_URL/v1/model/requests?wait_ms=20000"
+    curl -s $auth "\$QUARRY_URL/v1/model/requests?wait_ms=20000"
 
   Ctrl-C stops the gateway (sandboxes keep running; 'make clean' stops them).
 

@@ -27,6 +27,7 @@ test_env_cleanup() {
 echo "== dependencies"
 ensure_apt busybox-static test -x /bin/busybox
 ensure_apt curl command -v curl
+ensure_apt jq command -v jq # the README's blocks (tests/readme_test.go)
 ensure_apt chromium command -v chromium # the console's browser test (tests/console_test.go)
 scripts/docker-up.sh
 scripts/images/build.sh

@@ -64,6 +64,8 @@ func expectedNetworkError(m chromedp.ConsoleMessage) bool {
 		return true // the terminal's socket while the gateway restarts
 	case strings.Contains(m.Text, "status of 401") && strings.HasSuffix(m.URL, "/v1/pools"):
 		return true // the wrong key at sign-in
+	case strings.Contains(m.Text, "status of 404") && strings.Contains(m.URL, "/v1/sandboxes/"+missingSandbox):
+		return true // the page of a sandbox that does not exist
 	}
 	return false
 }
@@ -92,6 +94,9 @@ func (b *browserLog) snapshot() (errs, all []string) {
 	return append([]string(nil), b.errors...), append([]string(nil), b.all...)
 }
 
+// missingSandbox is the id of a sandbox that does not exist, whose page the test opens.
+const missingSandbox = "sbx-doesnotexist"
+
 // cspListener runs before the console's own scripts in every document (a
 // DevTools script, which the page's CSP does not govern) and turns each
 // Content-Security-Policy violation into a console error.
@@ -105,9 +110,11 @@ const cspListener = `document.addEventListener('securitypolicyviolation', (e) =>
 // (a wrong key first), the pools page with the live counts, a new sandbox,
 // a command typed into the terminal and its output read from the page, a
 // gateway restart that the page and the terminal ride out, a file uploaded
-// and downloaded (the bytes checked) and one viewed, a process followed,
-// a checkpoint made and restored, the sandbox filtered in the list, the
-// lease released. Any CSP violation or JavaScript error fails it.
+// and downloaded (the bytes checked), viewed (binary: said so, downloaded
+// from there) and a text file viewed, a process followed, a checkpoint
+// made and restored, the sandbox filtered in the list, the lease released
+// (no actions left), the page of a sandbox that does not exist (said so,
+// no actions, no call again). Any CSP violation or JavaScript error fails it.
 func TestConsole_Browser(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	g := startGateway(t, defaultPools)
@@ -346,8 +353,27 @@ func TestConsole_Browser(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, bytes.Equal(payload, b), "the downloaded bytes are the uploaded ones")
 
+		// View of a binary file says so, shows none of its bytes, and offers the download.
+		require.NoError(t, os.Remove(saved))
+		do(t, chromedp.Click(chromedp.CSS(`#files-body tr[data-file="upload.bin"] button.view`)))
+		waitJS(t, 10*time.Second, "the binary notice", `(() => { const b = document.getElementById('file-binary');
+			return b && !b.hidden && b.textContent.includes('upload.bin is binary') && b.textContent.includes('300.0 KiB'); })()`)
+		assert.Equal(t, "true", text(t, `String(document.getElementById('file-view').hidden)`), "no bytes shown as text")
+		do(t, chromedp.Click(chromedp.ID("file-binary-download")))
+		eventually(t, 20*time.Second, "the download from the notice", func() error {
+			b, err := os.ReadFile(saved)
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(payload, b) {
+				return fmt.Errorf("%d of %d bytes, or other bytes", len(b), len(payload))
+			}
+			return nil
+		})
+
 		do(t, chromedp.Click(chromedp.CSS(`#files-body tr[data-file="notes.txt"] button.view`)))
 		waitJS(t, 10*time.Second, "the viewer", `document.getElementById('file-view').textContent.includes('console view check')`)
+		assert.Equal(t, "true", text(t, `String(document.getElementById('file-binary').hidden)`), "a text file: no binary notice")
 		shot(t, "files")
 	})
 
@@ -449,12 +475,34 @@ func TestConsole_Browser(t *testing.T) {
 		waitJS(t, 10*time.Second, "the new shell's output", terminalHas("fresh-2"))
 		do(t, chromedp.Click(chromedp.ID("release")))
 		waitJS(t, 10*time.Second, "released", `document.getElementById('lease-state').textContent === 'released'`)
+		assert.Equal(t, "true true", text(t, `['heartbeat', 'release'].map((i) => document.getElementById(i).hidden).join(' ')`),
+			"an ended lease: no Heartbeat or Release")
 		s, err := api.GetSandbox(context.Background(), sbxID)
 		require.NoError(t, err)
 		assert.Equal(t, client.StateReleased, s.State)
 		// The terminal's socket closes with 4410 and the page says so.
 		waitJS(t, 20*time.Second, "the terminal to say the lease ended", `document.getElementById('terminal-state').textContent.includes('lease has ended')`)
 		shot(t, "released")
+	})
+
+	// The page of a sandbox that does not exist says so, offers no action
+	// and asks nothing again: neither the lease's poll nor the terminal
+	// retries the 404.
+	t.Run("unknown sandbox", func(t *testing.T) {
+		do(t, chromedp.Navigate(base+"#/pools"), chromedp.Evaluate[chromedp.Void](`performance.setResourceTimingBufferSize(100000); performance.clearResourceTimings()`))
+		do(t, chromedp.Navigate(base+"#/sandbox/"+missingSandbox+"/terminal"))
+		waitJS(t, 10*time.Second, "the page to say so", `(document.getElementById('lease-missing') || {textContent: ''}).textContent.includes('does not exist')`)
+		assert.Equal(t, "true true true", text(t, `['heartbeat', 'release', 'sandbox-tabs'].map((i) => document.getElementById(i).hidden).join(' ')`),
+			"no Heartbeat, Release or tabs")
+		calls := fmt.Sprintf(`String(performance.getEntriesByType('resource').filter((e) => e.name.includes('/v1/sandboxes/%s')).length)`, missingSandbox)
+		asked := text(t, calls)
+		require.NotEqual(t, "0", asked, "the page's calls are counted")
+		// Longer than the lease's poll (3 s) and the terminal's first retries (0.5, 1, 2 s).
+		for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+			require.Equal(t, asked, text(t, calls), "a call after the 404")
+		}
+		assert.NotContains(t, text(t, `document.body.innerText`), "retrying")
+		shot(t, "unknown")
 	})
 
 	t.Run("sign out", func(t *testing.T) {

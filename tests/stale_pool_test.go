@@ -3,15 +3,10 @@
 package tests
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,64 +17,6 @@ import (
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
-// makeRun is one `make run` (scripts/run.sh) under test.
-type makeRun struct {
-	cmd    *exec.Cmd
-	key    string
-	url    string
-	exited chan error
-	stderr *bytes.Buffer
-}
-
-// startMakeRun starts scripts/run.sh on addr and dataDir with the extra
-// QUARRY_* settings env and waits for its banner (its API key).
-func startMakeRun(t *testing.T, addr, dataDir string, env ...string) *makeRun {
-	t.Helper()
-	cmd := runScript(addr, dataDir)
-	cmd.Env = append(cmd.Env, env...)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	r := &makeRun{cmd: cmd, url: "http://" + addr, exited: make(chan error, 1), stderr: &bytes.Buffer{}}
-	cmd.Stderr = r.stderr
-	require.NoError(t, cmd.Start())
-	go func() { r.exited <- cmd.Wait() }()
-	t.Cleanup(r.stop)
-	keyc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if k, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "API key:"); ok {
-				keyc <- strings.TrimSpace(k)
-			}
-		}
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	select {
-	case r.key = <-keyc:
-	case err := <-r.exited:
-		t.Fatalf("make run exited before its banner: %v\n%s", err, r.stderr.String())
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("no banner from make run\n%s", r.stderr.String())
-	}
-	return r
-}
-
-// stop ends the gateway as Ctrl-C does and waits for it (idempotent).
-func (r *makeRun) stop() {
-	if r.cmd.ProcessState != nil || r.cmd.Process == nil {
-		return
-	}
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-r.exited:
-	case <-time.After(time.Minute):
-		_ = r.cmd.Process.Kill()
-		<-r.exited
-	}
-}
-
-func (r *makeRun) client() *client.Client { return client.New(r.url, r.key) }
-
 // The newcomer's sequence: `make run` (process provider), stop it, then
 // `QUARRY_PROVIDER=docker QUARRY_POOLS_FILE=scripts/images/pools.yaml make
 // run` in the same data dir. The second gateway never hands out a task of
@@ -89,12 +26,11 @@ func (r *makeRun) client() *client.Client { return client.New(r.url, r.key) }
 func TestStalePool_ProcessThenDockerInOneDataDir(t *testing.T) {
 	needDocker(t, dockerImagePython) // scripts/images/pools.yaml's python pool
 	d := requireDocker(t)
-	dataDir, addr := t.TempDir(), freeAddr(t)
-	t.Cleanup(func() { stopSandboxes(t, dataDir) })
+	dataDir := t.TempDir()
 	host, err := os.Hostname()
 	require.NoError(t, err)
 
-	first := startMakeRun(t, addr, dataDir, "QUARRY_GATEWAY_ID="+d.gatewayID)
+	first := startMakeRunIn(t, dataDir, "QUARRY_GATEWAY_ID="+d.gatewayID)
 	c := first.client()
 	held, err := c.CreateSandbox(ctx(t), client.CreateSandboxRequest{Pool: "default"})
 	require.NoError(t, err)
@@ -121,7 +57,7 @@ func TestStalePool_ProcessThenDockerInOneDataDir(t *testing.T) {
 	require.Contains(t, pids(old), heldPID, "the held lease's agent is among the process tasks")
 	first.stop()
 
-	second := startMakeRun(t, addr, dataDir, "QUARRY_GATEWAY_ID="+d.gatewayID,
+	second := startMakeRunIn(t, dataDir, "QUARRY_GATEWAY_ID="+d.gatewayID,
 		"QUARRY_PROVIDER=docker", "QUARRY_POOLS_FILE=scripts/images/pools.yaml")
 	c = second.client()
 	for i := range 4 { // more than the two old ready tasks

@@ -43,7 +43,7 @@ func runCheckpointCreate(ctx context.Context, c *cli, args []string) error {
 	labels := kvFlag{}
 	fs.Var(labels, "label", "K=V label of the checkpoint (repeatable)")
 	asJSON := fs.Bool("json", false, "print the checkpoint as JSON")
-	pos, cl, err := c.start(fs, "checkpoint create", args, 1, 1)
+	pos, cl, err := c.start(fs, args, 1, 1)
 	if err != nil {
 		return err
 	}
@@ -67,7 +67,7 @@ func runCheckpointList(ctx context.Context, c *cli, args []string) error {
 	fs.Var(labels, "label", "only checkpoints with this K=V label (repeatable)")
 	limit := fs.Int("limit", 0, "at most this many (0: the gateway's default, 100)")
 	asJSON := fs.Bool("json", false, "print the checkpoints as JSON")
-	_, cl, err := c.start(fs, "checkpoint ls", args, 0, 0)
+	_, cl, err := c.start(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func runCheckpointList(ctx context.Context, c *cli, args []string) error {
 
 func runCheckpointRemove(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("checkpoint rm")
-	pos, cl, err := c.start(fs, "checkpoint rm", args, 1, -1)
+	pos, cl, err := c.start(fs, args, 1, -1)
 	if err != nil {
 		return err
 	}
@@ -110,7 +110,7 @@ func runCheckpointRemove(ctx context.Context, c *cli, args []string) error {
 func runRestore(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("sandbox restore")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	pos, cl, err := c.start(fs, "restore", args, 2, 2)
+	pos, cl, err := c.start(fs, args, 2, 2)
 	if err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func runFork(ctx context.Context, c *cli, args []string) error {
 	fs.Var(labels, "label", "K=V label of each fork (repeatable; default: the source's labels)")
 	fs.BoolVar(&req.KeepCheckpoint, "keep-checkpoint", false, "keep the checkpoint the fork takes (its id is printed to stderr)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	pos, cl, err := c.start(fs, "fork", args, 1, 1)
+	pos, cl, err := c.start(fs, args, 1, 1)
 	if err != nil {
 		return err
 	}

@@ -37,7 +37,7 @@ func splitRemote(arg string) (id, p string, ok bool) {
 // destination becomes the copy.
 func runCopy(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("sandbox cp")
-	pos, cl, err := c.start(fs, "cp", args, 2, 2)
+	pos, cl, err := c.start(fs, args, 2, 2)
 	if err != nil {
 		return err
 	}

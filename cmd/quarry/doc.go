@@ -4,9 +4,13 @@
 // out, through the gateway's REST API (package client). For local use and
 // tests it also creates and deletes the DynamoDB lease store's tables.
 //
-//	quarry [--url URL] [--api-key KEY] sandbox create|ls|get|heartbeat|exec|shell|cp|rm …
+//	quarry [--url URL] [--api-key KEY] sandbox create|ls|exec|shell|cp|rm|… ARGS
+//	quarry checkpoint create|ls|rm ARGS
 //	quarry pools
 //	quarry tables create|delete [--tasks-table T] [--leases-table T] [--shards N]
+//
+// Every command is a row of one table, groups (main.go), from which quarry -h,
+// each group's help, the dispatch and each command's usage are made.
 //
 // QUARRY_URL (default http://127.0.0.1:8080) and QUARRY_API_KEY are read
 // here, in main's run, and nowhere else; --url and --api-key override them.

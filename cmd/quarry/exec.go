@@ -65,7 +65,7 @@ func runExec(ctx context.Context, c *cli, args []string) error {
 	var maxOutput sizeFlag
 	fs.Var(&maxOutput, "max-output", "cap each of stdout and stderr at `SIZE` bytes, e.g. 64Mi (at most the agent's maximum, 64Mi by default): "+
 		"output over it is discarded and exec fails, with status "+strconv.Itoa(exitOutputCut)+" when the command succeeded (default: no cap, all the output is streamed)")
-	pos, argv, err := c.parse(fs, args, usageOf("exec"))
+	pos, argv, err := c.parse(fs, args, usageOf(fs.Name()))
 	if err != nil {
 		return err
 	}
@@ -242,7 +242,7 @@ func runShell(ctx context.Context, c *cli, args []string) (err error) {
 	fs := c.flags("sandbox shell")
 	var f commandFlags
 	f.register(fs)
-	pos, cl, err := c.start(fs, "shell", args, 1, 1)
+	pos, cl, err := c.start(fs, args, 1, 1)
 	if err != nil {
 		return err
 	}

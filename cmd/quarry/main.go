@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -61,18 +62,62 @@ type command struct {
 	run                  func(ctx context.Context, c *cli, args []string) error
 }
 
-const topUsage = `usage: quarry [--url URL] [--api-key KEY] <command> [args]
+// group is a word the CLI starts with: a group of commands (quarry sandbox
+// create) or, when its one command has its own name, that command (quarry
+// pools).
+type group struct {
+	name    string
+	aliases []string
+	summary string // for the top-level help; a command on its own has its own
+	cmds    []command
+}
 
-commands:
-  sandbox create|ls|get|heartbeat|exec|shell|cp|rm   work with sandboxes (quarry sandbox -h)
-  sandbox restore|fork                               roll a sandbox back to a checkpoint, fork it into many
-  checkpoint create|ls|rm                            checkpoints of sandboxes' paths (quarry checkpoint -h)
-  pools                                              list the pools and their counts
-  tables create|delete                               the DynamoDB lease store's tables (quarry tables -h)
+// groups is the one table of the CLI's commands: the top-level help, the
+// dispatch and every command's usage are made from it.
+func groups() []group {
+	return []group{
+		{"sandbox", []string{"sandboxes", "sb"}, "work with sandboxes: lease, run, copy, restore, fork, preview URLs", sandboxCommands()},
+		{"checkpoint", []string{"checkpoints", "ckp"}, "checkpoints of sandboxes' paths", checkpointCommands()},
+		{"pools", nil, "", []command{poolsCommand()}},
+		{"tables", nil, "the DynamoDB lease store's tables", tablesCommands()},
+	}
+}
 
-QUARRY_URL (default ` + defaultURL + `) and QUARRY_API_KEY set the gateway and the key;
---url and --api-key (accepted by every command) override them.
-`
+// single reports whether the group is one command of its own name.
+func (g group) single() bool { return len(g.cmds) == 1 && g.cmds[0].name == g.name }
+
+// topUsage is `quarry -h`: every command of groups.
+func topUsage() string {
+	var b strings.Builder
+	b.WriteString("usage: quarry [--url URL] [--api-key KEY] <command> [args]\n\ncommands:\n")
+	for _, g := range groups() {
+		if g.single() {
+			fmt.Fprintf(&b, "  %s\n      %s\n", g.name, g.cmds[0].summary)
+			continue
+		}
+		names := make([]string, len(g.cmds))
+		for i, cmd := range g.cmds {
+			names[i] = cmd.name
+		}
+		fmt.Fprintf(&b, "  %s %s\n      %s (quarry %s -h)\n", g.name, strings.Join(names, "|"), g.summary, g.name)
+	}
+	b.WriteString("\nQUARRY_URL (default " + defaultURL + ") and QUARRY_API_KEY set the gateway and the key;\n" +
+		"--url and --api-key (accepted by every command) override them.\n")
+	return b.String()
+}
+
+// usageOf is the usage text of a command by its full name ("sandbox
+// exec", "pools"), as its flag set is named; "" for no such command.
+func usageOf(name string) string {
+	for _, g := range groups() {
+		for _, cmd := range g.cmds {
+			if full := g.name + " " + cmd.name; full == name || (g.single() && cmd.name == name) {
+				return "usage: " + cmd.usage + "\n\n" + cmd.summary + "\n"
+			}
+		}
+	}
+	return ""
+}
 
 // run is the whole CLI; main only adds signals and the exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -90,25 +135,25 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // top dispatches the first argument.
 func (c *cli) top(ctx context.Context, args []string) error {
 	fs := c.flags("quarry")
-	if err := c.parseFlags(fs, args, topUsage); err != nil {
+	if err := c.parseFlags(fs, args, topUsage()); err != nil {
 		return err
 	}
 	pos := fs.Args() // flags of the command itself come after its name
 	if len(pos) == 0 {
 		return errors.New("missing command (see quarry -h)")
 	}
-	switch pos[0] {
-	case "sandbox", "sandboxes", "sb":
-		return c.dispatch(ctx, "quarry sandbox", sandboxCommands(), pos[1:])
-	case "checkpoint", "checkpoints", "ckp":
-		return c.dispatch(ctx, "quarry checkpoint", checkpointCommands(), pos[1:])
-	case "pools":
-		return c.dispatch(ctx, "quarry", []command{poolsCommand()}, pos)
-	case "tables":
-		return c.dispatch(ctx, "quarry tables", tablesCommands(), pos[1:])
-	case "help":
-		_, err := io.WriteString(c.stdout, topUsage)
+	if pos[0] == "help" {
+		_, err := io.WriteString(c.stdout, topUsage())
 		return err
+	}
+	for _, g := range groups() {
+		if pos[0] != g.name && !slices.Contains(g.aliases, pos[0]) {
+			continue
+		}
+		if g.single() {
+			return c.dispatch(ctx, "quarry", g.cmds, pos)
+		}
+		return c.dispatch(ctx, "quarry "+g.name, g.cmds, pos[1:])
 	}
 	return fmt.Errorf("unknown command %q (see quarry -h)", pos[0])
 }

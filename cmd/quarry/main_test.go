@@ -184,6 +184,51 @@ func TestRun_Usage(t *testing.T) {
 	}
 }
 
+// The help is made from the command table: quarry -h (and quarry help)
+// names every command of every group, each group's help lists its
+// commands, every name and alias dispatches, and every command has a usage.
+func TestRun_Help_NamesEveryCommand(t *testing.T) {
+	for _, top := range [][]string{{"-h"}, {"help"}} {
+		res := runCLI(t, "", top...)
+		require.Equal(t, 0, res.code, res.stderr)
+		for _, g := range groups() {
+			line := helpLine(res.stdout, g.name)
+			require.NotEmpty(t, line, "quarry %s has no line for %q:\n%s", top[0], g.name, res.stdout)
+			listed := strings.FieldsFunc(line, func(r rune) bool { return r == ' ' || r == '|' })
+			for _, cmd := range g.cmds {
+				assert.Contains(t, listed, cmd.name, "quarry %s names %s %s", top[0], g.name, cmd.name)
+			}
+		}
+	}
+	for _, g := range groups() {
+		for _, word := range append([]string{g.name}, g.aliases...) {
+			for _, cmd := range g.cmds {
+				args := []string{word, cmd.name, "-h"}
+				if g.single() {
+					args = []string{word, "-h"}
+				} else {
+					res := runCLI(t, "", word, "-h")
+					require.Equal(t, 0, res.code, res.stderr)
+					assert.NotEmpty(t, helpLine(res.stdout, cmd.name), "quarry %s -h lists %s:\n%s", word, cmd.name, res.stdout)
+				}
+				res := runCLI(t, "", args...)
+				assert.Equal(t, 0, res.code, "%v: %s", args, res.stderr)
+				assert.True(t, strings.HasPrefix(res.stdout, "usage: "+cmd.usage+"\n"), "%v prints its usage:\n%s", args, res.stdout)
+			}
+		}
+	}
+}
+
+// helpLine is the line of help that starts (after its indent) with the word name.
+func helpLine(help, name string) string {
+	for _, l := range strings.Split(help, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == name && strings.HasPrefix(l, "  ") {
+			return l
+		}
+	}
+	return ""
+}
+
 func TestRun_Help_NeverPrintsTheAPIKey(t *testing.T) {
 	t.Setenv("QUARRY_API_KEY", "qk_secret_in_the_environment")
 	for _, args := range [][]string{{"-h"}, {"sandbox", "exec", "-h"}, {"--api-key", "qk_secret_on_the_line", "sandbox", "ls", "-h"}} {

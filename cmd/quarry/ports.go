@@ -13,7 +13,7 @@ func runURL(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("sandbox url")
 	ttl := fs.Duration("ttl", 0, "how long the URL works (default: the gateway's, 1h; at most 24h); it ends with the lease anyway")
 	asJSON := fs.Bool("json", false, "print the URL and its expiry as JSON")
-	pos, cl, err := c.start(fs, "url", args, 2, 2)
+	pos, cl, err := c.start(fs, args, 2, 2)
 	if err != nil {
 		return err
 	}

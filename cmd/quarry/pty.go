@@ -32,7 +32,7 @@ func runTerminal(ctx context.Context, c *cli, in *os.File, args []string) (err e
 	fs := c.flags("sandbox shell")
 	var f commandFlags
 	f.register(fs) // --timeout has no meaning for a terminal; accepted for the line mode's sake
-	pos, cl, err := c.start(fs, "shell", args, 1, 1)
+	pos, cl, err := c.start(fs, args, 1, 1)
 	if err != nil {
 		return err
 	}

@@ -43,25 +43,10 @@ func poolsCommand() command {
 	return command{"pools", "quarry pools [--json]", "list the pools and their counts", runPools}
 }
 
-// usageOf is the usage text of the named command ("checkpoint X" for the
-// checkpoint commands).
-func usageOf(name string) string {
-	cmds := append(sandboxCommands(), poolsCommand())
-	if rest, ok := strings.CutPrefix(name, "checkpoint "); ok {
-		cmds, name = checkpointCommands(), rest
-	}
-	for _, cmd := range cmds {
-		if cmd.name == name {
-			return "usage: " + cmd.usage + "\n\n" + cmd.summary + "\n"
-		}
-	}
-	return ""
-}
-
-// positional parses the flags and arguments of command name, which takes
-// between min and max arguments (max < 0: any number).
-func (c *cli) positional(fs *flag.FlagSet, name string, args []string, min, max int) ([]string, error) {
-	pos, rest, err := c.parse(fs, args, usageOf(name))
+// positional parses the flags and arguments of the command fs is named
+// for, which takes between min and max arguments (max < 0: any number).
+func (c *cli) positional(fs *flag.FlagSet, args []string, min, max int) ([]string, error) {
+	pos, rest, err := c.parse(fs, args, usageOf(fs.Name()))
 	if err != nil {
 		return nil, err
 	}
@@ -76,8 +61,8 @@ func (c *cli) positional(fs *flag.FlagSet, name string, args []string, min, max 
 }
 
 // start is positional followed by a client for the gateway.
-func (c *cli) start(fs *flag.FlagSet, name string, args []string, min, max int) ([]string, *client.Client, error) {
-	pos, err := c.positional(fs, name, args, min, max)
+func (c *cli) start(fs *flag.FlagSet, args []string, min, max int) ([]string, *client.Client, error) {
+	pos, err := c.positional(fs, args, min, max)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -123,7 +108,7 @@ func runCreate(ctx context.Context, c *cli, args []string) error {
 	key := fs.String("idempotency-key", "", "retrying with the same key returns the same sandbox")
 	from := fs.String("from-checkpoint", "", "restore this checkpoint into the sandbox before it is handed out (--pool defaults to the checkpoint's)")
 	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
-	_, cl, err := c.start(fs, "create", args, 0, 0)
+	_, cl, err := c.start(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -157,7 +142,7 @@ func runList(ctx context.Context, c *cli, args []string) error {
 	labels := kvFlag{}
 	fs.Var(labels, "label", "only sandboxes with this K=V label (repeatable)")
 	asJSON := fs.Bool("json", false, "print the sandboxes as JSON")
-	_, cl, err := c.start(fs, "ls", args, 0, 0)
+	_, cl, err := c.start(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -185,7 +170,7 @@ func sandboxByID(ctx context.Context, c *cli, args []string, name, action string
 	do func(*client.Client, context.Context, string) (client.Sandbox, error)) error {
 	fs := c.flags("sandbox " + name)
 	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
-	pos, cl, err := c.start(fs, name, args, 1, 1)
+	pos, cl, err := c.start(fs, args, 1, 1)
 	if err != nil {
 		return err
 	}
@@ -210,7 +195,7 @@ func runHeartbeat(ctx context.Context, c *cli, args []string) error {
 func runKillAll(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("sandbox kill-all")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	pos, cl, err := c.start(fs, "kill-all", args, 1, 1)
+	pos, cl, err := c.start(fs, args, 1, 1)
 	if err != nil {
 		return err
 	}
@@ -234,7 +219,7 @@ func runKillAll(ctx context.Context, c *cli, args []string) error {
 
 func runRemove(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("sandbox rm")
-	pos, cl, err := c.start(fs, "rm", args, 1, -1)
+	pos, cl, err := c.start(fs, args, 1, -1)
 	if err != nil {
 		return err
 	}
@@ -252,7 +237,7 @@ func runRemove(ctx context.Context, c *cli, args []string) error {
 func runPools(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("pools")
 	asJSON := fs.Bool("json", false, "print the pools as JSON")
-	_, cl, err := c.start(fs, "pools", args, 0, 0)
+	_, cl, err := c.start(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}

@@ -58,12 +58,7 @@ func runTablesDelete(ctx context.Context, c *cli, args []string) error {
 // defaults), loads the AWS SDK's standard configuration (AWS_REGION,
 // AWS_ENDPOINT_URL, credentials) and runs op.
 func (c *cli) tables(ctx context.Context, name string, args []string, op func(context.Context, *dynamodb.Client, dynamostore.Config, otherTables) error) error {
-	usage := ""
-	for _, cmd := range tablesCommands() {
-		if cmd.name == name {
-			usage = "usage: " + cmd.usage + "\n\n" + cmd.summary + "\n\nThe AWS SDK's standard settings apply (AWS_REGION, AWS_ENDPOINT_URL, credentials).\n"
-		}
-	}
+	usage := usageOf("tables "+name) + "\nThe AWS SDK's standard settings apply (AWS_REGION, AWS_ENDPOINT_URL, credentials).\n"
 	cfg := dynamostore.Config{
 		TasksTable:  cmp.Or(c.getenv("QUARRY_DYNAMODB_TASKS_TABLE"), dynamostore.DefaultTasksTable),
 		LeasesTable: cmp.Or(c.getenv("QUARRY_DYNAMODB_LEASES_TABLE"), dynamostore.DefaultLeasesTable),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A complete rollout loop on Quarry: N episodes at once.
+r"""A complete rollout loop on Quarry: N episodes at once.
 
 Each episode leases a sandbox, uploads an agent (agent.py, which uses the
 unmodified openai client) and runs it; the agent's model calls reach the
@@ -9,11 +9,26 @@ quarry.openai_adapter.OpenAIForwarder to use a vLLM/SGLang server). A verifier
 (verify.py) in the sandbox gives each episode's reward, and the lease's
 transcript (every prompt and answer, as the agent built them) is collected.
 
-    QUARRY_URL=... QUARRY_API_KEY=... python3 rollout.py --episodes 32
+The agent runs the sandbox's python3, which must import openai. With make run
+(the process provider: sandboxes run this machine's python3), from the
+repository's root, with make run's QUARRY_URL and QUARRY_API_KEY exported:
+
+    python3 -m venv .venv && .venv/bin/pip install './sdk/python[openai]'
+    .venv/bin/python examples/python/rollout.py --episodes 32 --sandbox-pythonpath \
+        "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+
+(--sandbox-pythonpath "$(scripts/python-deps.sh)", openai installed into
+.cache/python-deps as make test does, works too). With QUARRY_PROVIDER=docker
+make run, the python pool's image has python3 and openai:
+
+    .venv/bin/python examples/python/rollout.py --episodes 32 --pool python
+
+The extra alone is not enough on the process provider: it installs openai for
+the trainer's python, not for the sandboxes' python3.
 
 Prints a JSON summary; --out writes one line per episode (reward, transcript).
---sandbox-pythonpath: where the sandboxes' python3 finds openai (the process
-provider runs the host's python3; an image with openai installed needs none).
+When episodes fail (the agent exits non-zero), the first failure's stderr is
+printed on stderr, and when every episode failed the exit status is 1.
 """
 from __future__ import annotations
 
@@ -98,7 +113,8 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--pool", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--concurrency", type=int, default=64, help="policy calls answered at once")
-    ap.add_argument("--sandbox-pythonpath", default="")
+    ap.add_argument("--sandbox-pythonpath", default="",
+                    help="PYTHONPATH of the sandboxes' python3: where it finds openai (the process provider)")
     ap.add_argument("--out", default="", help="write one JSON line per episode here")
     args = ap.parse_args(argv)
 
@@ -130,7 +146,27 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+def failures(results: list[dict[str, Any]]) -> str:
+    """What went wrong, for stderr: "" when every agent exited 0, else how
+    many failed and the first failure's exit status and stderr tail."""
+    failed = [r for r in results if r["agent_exit"] != 0]
+    if not failed:
+        return ""
+    first = failed[0]
+    tail = first["agent_stderr"].rstrip() or "(nothing on stderr)"
+    msg = (f"rollout: {len(failed)} of {len(results)} episodes failed; the first, episode {first['episode']}, "
+           f"exited {first['agent_exit']}, and its stderr ends:\n{tail}\n")
+    if "openai" in tail and ("ModuleNotFoundError" in tail or "ImportError" in tail):
+        msg += ("rollout: the sandboxes' python3 cannot import openai: give it with --sandbox-pythonpath, "
+                "or run on an image that has it (--pool python on the Docker provider); see --help\n")
+    return msg
+
+
 if __name__ == "__main__":
     summary = asyncio.run(main(sys.argv[1:]))
-    summary.pop("results")
+    results = summary.pop("results")
     print(json.dumps(summary))
+    report = failures(results)
+    sys.stderr.write(report)
+    if results and all(r["agent_exit"] != 0 for r in results):
+        sys.exit(1)

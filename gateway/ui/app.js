@@ -142,25 +142,28 @@ function newPage() {
   return page;
 }
 
-// poll runs f now and every ms until the page is left; a failure shows in
+// poll runs f now and every ms until the page is left, or until f calls the
+// stop function it is given (what it polls has ended); a failure shows in
 // show (when given) and polling goes on: the console rides out a gateway
 // restart. It returns a function that polls at once (after an action); one
 // poll runs at a time, and one asked for meanwhile runs right after it.
 function poll(pg, ms, f, show) {
-  let timer = null, running = false, again = false;
+  let timer = null, running = false, again = false, stopped = false;
+  const stop = () => { stopped = true; clearTimeout(timer); };
   const tick = async () => {
     clearTimeout(timer);
     timer = null;
+    if (stopped) return;
     if (running) { again = true; return; }
     running = true;
     try {
-      await f();
+      await f(stop);
       if (show) show('');
     } catch (err) {
       if (err.name !== 'AbortError' && !pg.signal.aborted && show) show(errorText(err));
     }
     running = false;
-    if (pg.signal.aborted) return;
+    if (pg.signal.aborted || stopped) return;
     if (again) { again = false; tick(); return; }
     timer = setTimeout(tick, ms);
   };
@@ -346,15 +349,15 @@ const TABS = [['terminal', 'Terminal'], ['files', 'Files'], ['processes', 'Proce
 function sandboxPage(pg, id, tab) {
   const err = h('p', { class: 'error', id: 'lease-error' });
   const info = h('div', { class: 'row', id: 'lease' });
-  const heartbeat = h('button', { id: 'heartbeat', onclick: () => leaseOp('POST', sbxPath(id, '/heartbeat')) }, 'Heartbeat');
-  const release = h('button', { id: 'release', class: 'danger', onclick: () => leaseOp('DELETE', sbxPath(id)) }, 'Release');
+  const heartbeat = h('button', { id: 'heartbeat', hidden: true, onclick: () => leaseOp('POST', sbxPath(id, '/heartbeat')) }, 'Heartbeat');
+  const release = h('button', { id: 'release', class: 'danger', hidden: true, onclick: () => leaseOp('DELETE', sbxPath(id)) }, 'Release');
   let current = null;
 
   const show = (s) => {
     current = s;
     const active = s.state === 'active';
-    heartbeat.disabled = !active;
-    release.disabled = !active;
+    heartbeat.hidden = !active;
+    release.hidden = !active;
     info.replaceChildren(
       h('span', { id: 'lease-state' }, badge(s.state)),
       h('span', {}, 'pool ', h('b', {}, s.pool)),
@@ -372,16 +375,39 @@ function sandboxPage(pg, id, tab) {
       refresh();
     }
   }
-  const refresh = poll(pg, POLL_MS, async () => show(await api('GET', sbxPath(id), { signal: pg.signal })), (t) => { err.textContent = t; });
-
   const panel = h('div', { id: 'panel' });
+  const tabs = h('nav', { class: 'tabs', id: 'sandbox-tabs' },
+    TABS.map(([t, label]) => h('a', { href: `#/sandbox/${enc(id)}/${t}`, class: t === tab ? 'active' : '', dataset: { tab: t } }, label)));
   const view = h('section', {},
     h('div', { class: 'row' }, h('h1', { class: 'mono' }, id), h('span', { class: 'spacer' }), heartbeat, release),
     h('div', { class: 'card' }, info, err),
-    h('nav', { class: 'tabs' }, TABS.map(([t, label]) => h('a', { href: `#/sandbox/${enc(id)}/${t}`, class: t === tab ? 'active' : '', dataset: { tab: t } }, label))),
+    tabs,
     panel);
-  const tabs = { terminal: terminalTab, files: filesTab, processes: processesTab, model: modelTab, checkpoints: checkpointsTab };
-  panel.append((tabs[tab] || terminalTab)(pg, id, () => current));
+  // A sandbox that does not exist (or not for this key, or ended more than
+  // 24 h ago): the page says so, offers nothing and asks nothing again.
+  const missing = (e) => {
+    heartbeat.hidden = release.hidden = tabs.hidden = true;
+    panel.replaceChildren();
+    info.replaceChildren(h('span', { id: 'lease-missing', class: 'error' },
+      `This sandbox does not exist (${errorText(e)}): no such id for this API key, or it ended more than 24 h ago.`));
+    pg.abort(); // every poll, stream and socket of the page ends
+  };
+  const refresh = poll(pg, POLL_MS, async (stop) => {
+    let s;
+    try {
+      s = await api('GET', sbxPath(id), { signal: pg.signal });
+    } catch (e) {
+      if (e.status !== 404) throw e;
+      stop();
+      missing(e);
+      return;
+    }
+    show(s);
+    if (s.state !== 'active') stop(); // an ended lease stays ended
+  }, (t) => { err.textContent = t; });
+
+  const tabFns = { terminal: terminalTab, files: filesTab, processes: processesTab, model: modelTab, checkpoints: checkpointsTab };
+  panel.append((tabFns[tab] || terminalTab)(pg, id, () => current));
   return view;
 }
 
@@ -478,7 +504,9 @@ function terminalTab(pg, id) {
         sessionStorage.setItem(ptyKey, ptyId);
       } catch (e) {
         if (e.name === 'AbortError') return;
-        if (e.status === 410) { setState('the lease has ended: ' + errorText(e), true); return; }
+        // Nothing to retry: the lease has ended, or there is no such sandbox.
+        if (e.status === 410) { done = true; setState('the lease has ended: ' + errorText(e), true); return; }
+        if (e.status === 404) { done = true; setState('no such sandbox: ' + errorText(e), true); return; }
         return retry('create a terminal: ' + errorText(e));
       }
     }
@@ -552,11 +580,24 @@ function terminalTab(pg, id) {
 
 // ------------------------------------------------------------------ files
 
+// utf8Text is bytes as text, or null when they are binary: a NUL byte, or a
+// sequence that is not UTF-8. A character cut at the end (the first 256 KiB
+// of a longer file) is not counted against it.
+function utf8Text(bytes) {
+  if (bytes.includes(0)) return null;
+  try {
+    return new TextDecoder('utf-8', { fatal: true }).decode(bytes, { stream: true });
+  } catch {
+    return null;
+  }
+}
+
 function filesTab(pg, id) {
   const err = h('p', { class: 'error', id: 'files-error' });
   const pathInput = h('input', { id: 'files-path', class: 'wide', value: sessionStorage.getItem('quarry.files.' + id) || '.' });
   const body = h('tbody', { id: 'files-body' });
   const viewer = h('pre', { id: 'file-view', class: 'out', hidden: true });
+  const binary = h('p', { id: 'file-binary', class: 'card row', hidden: true });
   const upload = h('input', { id: 'upload-file', type: 'file', multiple: true });
   const uploaded = h('span', { id: 'upload-state', class: 'muted' });
 
@@ -590,18 +631,28 @@ function filesTab(pg, id) {
         h('td', { class: 'mono' }, f.mode),
         h('td', {}, fmtTime(f.mod_time)),
         h('td', {}, f.is_dir ? null : h('span', { class: 'row' },
-          h('button', { class: 'view', onclick: () => view(join(p, f.name)) }, 'View'),
+          h('button', { class: 'view', onclick: () => view(join(p, f.name), f.name, f.size) }, 'View'),
           h('button', { class: 'download', onclick: () => download(join(p, f.name), f.name) }, 'Download'),
           h('button', { class: 'delete danger', onclick: () => remove(join(p, f.name)) }, 'Delete'))))));
   }
 
-  // view shows the first 256 KiB of a file as text.
-  async function view(p) {
+  // view shows the first 256 KiB of a file as text, or, for a binary file
+  // (a NUL byte or bytes that are not UTF-8 in them), says so and offers
+  // the download instead.
+  async function view(p, name, size) {
     err.textContent = '';
     try {
       const resp = await api('GET', sbxPath(id, '/files?path=' + enc(p) + '&length=262144'), { raw: true, signal: pg.signal });
-      viewer.textContent = await resp.text();
-      viewer.hidden = false;
+      const text = utf8Text(new Uint8Array(await resp.arrayBuffer()));
+      viewer.hidden = text === null;
+      binary.hidden = text !== null;
+      if (text === null) {
+        viewer.textContent = '';
+        binary.replaceChildren(h('span', {}, `${name} is binary (${fmtBytes(size)}): it is not shown as text.`),
+          h('button', { id: 'file-binary-download', onclick: () => download(p, name) }, 'Download'));
+        return;
+      }
+      viewer.textContent = text;
       viewer.dataset.path = p;
     } catch (e) { if (e.name !== 'AbortError') err.textContent = errorText(e); }
   }
@@ -655,7 +706,7 @@ function filesTab(pg, id) {
       h('label', {}, 'Upload into this directory', upload), h('button', { id: 'upload-submit', type: 'submit' }, 'Upload'), uploaded),
     err,
     h('table', { id: 'files' }, h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', { class: 'num' }, 'Size'), h('th', {}, 'Mode'), h('th', {}, 'Modified'), h('th', {}, ''))), body),
-    viewer);
+    binary, viewer);
 }
 
 // -------------------------------------------------------------- processes
