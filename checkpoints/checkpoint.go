@@ -52,6 +52,10 @@ var (
 	ErrUnavailable = errors.New("checkpoint store unavailable")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("checkpoint store closed")
+	// ErrOverBudget: a Put would have taken the store past its Budget;
+	// nothing was kept. The error is a *BudgetError, which says by how
+	// much.
+	ErrOverBudget = errors.New("checkpoint budget spent")
 )
 
 // Store keeps checkpoints. Implementations are safe for concurrent use;
@@ -65,7 +69,11 @@ type Store interface {
 	// keeps nothing and returns ErrTooLarge. An ID that exists is
 	// ErrExists. Metadata CheckPut refuses is a *badinput.Error. A reader
 	// that fails, or a ctx that ends, keeps nothing and returns that error.
-	// Nothing is visible to Get/List/Open until Put returns nil.
+	// Past the store's Budget (its Config) it keeps nothing and returns a
+	// *BudgetError: it reads at most what the budget left at its start
+	// (+1 byte, Budget.Reader), and its commit counts the archive only if
+	// it still fits. Nothing is visible to Get/List/Open, and nothing
+	// counts in Usage, until Put returns nil.
 	Put(ctx context.Context, meta Checkpoint, r io.Reader, maxBytes int64) (Checkpoint, error)
 	// Get returns the checkpoint; ErrNotFound when unknown, expired or
 	// another owner's.
@@ -86,7 +94,12 @@ type Store interface {
 	// Purge deletes checkpoints that expired at or before now, at most
 	// budget of them, and returns how many it deleted (called periodically
 	// with a budget: work grows with change). budget <= 0 deletes nothing.
+	// Delete and Purge free what Usage counted (Budget's rules).
 	Purge(ctx context.Context, now time.Time, budget int) (int, error)
+	// Usage returns the bytes counted against the store's Budget for owner
+	// and for all owners, from counters the store keeps durably with its
+	// checkpoints (never a walk of them). An owner with none has 0.
+	Usage(ctx context.Context, owner string) (Usage, error)
 	// Close makes later calls return ErrClosed; calls in flight finish or
 	// fail. A reader returned by Open before may still be read. Closing
 	// twice returns nil.

@@ -33,6 +33,14 @@ type Config struct {
 	// MaxBytes is the largest archive a Put keeps, as stored (compressed);
 	// a larger one is ErrTooLarge, a 413 (default 4 GiB).
 	MaxBytes int64 `envconfig:"QUARRY_MAX_CHECKPOINT_BYTES"`
+	// BudgetPerKey is the most bytes one API key's checkpoints take in the
+	// store (Budget.PerOwner); a Put past it is a *BudgetError, a 429.
+	// 0 (unset) or -1: no limit.
+	BudgetPerKey int64 `envconfig:"QUARRY_CHECKPOINT_BUDGET_PER_KEY"`
+	// BudgetTotal is the most bytes all checkpoints take (Budget.Total).
+	// 0 (unset): half the file system an embedded store is on, none for
+	// S3 (Budget says how); -1: no limit.
+	BudgetTotal int64 `envconfig:"QUARRY_CHECKPOINT_BUDGET_TOTAL"`
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -56,7 +64,30 @@ func (c Config) Validate() error {
 	if c.MaxBytes <= 0 {
 		errs = append(errs, fmt.Errorf("QUARRY_MAX_CHECKPOINT_BYTES: %d; at least 1", c.MaxBytes))
 	}
+	for _, b := range []struct {
+		name string
+		v    int64
+	}{{"QUARRY_CHECKPOINT_BUDGET_PER_KEY", c.BudgetPerKey}, {"QUARRY_CHECKPOINT_BUDGET_TOTAL", c.BudgetTotal}} {
+		if b.v < NoBudget {
+			errs = append(errs, fmt.Errorf("%s: %d; a number of bytes, or %d for no limit", b.name, b.v, NoBudget))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// NoBudget is the value of BudgetPerKey and BudgetTotal that sets no limit.
+const NoBudget = -1
+
+// Budget returns the store's budget. fsBytes is the size of the file
+// system an embedded store is on (0 for S3): unset, the total is half of
+// it, so that checkpoints alone never fill the disk the gateway's data
+// dir shares; S3 has no disk to fill, and no default.
+func (c Config) Budget(fsBytes int64) Budget {
+	total := c.BudgetTotal
+	if total == 0 {
+		total = fsBytes / 2
+	}
+	return Budget{PerOwner: max(c.BudgetPerKey, 0), Total: max(total, 0)}
 }
 
 // Stamp returns meta with CreatedAt set to now and ExpiresAt to now +

@@ -46,9 +46,10 @@ func (m *meter) sum() string { return hex.EncodeToString(m.h.Sum(nil)) }
 // and hashes what passes, refuses to read past a limit, and checks its
 // context between reads. Not safe for concurrent use (one Put reads it).
 type DigestReader struct {
-	ctx context.Context
-	r   io.Reader
-	m   meter
+	ctx  context.Context
+	r    io.Reader
+	m    meter
+	over func() error // the error past the limit
 }
 
 // NewDigestReader returns a DigestReader of r that allows maxBytes bytes.
@@ -57,11 +58,14 @@ type DigestReader struct {
 // ctx's error. A Read that blocks in r is not interrupted: r must end with
 // ctx itself (an HTTP body does).
 func NewDigestReader(ctx context.Context, r io.Reader, maxBytes int64) *DigestReader {
-	return &DigestReader{ctx: ctx, r: r, m: newMeter(maxBytes)}
+	d := &DigestReader{ctx: ctx, r: r, m: newMeter(maxBytes)}
+	d.over = func() error { return fmt.Errorf("archive larger than %d bytes: %w", d.m.limit, ErrTooLarge) }
+	return d
 }
 
 // Read reads from the underlying reader. Errors are sticky: once it failed
-// (ErrTooLarge, ctx, the reader's error) every Read returns that error.
+// (ErrTooLarge or a *BudgetError, ctx, the reader's error) every Read
+// returns that error.
 func (d *DigestReader) Read(p []byte) (int, error) {
 	if err := d.ctx.Err(); err != nil && d.m.err == nil {
 		d.m.err = err
@@ -69,9 +73,7 @@ func (d *DigestReader) Read(p []byte) (int, error) {
 	if room := d.m.limit + 1 - d.m.n; int64(len(p)) > room {
 		p = p[:room]
 	}
-	return d.m.read(d.r, p, func() error {
-		return fmt.Errorf("archive larger than %d bytes: %w", d.m.limit, ErrTooLarge)
-	})
+	return d.m.read(d.r, p, d.over)
 }
 
 // Err returns the error that stopped the reader (nil at io.EOF or while

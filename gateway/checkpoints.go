@@ -217,6 +217,9 @@ func (g *Gateway) takeCheckpoint(ctx context.Context, lease warmpool.Lease, req 
 	ck, err := store.Put(ctx, meta, src, g.ck.cfg.MaxBytes)
 	if err != nil {
 		g.metrics.checkpointFailed("create")
+		if be := (*checkpoints.BudgetError)(nil); errors.As(err, &be) {
+			g.metrics.checkpointRefused(be.Variable())
+		}
 		if src.err != nil && !errors.Is(err, checkpoints.ErrTooLarge) {
 			// The agent's stream broke: that is the failure, not the store.
 			return checkpoints.Checkpoint{}, g.ckAgentFailed(ctx, lease, src.err)

@@ -27,6 +27,7 @@ import (
 	"github.com/quarryhq/quarry/checkpoints/filestore"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -44,7 +45,7 @@ func startCkEnv(t *testing.T, ckCfg checkpoints.Config, mutate ...func(*fakeMana
 	t.Helper()
 	agent := startAgent(t)
 	dir := t.TempDir()
-	store, err := filestore.Open(filestore.Config{Dir: dir, NoSync: true})
+	store, err := filestore.Open(filestore.Config{Dir: dir, NoSync: true, Budget: ckCfg.Budget(0)})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, store.Close()) })
 	mgr := newFakeManager(agent.URL)
@@ -219,6 +220,70 @@ func TestCheckpoints_CreateRefusals(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, cks, "nothing kept")
 	assert.Equal(t, 1.0, gatherCounter(t, e.gw.Reg, "quarry_gateway_checkpoint_failures_total", "op", "create"), "the 413 counted")
+}
+
+// A take past the key's checkpoint budget is a 429 naming the limit, the
+// usage and the variable, and keeps nothing; a fork's take too; a Delete
+// makes room, and another key has a budget of its own.
+func TestCheckpoints_OverBudgetRefusedKeepsNothing(t *testing.T) {
+	e := startCkEnv(t, checkpoints.Config{BudgetPerKey: 100 << 10})
+	e.mgr.addLease("sbx-theirs", otherKey, e.agent.URL, 1)
+	big := make([]byte, 64<<10)
+	_, _ = rand.Read(big) // incompressible
+	require.NoError(t, os.WriteFile(filepath.Join(e.agent.Workdir, "big.bin"), big, 0o644))
+	first := e.checkpoint(t, "sbx-1", api.CreateCheckpointRequest{})
+	_, _ = rand.Read(big)
+	require.NoError(t, os.WriteFile(filepath.Join(e.agent.Workdir, "big2.bin"), big, 0o644)) // the next archive: 128 KiB
+	owner := OwnerOf(testKey)
+	usage := func() checkpoints.Usage {
+		u, err := e.store.Usage(context.Background(), owner)
+		require.NoError(t, err)
+		return u
+	}
+	require.Equal(t, first.SizeBytes, usage().Owner)
+
+	for _, route := range []struct{ path, body string }{
+		{"/v1/sandboxes/sbx-1/checkpoints", `{}`},
+		{"/v1/sandboxes/sbx-1/fork", `{"count": 1}`},
+	} {
+		resp, body := call(t, http.MethodPost, e.gw.URL+route.path, testKey, strings.NewReader(route.body))
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s: %s", route.path, body)
+		er := decodeError(t, body)
+		assert.Equal(t, errclass.CodeQuotaExceeded, er.Code, route.path)
+		assert.Contains(t, er.Message, "this API key's checkpoints take", route.path)
+		assert.Contains(t, er.Message, "of the 100.0 KiB allowed (QUARRY_CHECKPOINT_BUDGET_PER_KEY=102400)", route.path)
+		assert.Empty(t, resp.Header.Get("Retry-After"), "%s: retrying does not help", route.path)
+		assert.True(t, loadDoc(t).opFor(t, http.MethodPost, route.path).declares(resp.StatusCode), "openapi.json declares the 429 of %s", route.path)
+	}
+	cks, err := e.store.List(context.Background(), checkpoints.Filter{Owner: owner})
+	require.NoError(t, err)
+	assert.Equal(t, []string{first.ID}, ckIDs(cks), "the refused takes kept nothing")
+	assert.Equal(t, first.SizeBytes, usage().Owner, "and counted nothing")
+	blobs, err := filepath.Glob(filepath.Join(e.storeDir, "blobs", "*", "*"))
+	require.NoError(t, err)
+	assert.Len(t, blobs, 1, "one archive on disk")
+	tmp, err := os.ReadDir(filepath.Join(e.storeDir, "tmp"))
+	require.NoError(t, err)
+	assert.Empty(t, tmp, "no temp file left")
+	assert.Equal(t, 2.0, gatherCounter(t, e.gw.Reg, "quarry_gateway_checkpoint_budget_refusals_total", "limit", "QUARRY_CHECKPOINT_BUDGET_PER_KEY"))
+	assert.Empty(t, e.mgr.Calls("Acquire"), "the refused fork made no sandbox")
+
+	require.NoError(t, os.Remove(filepath.Join(e.agent.Workdir, "big2.bin")))
+	resp, body := call(t, http.MethodPost, e.gw.URL+"/v1/sandboxes/sbx-theirs/checkpoints", otherKey, strings.NewReader(`{}`))
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "another key has a budget of its own: %s", body)
+
+	resp, _ = call(t, http.MethodDelete, e.gw.URL+"/v1/checkpoints/"+first.ID, testKey, nil)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	assert.Zero(t, usage().Owner, "the Delete freed it")
+	e.checkpoint(t, "sbx-1", api.CreateCheckpointRequest{})
+}
+
+func ckIDs(cks []checkpoints.Checkpoint) []string {
+	out := []string{}
+	for _, c := range cks {
+		out = append(out, c.ID)
+	}
+	return out
 }
 
 func TestCheckpoints_RestoreInPlace(t *testing.T) {

@@ -71,6 +71,9 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 			message: "take a new checkpoint"},
 		{name: "checkpoint store unavailable", err: fmt.Errorf("open: %w", checkpoints.ErrUnavailable), status: 503, code: "unavailable", retryable: true, rockCode: 5000,
 			message: "the checkpoint store is unavailable; retry later"},
+		{name: "checkpoint budget spent", err: fmt.Errorf("fork: %w", &checkpoints.BudgetError{Scope: checkpoints.ScopeOwner, Limit: 1 << 30, Used: 1 << 30, Need: 1, AtLeast: true}),
+			status: 429, code: errclass.CodeQuotaExceeded, rockCode: 4000,
+			message: "checkpoint budget spent: this API key's checkpoints take 1.0 GiB of the 1.0 GiB allowed (QUARRY_CHECKPOINT_BUDGET_PER_KEY=1073741824)"},
 		{name: "unknown error hides details", err: errors.New("disk on fire at /var/secret"), status: 500, code: "internal", rockCode: 5000, message: "internal error"},
 	}
 	reg, err := envs.NewRegistry([]envs.Spec{{ID: "game", Pool: "default", Command: []string{"true"}}})

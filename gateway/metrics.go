@@ -28,6 +28,7 @@ type metrics struct {
 	ckBytes    *prometheus.CounterVec
 	ckDuration *prometheus.HistogramVec
 	ckFailures *prometheus.CounterVec
+	ckRefused  *prometheus.CounterVec
 	forks      *prometheus.CounterVec
 }
 
@@ -82,6 +83,10 @@ func newMetrics(reg *prometheus.Registry, agents *agentClients) (*metrics, error
 		Name: "quarry_gateway_checkpoint_failures_total",
 		Help: "Checkpoints that could not be taken (op=create) or restored (op=restore).",
 	}, []string{"op"})
+	m.ckRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quarry_gateway_checkpoint_budget_refusals_total",
+		Help: "Checkpoints refused for the store's budget, by the variable that sets the limit they passed.",
+	}, []string{"limit"})
 	m.forks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quarry_gateway_forks_total",
 		Help: "Forked sandboxes by outcome: ok, or the error code of the fork (no_capacity, ...).",
@@ -90,7 +95,7 @@ func newMetrics(reg *prometheus.Registry, agents *agentClients) (*metrics, error
 		Name: "quarry_gateway_agent_clients",
 		Help: "Agent HTTP clients cached by the gateway (one per agent URL).",
 	}, func() float64 { return float64(agents.len()) })
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.acceptRetries, clients, agents.dropped, m.ckOps, m.ckBytes, m.ckDuration, m.ckFailures, m.forks} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.acceptRetries, clients, agents.dropped, m.ckOps, m.ckBytes, m.ckDuration, m.ckFailures, m.ckRefused, m.forks} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register gateway metrics: %w", err)
 		}
@@ -139,6 +144,10 @@ func (m *metrics) checkpointDone(op string, bytes int64, d time.Duration) {
 // checkpointFailed records a checkpoint operation (create, restore) that
 // failed.
 func (m *metrics) checkpointFailed(op string) { m.ckFailures.WithLabelValues(op).Inc() }
+
+// checkpointRefused records a checkpoint refused for the budget limit
+// names (its variable).
+func (m *metrics) checkpointRefused(limit string) { m.ckRefused.WithLabelValues(limit).Inc() }
 
 // forked records the outcomes of one fork.
 func (m *metrics) forked(forks []api.Fork) {

@@ -2,15 +2,17 @@
 // contract (checkpoints.Store). Every store runs it from its own tests:
 //
 //	func TestStore_Conformance(t *testing.T) {
-//		checkpointtest.Run(t, func(t *testing.T, clk clock.Clock) checkpoints.Store { ... }, checkpointtest.Options{})
+//		checkpointtest.Run(t, func(t *testing.T, s checkpointtest.Setup) checkpoints.Store { ... }, checkpointtest.Options{})
 //	}
 //
-// newStore returns a new, empty store that tells time by clk only (the
-// suite moves it to test expiry) and implements the suite's two test
-// interfaces, Corrupter (damage a stored archive) and BlobCounter (count
-// stored archives, partial uploads included): a backend's test wraps its
-// store in a type that adds them. A store that lacks them fails the tests
-// that need them. A store is done when the suite passes.
+// newStore returns a new, empty store built with its Setup: it tells time
+// by Setup.Clock only (the suite moves it to test expiry) and keeps
+// Setup.Budget. It implements the suite's three test interfaces, Corrupter
+// (damage a stored archive), BlobCounter (count stored archives, partial
+// uploads included) and Reopener (close and open again on the same data):
+// a backend's test wraps its store in a type that adds them. A store that
+// lacks them fails the tests that need them. A store is done when the
+// suite passes; budget.go holds the budget's rules.
 //
 // The suite checks memory by measurement: while a large archive streams
 // in and out it samples the live heap (after a forced GC) and fails when

@@ -71,18 +71,27 @@ const (
 // maxBytes is the limit of the suite's Puts that test no limit.
 const maxBytes = 1 << 30
 
+// Setup is what the suite builds a store with.
+type Setup struct {
+	// Clock is the store's clock: it tells time by it only.
+	Clock clock.Clock
+	// Budget is the store's budget (checkpoints.Budget; zero: none).
+	Budget checkpoints.Budget
+}
+
 // env is one subtest's store and clock.
 type env struct {
-	t     *testing.T
-	s     checkpoints.Store
-	clock *Clock
-	opts  Options
+	t        *testing.T
+	s        checkpoints.Store
+	clock    *Clock
+	opts     Options
+	newStore func(t *testing.T, s Setup) checkpoints.Store
 }
 
 // Run runs the conformance suite. newStore returns a new, empty store
-// that tells time by clk, for one subtest, and registers its own cleanup
-// (which must tolerate a store the suite has already closed).
-func Run(t *testing.T, newStore func(t *testing.T, clk clock.Clock) checkpoints.Store, opts Options) {
+// built with s, for one subtest, and registers its own cleanup (which must
+// tolerate a store the suite has already closed).
+func Run(t *testing.T, newStore func(t *testing.T, s Setup) checkpoints.Store, opts Options) {
 	opts = opts.withDefaults()
 	require.Less(t, 2*opts.MaxBuffered, opts.LargeBytes, "Options: MaxBuffered must be below half of LargeBytes for the memory check to mean anything")
 	tests := []struct {
@@ -111,11 +120,20 @@ func Run(t *testing.T, newStore func(t *testing.T, clk clock.Clock) checkpoints.
 		{"Concurrent_PutsOfOneIDOneWins", testConcurrentSameID},
 		{"Concurrent_DeleteAndPutOfSameContent", testSharedRace},
 		{"Close_LaterCallsErrClosed", testClose},
+		{"Budget_UsageCountsPutsAndDeletesFreeIt", testUsage},
+		{"Budget_SameBytesCountOncePerOwner", testUsageShared},
+		{"Budget_PerOwnerRefusesAndKeepsNothing", testBudgetOwner},
+		{"Budget_TotalRefusesAcrossOwners", testBudgetTotal},
+		{"Budget_StreamStopsWhereTheBudgetEnds", testBudgetStream},
+		{"Budget_FailedPutsCountNothing", testBudgetFailed},
+		{"Budget_ExpiredCountsUntilPurged", testBudgetExpired},
+		{"Budget_ConcurrentPutsNeverPassIt", testBudgetConcurrent},
+		{"Budget_UsageSurvivesReopen", testBudgetReopen},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := NewClock(base)
-			tt.fn(&env{t: t, s: newStore(t, clk), clock: clk, opts: opts})
+			tt.fn(&env{t: t, s: newStore(t, Setup{Clock: clk}), clock: clk, opts: opts, newStore: newStore})
 		})
 	}
 }
@@ -639,6 +657,7 @@ func testConcurrent(e *env) {
 		want = len(blobs)
 	}
 	assert.Equal(t, want, e.blobs(), "what is kept is exactly what is left")
+	e.usage(ownerA, int64(want)*20000, int64(want)*20000, "the usage is what is left")
 }
 
 func testConcurrentSameID(e *env) {
@@ -687,6 +706,7 @@ func testSharedRace(e *env) {
 		require.NoError(t, e.s.Delete(ctx(), b.ID, ownerA))
 	}
 	assert.Equal(t, 0, e.blobs())
+	e.usage(ownerA, 0, 0, "every racing Delete and Put is counted once")
 }
 
 func testClose(e *env) {
@@ -705,4 +725,6 @@ func testClose(e *env) {
 	assert.ErrorIs(t, e.s.Delete(ctx(), m.ID, ownerA), checkpoints.ErrClosed, "Delete")
 	_, err = e.s.Purge(ctx(), base, 10)
 	assert.ErrorIs(t, err, checkpoints.ErrClosed, "Purge")
+	_, err = e.s.Usage(ctx(), ownerA)
+	assert.ErrorIs(t, err, checkpoints.ErrClosed, "Usage")
 }

@@ -14,6 +14,14 @@
 // blob; a crash leaves at worst a temp file or an unreferenced blob,
 // which Open removes (a walk of blobs/: O(blobs), once per start).
 //
+// The budget (usage.go): meta.db counts each owner's references to each
+// blob and the bytes of the blobs each owner holds, once per owner, with
+// their total, in the transactions that add and remove records; a commit
+// that would pass the budget fails and removes the blob it placed. Commits
+// are serialized (blobMu, then bbolt's one writer), so the check sees
+// every commit before it. A store of schema 1 (before the budget) is
+// counted by one walk of its records when it is first opened.
+//
 // It passes checkpoints/checkpointtest. It must not import the gateway,
 // the warm pool, the providers or another store.
 package filestore

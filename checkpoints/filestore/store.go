@@ -23,8 +23,12 @@ import (
 	"github.com/quarryhq/quarry/internal/defaults"
 )
 
-// schemaVersion is written to the meta bucket; Open refuses other versions.
-const schemaVersion = "1"
+// schemaVersion is written to the meta bucket; Open refuses other versions
+// but schemaUncounted, which it migrates (migrate).
+const (
+	schemaVersion   = "2" // with usage and owner_refs
+	schemaUncounted = "1" // before the budget: no usage counters
+)
 
 // copyBuffer is the size of the buffer a Put copies through.
 const copyBuffer = 256 << 10
@@ -39,8 +43,11 @@ var (
 	bucketOwner   = []byte("by_owner")    // lp(owner) created id → ""
 	bucketExpiry  = []byte("by_expiry")   // expires id → ""
 	bucketRefs    = []byte("refs")        // sha256 hex → count (8 bytes, big endian)
-	allBuckets    = [][]byte{bucketMeta, bucketRecords, bucketOwner, bucketExpiry, bucketRefs}
+	bucketHolds   = []byte("owner_refs")  // lp(owner) sha256 hex → count: the owner's checkpoints of the blob
+	bucketUsage   = []byte("usage")       // keyTotal, or 'o' owner → bytes counted (checkpoints.Budget)
+	allBuckets    = [][]byte{bucketMeta, bucketRecords, bucketOwner, bucketExpiry, bucketRefs, bucketHolds, bucketUsage}
 	keySchema     = []byte("schema")
+	keyTotal      = []byte("t")
 )
 
 // Config configures the store. cmd/ sets Dir from QUARRY_DATA_DIR; the
@@ -56,6 +63,9 @@ type Config struct {
 	// machine crash may lose checkpoints or leave damaged blobs. For
 	// throwaway stores only.
 	NoSync bool
+	// Budget is what the store keeps, per owner and in all (none when
+	// zero); cmd/ sets it from checkpoints.Config.Budget.
+	Budget checkpoints.Budget
 	// Clock tells the time for expiry on reads (default clock.System).
 	Clock clock.Clock
 	// Logger receives what cannot be returned: a blob that could not be
@@ -153,6 +163,11 @@ func (s *Store) init() error {
 		switch v := meta.Get(keySchema); {
 		case v == nil:
 			return meta.Put(keySchema, []byte(schemaVersion))
+		case string(v) == schemaUncounted:
+			if err := migrate(tx); err != nil {
+				return fmt.Errorf("count the usage of a schema %s store: %w", v, err)
+			}
+			return meta.Put(keySchema, []byte(schemaVersion))
 		case string(v) != schemaVersion:
 			return fmt.Errorf("schema version %q, this build reads %q", v, schemaVersion)
 		}
@@ -211,17 +226,24 @@ func (s *Store) Put(ctx context.Context, meta checkpoints.Checkpoint, r io.Reade
 		return checkpoints.Checkpoint{}, err
 	}
 	action := "put checkpoint " + meta.ID
-	// A known id is refused before the archive is read.
+	// A known id is refused before the archive is read, and the reading
+	// stops where the budget ends.
+	var used checkpoints.Usage
 	err = s.view(ctx, action, func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketRecords).Get([]byte(meta.ID)) != nil {
 			return checkpoints.ErrExists
 		}
+		used = usage(tx, meta.Owner)
 		return nil
 	})
 	if err != nil {
 		return checkpoints.Checkpoint{}, err
 	}
-	tmp, err := s.receive(ctx, r, maxBytes, &meta)
+	d, err := s.cfg.Budget.Reader(ctx, r, maxBytes, used)
+	if err != nil {
+		return checkpoints.Checkpoint{}, fmt.Errorf("%s: %w", action, err)
+	}
+	tmp, err := s.receive(d, &meta)
 	if err != nil {
 		return checkpoints.Checkpoint{}, fmt.Errorf("%s: %w", action, err)
 	}
@@ -232,10 +254,9 @@ func (s *Store) Put(ctx context.Context, meta checkpoints.Checkpoint, r io.Reade
 	return meta, nil
 }
 
-// receive copies r into a new temp file through a DigestReader, syncs it,
-// and sets meta's SHA256 and SizeBytes. It returns the file's path; on
-// failure it leaves no file.
-func (s *Store) receive(ctx context.Context, r io.Reader, maxBytes int64, meta *checkpoints.Checkpoint) (path string, err error) {
+// receive copies d into a new temp file, syncs it, and sets meta's SHA256
+// and SizeBytes. It returns the file's path; on failure it leaves no file.
+func (s *Store) receive(d *checkpoints.DigestReader, meta *checkpoints.Checkpoint) (path string, err error) {
 	f, err := os.CreateTemp(s.tmp, meta.ID+"-*")
 	if err != nil {
 		return "", fmt.Errorf("create temp file: %w", err)
@@ -248,7 +269,6 @@ func (s *Store) receive(ctx context.Context, r io.Reader, maxBytes int64, meta *
 			_ = os.Remove(f.Name())
 		}
 	}()
-	d := checkpoints.NewDigestReader(ctx, r, maxBytes)
 	// newWriteback starts the disk's writes while the body streams (and,
 	// not being an *os.File, has no ReadFrom: the copy uses this buffer
 	// rather than a small one of its own).
@@ -272,7 +292,8 @@ func (s *Store) receive(ctx context.Context, r io.Reader, maxBytes int64, meta *
 }
 
 // commit makes tmp the blob of meta.SHA256 (or drops it for the blob that
-// has those bytes already) and commits meta's record counting it.
+// has those bytes already) and commits meta's record counting it, if the
+// budget has room for it (hold).
 func (s *Store) commit(ctx context.Context, action string, meta checkpoints.Checkpoint, tmp string) error {
 	s.blobMu.Lock()
 	defer s.blobMu.Unlock()
@@ -306,7 +327,10 @@ func (s *Store) commit(ctx context.Context, action string, meta checkpoints.Chec
 		if err := tx.Bucket(bucketExpiry).Put(expiryKey(meta), nil); err != nil {
 			return err
 		}
-		_, err := addRef(tx, meta.SHA256, 1)
+		if err := hold(tx, meta, 1, s.cfg.Budget); err != nil {
+			return err
+		}
+		_, err := addCount(tx.Bucket(bucketRefs), []byte(meta.SHA256), 1)
 		return err
 	})
 	if err != nil && created {
@@ -508,7 +532,10 @@ func (s *Store) remove(ctx context.Context, action string, pick func(*bolt.Tx) (
 					return err
 				}
 			}
-			left, err := addRef(tx, rec.SHA256, -1)
+			if err := hold(tx, rec.Checkpoint, -1, checkpoints.Budget{}); err != nil {
+				return err
+			}
+			left, err := addCount(tx.Bucket(bucketRefs), []byte(rec.SHA256), -1)
 			if err != nil {
 				return err
 			}
@@ -530,22 +557,26 @@ func (s *Store) remove(ctx context.Context, action string, pick func(*bolt.Tx) (
 	return nil
 }
 
-// addRef adds delta to sha's reference count and returns the new count;
-// at 0 the entry is deleted.
-func addRef(tx *bolt.Tx, sha string, delta int64) (int64, error) {
-	refs := tx.Bucket(bucketRefs)
-	var n int64
-	if v := refs.Get([]byte(sha)); v != nil {
-		n = int64(binary.BigEndian.Uint64(v))
+// count reads a counter of b (0 when absent).
+func count(b *bolt.Bucket, key []byte) int64 {
+	if v := b.Get(key); v != nil {
+		return int64(binary.BigEndian.Uint64(v))
 	}
-	n += delta
-	if n < 0 {
-		return 0, fmt.Errorf("blob %s: reference count below zero", sha)
+	return 0
+}
+
+// addCount adds delta to a counter of b (a blob's references, an owner's
+// references to a blob, bytes used) and returns the new count; at 0 the
+// entry is deleted, and below 0 is an error: the counts are wrong.
+func addCount(b *bolt.Bucket, key []byte, delta int64) (int64, error) {
+	n := count(b, key) + delta
+	switch {
+	case n < 0:
+		return 0, fmt.Errorf("counter %q below zero: the counts are wrong", key)
+	case n == 0:
+		return 0, b.Delete(key)
 	}
-	if n == 0 {
-		return 0, refs.Delete([]byte(sha))
-	}
-	return n, refs.Put([]byte(sha), binary.BigEndian.AppendUint64(nil, uint64(n)))
+	return n, b.Put(key, binary.BigEndian.AppendUint64(nil, uint64(n)))
 }
 
 // blobPath is where the blob of sha lives: blobs/<sha[:2]>/<sha>.

@@ -18,11 +18,13 @@ import (
 
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/checkpoints/checkpointtest"
-	"github.com/quarryhq/quarry/internal/clock"
 )
 
 // harness adds the suite's test interfaces to a Store.
-type harness struct{ *Store }
+type harness struct {
+	*Store
+	t *testing.T
+}
 
 // Corrupt rewrites the blob of id's checkpoint in place.
 func (h harness) Corrupt(_ context.Context, id string, mutate func([]byte) []byte) error {
@@ -62,8 +64,22 @@ func (h harness) Blobs(context.Context) (int, error) {
 	return n, nil
 }
 
+// Reopen closes the store and opens its directory again.
+func (h harness) Reopen(context.Context) (checkpoints.Store, error) {
+	if err := h.Close(); err != nil {
+		return nil, err
+	}
+	s, err := Open(h.cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.t.Cleanup(func() { _ = s.Close() })
+	return harness{Store: s, t: h.t}, nil
+}
+
 var _ checkpointtest.Corrupter = harness{}
 var _ checkpointtest.BlobCounter = harness{}
+var _ checkpointtest.Reopener = harness{}
 
 func open(t *testing.T, cfg Config) *Store {
 	t.Helper()
@@ -74,8 +90,8 @@ func open(t *testing.T, cfg Config) *Store {
 }
 
 func TestStore_Conformance(t *testing.T) {
-	checkpointtest.Run(t, func(t *testing.T, clk clock.Clock) checkpoints.Store {
-		return harness{open(t, Config{Dir: filepath.Join(t.TempDir(), "checkpoints"), Clock: clk})}
+	checkpointtest.Run(t, func(t *testing.T, s checkpointtest.Setup) checkpoints.Store {
+		return harness{Store: open(t, Config{Dir: filepath.Join(t.TempDir(), "checkpoints"), Clock: s.Clock, Budget: s.Budget}), t: t}
 	}, checkpointtest.Options{SharesBlobs: true, MaxBuffered: 4 << 20})
 }
 
@@ -102,7 +118,7 @@ func TestOpen_KeepsCheckpointsAcrossRestarts(t *testing.T) {
 	got, err := s.Get(context.Background(), m.ID, "o")
 	require.NoError(t, err)
 	assert.Equal(t, m, got)
-	blobs, err := harness{s}.Blobs(context.Background())
+	blobs, err := harness{Store: s}.Blobs(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 1, blobs, "a referenced blob survives the start-up collection")
 }
@@ -167,4 +183,48 @@ func TestOpen_ReaderOutlivesDelete(t *testing.T) {
 	b, err := io.ReadAll(rc)
 	require.NoError(t, err, "the open file reads to the end and verifies")
 	assert.Len(t, b, 100000)
+}
+
+// A store written before the budget (schema 1: no usage counters) is
+// counted once when it is opened, and is schema 2 from then on.
+func TestOpen_CountsTheUsageOfASchema1Store(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir})
+	require.NoError(t, err)
+	a := put(t, s, "first archive")
+	put(t, s, "first archive") // the same bytes: one blob, counted once
+	b := put(t, s, "second")
+	require.NoError(t, s.db.Update(func(tx *bolt.Tx) error { // as schema 1 left it
+		for _, name := range [][]byte{bucketUsage, bucketHolds} {
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaUncounted))
+	}))
+	require.NoError(t, s.Close())
+
+	s = open(t, Config{Dir: dir})
+	u, err := s.Usage(context.Background(), "o")
+	require.NoError(t, err)
+	want := a.SizeBytes + b.SizeBytes
+	assert.Equal(t, checkpoints.Usage{Owner: want, Total: want}, u)
+	require.NoError(t, s.db.View(func(tx *bolt.Tx) error {
+		assert.Equal(t, schemaVersion, string(tx.Bucket(bucketMeta).Get(keySchema)))
+		return nil
+	}))
+	require.NoError(t, s.Delete(context.Background(), b.ID, "o"))
+	u, err = s.Usage(context.Background(), "o")
+	require.NoError(t, err)
+	assert.Equal(t, checkpoints.Usage{Owner: a.SizeBytes, Total: a.SizeBytes}, u, "the migrated counts are freed as any")
+}
+
+func TestOpen_RefusesAnotherSchema(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir})
+	require.NoError(t, err)
+	require.NoError(t, s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte("3")) }))
+	require.NoError(t, s.Close())
+	_, err = Open(Config{Dir: dir})
+	assert.ErrorContains(t, err, `schema version "3"`)
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/internal/defaults"
 )
@@ -41,6 +42,9 @@ type Config struct {
 	// PendingGrace is how long an upload may take before Purge collects
 	// its pending item (QUARRY_CHECKPOINT_PENDING_GRACE, default 6 h).
 	PendingGrace time.Duration `envconfig:"QUARRY_CHECKPOINT_PENDING_GRACE"`
+	// Budget is what the store keeps, per owner and in all (none when
+	// zero); cmd/ sets it from checkpoints.Config.Budget.
+	Budget checkpoints.Budget `ignored:"true"`
 	// Clock tells the time for expiry on reads (default clock.System).
 	Clock clock.Clock `ignored:"true"`
 	// Logger receives what cannot be returned: an object or item a failed

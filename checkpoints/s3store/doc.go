@@ -12,6 +12,13 @@
 // first, then deletes the object, then the item, so no ready item points
 // at a missing object; Purge finishes what a crash left.
 //
+// The budget (usage.go): two counter items in the same table, the owner's
+// and the total, change in the transactions that make an item ready (on
+// the condition that neither passes its limit) and that delete a deleting
+// one (taking away what the item counted). A commit whose answer was lost
+// is read back before anything is abandoned. Checkpoints made before the
+// budget count nothing until they expire.
+//
 // It passes checkpoints/checkpointtest against the AWS emulator. It must
 // not import the gateway, the warm pool, the providers or another store.
 package s3store

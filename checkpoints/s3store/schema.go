@@ -32,6 +32,8 @@ const (
 	attrOwnerSK = "owner_sk"
 	attrExpPK   = "exp_pk"
 	attrExpSK   = "exp_sk"
+	attrCounted = "counted" // N: the bytes a ready checkpoint counts in its owner's usage and the total
+	attrBytes   = "bytes"   // N: a usage counter's bytes
 
 	statePending  = "pending"
 	stateReady    = "ready"
@@ -103,6 +105,12 @@ func ownerPK(owner string, s int) string { return fmt.Sprintf("%s#%d", owner, s)
 func ownerSK(created time.Time, id string) string {
 	return fmt.Sprintf("%020d#%s", created.UnixNano(), id)
 }
+
+// usagePK is the item of owner's usage counter; usageTotalPK the item of
+// the total. Neither is in an index, and neither can be a checkpoint id.
+func usagePK(owner string) string { return "usage#o#" + owner }
+
+const usageTotalPK = "usage#t"
 
 // expPK is the by-expiry partition of a shard.
 func expPK(s int) string { return fmt.Sprintf("x#%d", s) }

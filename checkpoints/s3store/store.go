@@ -40,6 +40,7 @@ type DynamoAPI interface {
 	DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
 	Query(ctx context.Context, in *dynamodb.QueryInput, optFns ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
 	BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, optFns ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
 }
 
 var (
@@ -47,8 +48,12 @@ var (
 	_ DynamoAPI = (*dynamodb.Client)(nil)
 )
 
-// batchGetMax is BatchGetItem's limit of keys per call.
-const batchGetMax = 100
+// batchGetMax is BatchGetItem's limit of keys per call; batchGetTries
+// bounds the calls of one read whose keys DynamoDB leaves unprocessed.
+const (
+	batchGetMax   = 100
+	batchGetTries = 20
+)
 
 // cleanupTimeout bounds the cleanup of a failed Put (under
 // context.WithoutCancel: a cancelled Put still cleans up).
@@ -101,8 +106,9 @@ func (s *Store) begin(ctx context.Context, action string) error {
 }
 
 // Put implements checkpoints.Store: a pending item reserves the id, the
-// archive streams into its own object, and the item becomes ready only
-// when the object is whole.
+// archive streams into its own object (no further than the budget left),
+// and the item becomes ready only when the object is whole, in the
+// transaction that counts its bytes if the budget still has room (ready).
 func (s *Store) Put(ctx context.Context, meta checkpoints.Checkpoint, r io.Reader, maxBytes int64) (checkpoints.Checkpoint, error) {
 	action := "put checkpoint " + meta.ID
 	if err := s.begin(ctx, action); err != nil {
@@ -111,6 +117,14 @@ func (s *Store) Put(ctx context.Context, meta checkpoints.Checkpoint, r io.Reade
 	meta, err := checkpoints.CheckPut(meta, maxBytes)
 	if err != nil {
 		return checkpoints.Checkpoint{}, err
+	}
+	used, err := s.usage(ctx, meta.Owner)
+	if err != nil {
+		return checkpoints.Checkpoint{}, translate(action, err)
+	}
+	d, err := s.cfg.Budget.Reader(ctx, r, maxBytes, used)
+	if err != nil {
+		return checkpoints.Checkpoint{}, fmt.Errorf("%s: %w", action, err)
 	}
 	nonce := newNonce()
 	blob := s.cfg.Prefix + meta.ID + "." + nonce + ".tar.gz"
@@ -130,7 +144,6 @@ func (s *Store) Put(ctx context.Context, meta checkpoints.Checkpoint, r io.Reade
 	if err != nil {
 		return checkpoints.Checkpoint{}, translate(action, err)
 	}
-	d := checkpoints.NewDigestReader(ctx, r, maxBytes)
 	_, err = s.up.UploadObject(ctx, &transfermanager.UploadObjectInput{
 		Bucket: aws.String(s.cfg.Bucket), Key: aws.String(blob), Body: d,
 		ContentType: aws.String("application/gzip"),
@@ -148,26 +161,35 @@ func (s *Store) Put(ctx context.Context, meta checkpoints.Checkpoint, r io.Reade
 		s.abandon(ctx, meta.ID, nonce, blob)
 		return checkpoints.Checkpoint{}, fmt.Errorf("%s: %w", action, err)
 	}
-	_, err = s.ddb.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	ready := &types.Update{
 		TableName:           aws.String(s.cfg.Table),
 		Key:                 key(meta.ID),
-		UpdateExpression:    aws.String("SET #st = :ready, #meta = :meta, owner_pk = :opk, owner_sk = :osk, exp_sk = :exp"),
+		UpdateExpression:    aws.String("SET #st = :ready, #meta = :meta, owner_pk = :opk, owner_sk = :osk, exp_sk = :exp, #counted = :size"),
 		ConditionExpression: aws.String("#st = :pending AND nonce = :nonce"),
 		ExpressionAttributeNames: map[string]string{
-			"#st": attrState, "#meta": attrMeta,
+			"#st": attrState, "#meta": attrMeta, "#counted": attrCounted,
 		},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":ready": str(stateReady), ":pending": str(statePending), ":nonce": str(nonce),
 			":meta": str(string(doc)), ":opk": str(ownerPK(meta.Owner, sh)), ":osk": str(ownerSK(meta.CreatedAt, meta.ID)),
-			":exp": num(meta.ExpiresAt.UnixNano()),
+			":exp": num(meta.ExpiresAt.UnixNano()), ":size": num(meta.SizeBytes),
 		},
-	})
+	}
+	err = s.ready(ctx, ready, meta)
+	if amb := (*ambiguousError)(nil); errors.As(err, &amb) {
+		switch s.settled(ctx, meta.ID, nonce) {
+		case stateReady:
+			return meta, nil // the transaction went through; its answer was lost
+		case "":
+			// Unknown: abandon could delete the object of a ready
+			// checkpoint. Purge collects a pending item and its object
+			// after the grace.
+			return checkpoints.Checkpoint{}, translate(action, amb.err)
+		}
+		err = amb.err
+	}
 	if err != nil {
 		s.abandon(ctx, meta.ID, nonce, blob)
-		if isConditionFailed(err) {
-			return checkpoints.Checkpoint{}, fmt.Errorf("%s: the upload outlived its grace (%s) and its record was purged: %w",
-				action, s.cfg.PendingGrace, checkpoints.ErrUnavailable)
-		}
 		return checkpoints.Checkpoint{}, translate(action, err)
 	}
 	return meta, nil
@@ -196,11 +218,19 @@ func (s *Store) abandon(ctx context.Context, id, nonce, blob string) {
 
 // item is a table item as the store reads it.
 type item struct {
-	State, Owner, Blob, Meta string
+	State, Owner, Blob, Meta, Nonce string
+	// Counted is what a ready checkpoint counts in its owner's usage and
+	// the total (counted: it has the attribute; items made before the
+	// budget have not, and count nothing).
+	Counted int64
+	counted bool
 }
 
 func decodeItem(av map[string]types.AttributeValue) item {
-	return item{State: decodeS(av[attrState]), Owner: decodeS(av[attrOwner]), Blob: decodeS(av[attrBlob]), Meta: decodeS(av[attrMeta])}
+	it := item{State: decodeS(av[attrState]), Owner: decodeS(av[attrOwner]), Blob: decodeS(av[attrBlob]), Meta: decodeS(av[attrMeta]),
+		Nonce: decodeS(av[attrNonce])}
+	it.Counted, it.counted = decodeN(av[attrCounted])
+	return it
 }
 
 // visible returns the checkpoint of it when owner may see it now.
@@ -295,7 +325,7 @@ func (s *Store) Delete(ctx context.Context, id, owner string) error {
 		case old.Owner != owner:
 			return fmt.Errorf("%s: %w", action, checkpoints.ErrNotFound)
 		case old.State == stateDeleting:
-			return s.finish(ctx, action, id, old.Blob) // a Delete or Purge that stopped halfway
+			return s.finish(ctx, action, id, old) // a Delete or Purge that stopped halfway
 		default:
 			return nil // pending: not a checkpoint yet
 		}
@@ -303,24 +333,37 @@ func (s *Store) Delete(ctx context.Context, id, owner string) error {
 	if err != nil {
 		return translate(action, err)
 	}
-	return s.finish(ctx, action, id, decodeItem(out.Attributes).Blob)
+	return s.finish(ctx, action, id, decodeItem(out.Attributes))
 }
 
-// finish removes a deleting item's object, then the item.
-func (s *Store) finish(ctx context.Context, action, id, blob string) error {
-	if blob != "" {
-		_, err := s.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(s.cfg.Bucket), Key: aws.String(blob)})
+// finish removes a deleting item's object, then the item, which frees
+// what it counted in the same transaction (once: the item must still be
+// deleting).
+func (s *Store) finish(ctx context.Context, action, id string, it item) error {
+	if it.Blob != "" {
+		_, err := s.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(s.cfg.Bucket), Key: aws.String(it.Blob)})
 		if err != nil {
 			return translate(action+": delete object", err)
 		}
 	}
-	_, err := s.ddb.DeleteItem(ctx, &dynamodb.DeleteItemInput{
-		TableName: aws.String(s.cfg.Table), Key: key(id),
-		ConditionExpression:       aws.String("#st = :deleting"),
-		ExpressionAttributeNames:  map[string]string{"#st": attrState},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":deleting": str(stateDeleting)},
-	})
-	if err != nil && !isConditionFailed(err) {
+	cond, names := aws.String("#st = :deleting"), map[string]string{"#st": attrState}
+	values := map[string]types.AttributeValue{":deleting": str(stateDeleting)}
+	var err error
+	if it.counted {
+		del := &types.Delete{TableName: aws.String(s.cfg.Table), Key: key(id), ConditionExpression: cond,
+			ExpressionAttributeNames: names, ExpressionAttributeValues: values}
+		err = s.transact(ctx, append([]types.TransactWriteItem{{Delete: del}}, s.counts(it.Owner, -it.Counted, checkpoints.Budget{})...))
+		if reasons, ok := awserr.CancelReasons(err); ok && awserr.ReasonCode(reasons, 0) == awserr.ReasonCondition {
+			return nil // another removal finished it
+		}
+	} else {
+		_, err = s.ddb.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: aws.String(s.cfg.Table), Key: key(id), ConditionExpression: cond,
+			ExpressionAttributeNames: names, ExpressionAttributeValues: values})
+		if isConditionFailed(err) {
+			return nil
+		}
+	}
+	if err != nil {
 		return translate(action, err)
 	}
 	return nil
@@ -371,7 +414,7 @@ func (s *Store) Purge(ctx context.Context, now time.Time, budget int) (int, erro
 			if err != nil {
 				return n, translate(action, err)
 			}
-			if err := s.finish(ctx, action, id, decodeItem(upd.Attributes).Blob); err != nil {
+			if err := s.finish(ctx, action, id, decodeItem(upd.Attributes)); err != nil {
 				return n, err
 			}
 			n++
@@ -427,22 +470,26 @@ func (s *Store) List(ctx context.Context, f checkpoints.Filter) ([]checkpoints.C
 	return res[:min(len(res), f.Limit)], nil
 }
 
-// batch reads ids' items consistently and returns, in ids' order, the
-// checkpoints f's owner sees now that match f's labels.
-func (s *Store) batch(ctx context.Context, ids []string, f checkpoints.Filter) ([]checkpoints.Checkpoint, error) {
-	keys := make([]map[string]types.AttributeValue, len(ids))
-	for i, id := range ids {
-		keys[i] = key(id)
+// getItems reads the items of pks (at most batchGetMax) consistently, by
+// pk; an item that does not exist is absent. Keys DynamoDB leaves
+// unprocessed are asked again, batchGetTries times at most.
+func (s *Store) getItems(ctx context.Context, pks []string) (map[string]map[string]types.AttributeValue, error) {
+	keys := make([]map[string]types.AttributeValue, len(pks))
+	for i, pk := range pks {
+		keys[i] = key(pk)
 	}
-	items := map[string]item{}
+	items := map[string]map[string]types.AttributeValue{}
 	req := map[string]types.KeysAndAttributes{s.cfg.Table: {Keys: keys, ConsistentRead: aws.Bool(true)}}
-	for len(req) > 0 && len(req[s.cfg.Table].Keys) > 0 {
+	for try := 0; len(req) > 0 && len(req[s.cfg.Table].Keys) > 0; try++ {
+		if try == batchGetTries {
+			return nil, fmt.Errorf("%d keys still unprocessed after %d tries: %w", len(req[s.cfg.Table].Keys), try, checkpoints.ErrUnavailable)
+		}
 		out, err := s.ddb.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
 		if err != nil {
 			return nil, err
 		}
 		for _, av := range out.Responses[s.cfg.Table] {
-			items[decodeS(av[attrPK])] = decodeItem(av)
+			items[decodeS(av[attrPK])] = av
 		}
 		req = out.UnprocessedKeys
 		if len(req) > 0 {
@@ -453,12 +500,23 @@ func (s *Store) batch(ctx context.Context, ids []string, f checkpoints.Filter) (
 			}
 		}
 	}
+	return items, nil
+}
+
+// batch reads ids' items consistently and returns, in ids' order, the
+// checkpoints f's owner sees now that match f's labels.
+func (s *Store) batch(ctx context.Context, ids []string, f checkpoints.Filter) ([]checkpoints.Checkpoint, error) {
+	items, err := s.getItems(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
 	var res []checkpoints.Checkpoint
 	for _, id := range ids {
-		it, ok := items[id]
+		av, ok := items[id]
 		if !ok {
 			continue
 		}
+		it := decodeItem(av)
 		c, ok, err := s.visible(it, id, f.Owner)
 		if err != nil {
 			return nil, err
@@ -541,6 +599,16 @@ func decodeS(av types.AttributeValue) string {
 		return v.Value
 	}
 	return ""
+}
+
+// decodeN returns a number attribute, and whether there was one.
+func decodeN(av types.AttributeValue) (int64, bool) {
+	v, ok := av.(*types.AttributeValueMemberN)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v.Value, 10, 64)
+	return n, err == nil
 }
 
 // newNonce returns 16 random hex characters: an upload's own object key.

@@ -109,6 +109,11 @@ func (f *fixture) removeBucket(ctx context.Context) error {
 
 // store returns a store on a fresh table and prefix, removed when t ends.
 func (f *fixture) store(t *testing.T, clk clock.Clock, cfg Config) harness {
+	return f.storeOn(t, clk, cfg, f.ddb)
+}
+
+// storeOn is store with the store's calls to DynamoDB made through ddb.
+func (f *fixture) storeOn(t *testing.T, clk clock.Clock, cfg Config, ddb DynamoAPI) harness {
 	t.Helper()
 	n := seq.Add(1)
 	cfg.Table = fmt.Sprintf("quarry-test-checkpoints-%s-%d", runID, n)
@@ -125,7 +130,7 @@ func (f *fixture) store(t *testing.T, clk clock.Clock, cfg Config) harness {
 			t.Errorf("delete test table: %v", err)
 		}
 	})
-	s, err := New(cfg, f.s3, f.ddb)
+	s, err := New(cfg, f.s3, ddb)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return harness{Store: s, f: f}
@@ -135,6 +140,18 @@ func (f *fixture) store(t *testing.T, clk clock.Clock, cfg Config) harness {
 type harness struct {
 	*Store
 	f *fixture
+}
+
+// Reopen closes the store and makes another on its table and prefix.
+func (h harness) Reopen(context.Context) (checkpoints.Store, error) {
+	if err := h.Close(); err != nil {
+		return nil, err
+	}
+	s, err := New(h.cfg, h.s3, h.ddb)
+	if err != nil {
+		return nil, err
+	}
+	return harness{Store: s, f: h.f}, nil
 }
 
 // Corrupt rewrites the object of id's checkpoint.
@@ -189,14 +206,15 @@ func (h harness) requireNoItem(t *testing.T, id, msg string) {
 
 var _ checkpointtest.Corrupter = harness{}
 var _ checkpointtest.BlobCounter = harness{}
+var _ checkpointtest.Reopener = harness{}
 
 // The store passes the conformance suite on the emulator, with the
 // smallest parts S3 allows so that the large archive is a multipart
 // upload of several parts and memory stays within two of them.
 func TestStore_Conformance(t *testing.T) {
 	f := newFixture(t)
-	checkpointtest.Run(t, func(t *testing.T, clk clock.Clock) checkpoints.Store {
-		return f.store(t, clk, Config{PartSize: MinPartSize, UploadConcurrency: 1})
+	checkpointtest.Run(t, func(t *testing.T, s checkpointtest.Setup) checkpoints.Store {
+		return f.store(t, s.Clock, Config{PartSize: MinPartSize, UploadConcurrency: 1, Budget: s.Budget})
 	}, checkpointtest.Options{MaxBuffered: 16 << 20, LargeBytes: 48 << 20})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -69,11 +70,12 @@ func (c CheckpointConfig) Validate() error {
 func openCheckpointStore(ctx context.Context, cfg Config, log *slog.Logger) (checkpoints.Store, error) {
 	switch cfg.CheckpointConfig.WithDefaults().Store {
 	case checkpoints.StoreS3:
+		budget := cfg.CheckpointConfig.Budget(0)
 		var sc s3store.Config
 		if err := envconfig.Process("", &sc); err != nil {
 			return nil, fmt.Errorf("read QUARRY_CHECKPOINT_* configuration: %w", err)
 		}
-		sc.Logger = log
+		sc.Logger, sc.Budget = log, budget
 		awsCfg, err := loadAWS(ctx, cfg.DynamoConfig)
 		if err != nil {
 			return nil, err
@@ -86,18 +88,27 @@ func openCheckpointStore(ctx context.Context, cfg Config, log *slog.Logger) (che
 		if err != nil {
 			return nil, err
 		}
-		log.Info("checkpoint store: S3", "bucket", sc.Bucket, "table", sc.WithDefaults().Table)
+		log.Info("checkpoint store: S3", "bucket", sc.Bucket, "table", sc.WithDefaults().Table,
+			"budget_per_key", budget.PerOwner, "budget_total", budget.Total)
 		return st, nil
 	default:
 		dir := cfg.CheckpointConfig.Dir
 		if dir == "" {
 			dir = filepath.Join(cfg.DataDir, "checkpoints")
 		}
-		st, err := filestore.Open(filestore.Config{Dir: dir, Logger: log})
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("open checkpoint store: %w", err)
+		}
+		fs, err := fileSystemSize(dir)
+		if err != nil {
+			return nil, fmt.Errorf("open checkpoint store: the size of the file system of %s (QUARRY_CHECKPOINT_BUDGET_TOTAL's default): %w", dir, err)
+		}
+		budget := cfg.CheckpointConfig.Budget(fs)
+		st, err := filestore.Open(filestore.Config{Dir: dir, Logger: log, Budget: budget})
 		if err != nil {
 			return nil, err
 		}
-		log.Info("checkpoint store: embedded", "dir", dir)
+		log.Info("checkpoint store: embedded", "dir", dir, "budget_per_key", budget.PerOwner, "budget_total", budget.Total)
 		return st, nil
 	}
 }

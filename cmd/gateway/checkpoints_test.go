@@ -47,11 +47,36 @@ func TestCheckpointStore_EmbeddedInItsOwnDir(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist, "nothing under the data dir")
 }
 
+// The embedded store's budget: QUARRY_CHECKPOINT_BUDGET_* as set, and
+// unset, half the file system the store is on.
+func TestCheckpointStore_EmbeddedBudget(t *testing.T) {
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	cfg := Config{DataDir: t.TempDir()}
+	st, err := openCheckpointStore(context.Background(), cfg, log)
+	require.NoError(t, err)
+	require.NoError(t, st.Close())
+	fs, err := fileSystemSize(cfg.DataDir)
+	require.NoError(t, err)
+	require.Positive(t, fs)
+	assert.Contains(t, logs.String(), fmt.Sprintf("budget_per_key=0 budget_total=%d", fs/2), "the default total is half the disk")
+
+	cfg.CheckpointConfig.BudgetPerKey = 10
+	st, err = openCheckpointStore(context.Background(), cfg, log)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, st.Close()) })
+	now := time.Now()
+	_, err = st.Put(context.Background(), checkpoints.Checkpoint{ID: checkpoints.NewID(), Owner: "o", Format: "tar+gzip",
+		Paths: []string{"/w"}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}, strings.NewReader("eleven byte"), 1<<20)
+	assert.ErrorIs(t, err, checkpoints.ErrOverBudget, "QUARRY_CHECKPOINT_BUDGET_PER_KEY reaches the store")
+}
+
 func TestCheckpointConfig_Validate(t *testing.T) {
 	assert.NoError(t, CheckpointConfig{}.Validate(), "the zero value takes the defaults")
 	assert.ErrorContains(t, CheckpointConfig{PurgeBudget: -1}.Validate(), "QUARRY_CHECKPOINT_PURGE_BUDGET")
 	assert.ErrorContains(t, CheckpointConfig{PurgeInterval: -time.Second}.Validate(), "QUARRY_CHECKPOINT_PURGE_INTERVAL")
 	assert.ErrorContains(t, CheckpointConfig{Config: checkpoints.Config{Store: "tape"}}.Validate(), "QUARRY_CHECKPOINT_STORE")
+	assert.ErrorContains(t, CheckpointConfig{Config: checkpoints.Config{BudgetTotal: -2}}.Validate(), "QUARRY_CHECKPOINT_BUDGET_TOTAL")
 }
 
 // The purge loop deletes expired checkpoints, at most its budget per pass,

@@ -35,6 +35,11 @@ const (
 	// its sha256 or size (checkpoints.ErrCorrupt); 500. It was refused
 	// before anything was restored from it.
 	CodeCheckpointCorrupt = "checkpoint_corrupt"
+	// CodeQuotaExceeded: a quota of the caller's is spent (the checkpoint
+	// store's budget, checkpoints.ErrOverBudget); 429, not retryable: the
+	// same request fails until the caller frees some or an operator raises
+	// the limit the message names.
+	CodeQuotaExceeded = "quota_exceeded"
 )
 
 // Class is how every API surface answers one error.
@@ -201,7 +206,10 @@ func ofFiber(fe *fiber.Error) Class {
 // archive into an agent fails as a call to the agent whose cause is the
 // corruption.
 func ofCheckpoint(err error) (Class, bool) {
+	var budget *checkpoints.BudgetError
 	switch {
+	case errors.As(err, &budget):
+		return Class{Code: CodeQuotaExceeded, Status: http.StatusTooManyRequests, Message: budgetMessage(budget)}, true
 	case errors.Is(err, checkpoints.ErrNotFound):
 		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: "checkpoint not found"}, true
 	case errors.Is(err, checkpoints.ErrTooLarge):
@@ -218,6 +226,40 @@ func ofCheckpoint(err error) (Class, bool) {
 			Message: "the checkpoint store is unavailable; retry later"}, true
 	}
 	return Class{}, false
+}
+
+// budgetMessage says which budget a checkpoint passed, by how much, what
+// sets it and what frees it.
+func budgetMessage(e *checkpoints.BudgetError) string {
+	whose := "this API key's checkpoints"
+	if e.Scope == checkpoints.ScopeTotal {
+		whose = "the gateway's checkpoints, all API keys together,"
+	}
+	need := "it"
+	switch {
+	case e.AtLeast && e.Need == 0:
+		need = "anything more"
+	case e.AtLeast:
+		need = "an archive over " + byteSize(e.Need-1)
+	case e.Need > 0:
+		need = "this " + byteSize(e.Need) + " archive"
+	}
+	return fmt.Sprintf("checkpoint budget spent: %s take %s of the %s allowed (%s=%d), with no room for %s; nothing was kept. "+
+		"Delete checkpoints (expired ones are freed by the next purge), checkpoint fewer paths or exclude some, "+
+		"or ask for a higher %s", whose, byteSize(e.Used), byteSize(e.Limit), e.Variable(), e.Limit, need, e.Variable())
+}
+
+// byteSize is n in binary units, for people ("1.5 GiB", "512 B").
+func byteSize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, i := float64(n)/unit, 0
+	for ; v >= unit && i < 5; i++ {
+		v /= unit
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[i])
 }
 
 // ofModel classifies the model relay's errors (modelservice).

@@ -89,6 +89,13 @@ func TestOf(t *testing.T) {
 		{name: "checkpoint id taken", err: checkpoints.ErrExists, status: 409, code: "conflict", retryable: true, message: "retry"},
 		{name: "checkpoint store unavailable", err: fmt.Errorf("put: %w", checkpoints.ErrUnavailable), status: 503, code: "unavailable", retryable: true, message: "checkpoint store"},
 		{name: "checkpoint store closed", err: checkpoints.ErrClosed, status: 503, code: "unavailable", retryable: true},
+		{name: "checkpoint budget per key", err: errclass.Sandbox("sbx-1", fmt.Errorf("put checkpoint: %w",
+			&checkpoints.BudgetError{Scope: checkpoints.ScopeOwner, Limit: 1 << 30, Used: 900 << 20, Need: 124<<20 + 1, AtLeast: true})),
+			status: 429, code: "quota_exceeded",
+			message: "checkpoint budget spent: this API key's checkpoints take 900.0 MiB of the 1.0 GiB allowed (QUARRY_CHECKPOINT_BUDGET_PER_KEY=1073741824), with no room for an archive over 124.0 MiB"},
+		{name: "checkpoint budget in all", err: &checkpoints.BudgetError{Scope: checkpoints.ScopeTotal, Limit: 50 << 30, Used: 50<<30 - 10, Need: 537 << 20},
+			status: 429, code: "quota_exceeded",
+			message: "all API keys together, take 50.0 GiB of the 50.0 GiB allowed (QUARRY_CHECKPOINT_BUDGET_TOTAL=53687091200), with no room for this 537.0 MiB archive"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,15 +10,20 @@ import (
 	"github.com/quarryhq/quarry/warmpool"
 )
 
-// Cancellation reason codes of TransactWriteItems (one per item).
+// Cancellation reason codes of TransactWriteItems (one per item):
+// internal/awserr's, which the checkpoint store reads too.
 const (
-	reasonNone        = "None"
-	reasonCondition   = "ConditionalCheckFailed"
-	reasonConflict    = "TransactionConflict"
-	reasonThrottled   = "ThrottlingError"
-	reasonThroughput  = "ProvisionedThroughputExceeded"
-	reasonLimit       = "RequestLimitExceeded"
-	reasonServerError = "InternalServerError"
+	reasonNone      = awserr.ReasonNone
+	reasonCondition = awserr.ReasonCondition
+	reasonConflict  = awserr.ReasonConflict
+	reasonThrottled = awserr.ReasonThrottled
+)
+
+// The readers of a cancelled transaction's reasons (internal/awserr).
+var (
+	cancelReasons    = awserr.CancelReasons
+	reasonCode       = awserr.ReasonCode
+	retryableReasons = awserr.RetryableReasons
 )
 
 // translate turns an SDK error into the contract's terms, wrapped with
@@ -55,43 +60,4 @@ func isConditionFailed(err error) (old item, ok bool) {
 func isTableMissing(err error) bool {
 	var rnf *types.ResourceNotFoundException
 	return errors.As(err, &rnf)
-}
-
-// cancelReasons returns the per-item reasons of a cancelled transaction;
-// false when err is not one.
-func cancelReasons(err error) ([]types.CancellationReason, bool) {
-	var tce *types.TransactionCanceledException
-	if !errors.As(err, &tce) {
-		return nil, false
-	}
-	return tce.CancellationReasons, true
-}
-
-// reasonCode is the code of reason i ("" when DynamoDB gave none for it).
-func reasonCode(reasons []types.CancellationReason, i int) string {
-	if i >= len(reasons) || reasons[i].Code == nil {
-		return ""
-	}
-	return *reasons[i].Code
-}
-
-// retryableReasons reports whether a cancelled transaction failed only for
-// reasons that go away by themselves (a conflicting transaction in flight,
-// throttling), and whether any of those was throttling.
-func retryableReasons(reasons []types.CancellationReason) (retry, throttled bool) {
-	if len(reasons) == 0 {
-		return false, false
-	}
-	for i := range reasons {
-		switch reasonCode(reasons, i) {
-		case reasonNone, "":
-		case reasonConflict:
-			retry = true
-		case reasonThrottled, reasonThroughput, reasonLimit, reasonServerError:
-			retry, throttled = true, true
-		default:
-			return false, false
-		}
-	}
-	return retry, throttled
 }

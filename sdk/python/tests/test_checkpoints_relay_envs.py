@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,6 +85,26 @@ async def test_checkpoint_restore_fork(gw: Gateway) -> None:
     async with AsyncQuarry(gw.url, gw.key) as q, q.sandboxes.create(pool="tiny") as only:
         fr = await only.fork(1)  # the pool has no room left
         assert len(fr.errors) == 1 and isinstance(fr.errors[0], errors.NoCapacity) and fr.errors[0].status == 503
+
+
+@aio
+async def test_checkpoint_over_budget_is_quota_exceeded(bin_dir: Path) -> None:
+    g = Gateway(bin_dir, min_warm=1, max_total=4, env={"QUARRY_CHECKPOINT_BUDGET_PER_KEY": str(64 << 10)})
+    try:
+        async with AsyncQuarry(g.url, g.key) as q, q.sandboxes.create() as sb:
+            await sb.files.write("w/big.bin", os.urandom(100 << 10))
+            with pytest.raises(errors.QuotaExceeded) as qi:
+                await sb.checkpoint(["w"])
+            e = qi.value
+            assert (e.status, e.code) == (429, "quota_exceeded") and e.retry_after is None
+            assert "this API key's checkpoints take 0 B of the 64.0 KiB allowed" in e.message
+            assert "QUARRY_CHECKPOINT_BUDGET_PER_KEY=65536" in e.message
+            assert await q.checkpoints.list() == []  # nothing kept
+            await sb.files.write("w/big.bin", b"small now")
+            ck = await sb.checkpoint(["w"])
+            assert ck.size_bytes < 64 << 10
+    finally:
+        g.stop()
 
 
 @aio

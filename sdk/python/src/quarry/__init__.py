@@ -17,7 +17,8 @@ from .errors import (
     AgentUnreachable, BadRequest, Busy, CheckpointCorrupt, CommandFailed, Conflict, EnvError,
     EnvTimeout, EpisodeNotRunning, Forbidden, Gone, InsufficientStorage, Internal, InvalidAction,
     MethodNotAllowed, NameInUse, NoCapacity, NoReply, NotFound, PayloadTooLarge, ProcessExited,
-    ProtocolError, QuarryError, Timeout, Unauthorized, Unavailable, UpstreamUnreachable,
+    ProtocolError, QuarryError, QuotaExceeded, Timeout, Unauthorized, Unavailable,
+    UpstreamUnreachable,
 )
 from .types import (
     Checkpoint, EnvInfo, Exchange, ExecEvent, ExecResult, FileInfo, KillAllResult, Pool,
@@ -31,9 +32,9 @@ __all__ = [
     "SandboxModel", "ForkResult", "Checkpoints", "Model", "ModelCall", "Env", "Envs", "errors",
     "QuarryError", "BadRequest", "InvalidAction", "Unauthorized", "Forbidden", "NotFound",
     "MethodNotAllowed", "Conflict", "Busy", "NameInUse", "ProcessExited", "NoReply", "ProtocolError",
-    "EpisodeNotRunning", "Gone", "PayloadTooLarge", "CommandFailed", "Internal", "CheckpointCorrupt",
-    "AgentUnreachable", "UpstreamUnreachable", "EnvError", "Unavailable", "NoCapacity", "Timeout",
-    "EnvTimeout", "InsufficientStorage", "Checkpoint", "EnvInfo", "Exchange", "ExecEvent", "ExecResult",
+    "EpisodeNotRunning", "Gone", "PayloadTooLarge", "CommandFailed", "QuotaExceeded", "Internal",
+    "CheckpointCorrupt", "AgentUnreachable", "UpstreamUnreachable", "EnvError", "Unavailable",
+    "NoCapacity", "Timeout", "EnvTimeout", "InsufficientStorage", "Checkpoint", "EnvInfo", "Exchange", "ExecEvent", "ExecResult",
     "FileInfo", "KillAllResult", "Pool", "ProcessInfo", "ProcessOutput", "RestoreResult", "RunResult",
     "SandboxInfo", "SessionInfo", "WriteResult", "__version__",
 ]

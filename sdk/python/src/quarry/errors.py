@@ -30,6 +30,7 @@ __all__ = [
     "Gone",
     "PayloadTooLarge",
     "CommandFailed",
+    "QuotaExceeded",
     "InvalidAction",
     "Internal",
     "CheckpointCorrupt",
@@ -205,6 +206,16 @@ class CommandFailed(QuarryError):
     status_default = 422
 
 
+class QuotaExceeded(QuarryError):
+    """429 ``quota_exceeded``: a budget of the caller's is spent (the checkpoint
+    store's, per API key or in all); nothing was kept. Not retryable: the message
+    names the limit, what it counts and the variable that sets it; delete some
+    checkpoints first."""
+
+    code = "quota_exceeded"
+    status_default = 429
+
+
 class Internal(QuarryError):
     """500: a bug, or a pool that cannot launch (the message says why)."""
 
@@ -278,7 +289,7 @@ _BY_CODE: dict[str, type[QuarryError]] = {
     for c in (
         BadRequest, InvalidAction, Unauthorized, Forbidden, NotFound, MethodNotAllowed,
         Conflict, Busy, NameInUse, ProcessExited, NoReply, ProtocolError, EpisodeNotRunning,
-        Gone, PayloadTooLarge, CommandFailed, Internal, CheckpointCorrupt, AgentUnreachable,
+        Gone, PayloadTooLarge, CommandFailed, QuotaExceeded, Internal, CheckpointCorrupt, AgentUnreachable,
         UpstreamUnreachable, EnvError, Unavailable, NoCapacity, Timeout, EnvTimeout,
         InsufficientStorage,
     )
@@ -290,7 +301,7 @@ _BY_STATUS: dict[int, type[QuarryError]] = {
     c.status_default: c
     for c in (
         BadRequest, Unauthorized, Forbidden, NotFound, MethodNotAllowed, Conflict, Gone,
-        PayloadTooLarge, CommandFailed, Internal, AgentUnreachable, Unavailable, Timeout,
+        PayloadTooLarge, CommandFailed, QuotaExceeded, Internal, AgentUnreachable, Unavailable, Timeout,
         InsufficientStorage,
     )
 }
