@@ -17,8 +17,9 @@
 // Without QUARRY_API_KEYS it generates a key once, saves it in
 // $QUARRY_DATA_DIR/api-key (mode 0600) and reuses it on every start. On
 // SIGINT or SIGTERM it stops accepting, finishes requests in flight (at most
-// QUARRY_SHUTDOWN_TIMEOUT) and closes the manager (which hands its locks to
-// the other replicas) and the store; sandboxes keep running, and the next
+// QUARRY_SHUTDOWN_TIMEOUT) and closes the manager (which releases its locks,
+// for the other replicas if there are any) and the store; sandboxes keep
+// running, and the next
 // start serves their leases again.
 //
 // Inside AWS Lambda (AWS_LAMBDA_RUNTIME_API is set; lambda.go,
