@@ -158,13 +158,31 @@ func (g *Gateway) registerNotMatched() error {
 // with Allow listing the methods of its path when another method serves it,
 // 404 otherwise. These are fiber's own answers, which fiber would find by
 // scanning the routes of every method; the error body is the gateway's one
-// shape (writeError).
+// shape (writeError). An unknown path outside /v1 is most likely a client of
+// another API (E2B's SDK: POST /sandboxes): its 404 says where Quarry's API
+// is, and its body also has the top-level code and message that E2B's SDK
+// reads (writeForeignError).
 func notMatched(c *fiber.Ctx, g *Gateway, t *allowTable) error {
 	allow, ok := t.lookup(c.Path())
 	if !ok {
-		return fiber.NewError(fiber.StatusNotFound, "Cannot "+c.Method()+" "+html.EscapeString(string(c.Request().URI().PathOriginal())))
+		msg := "Cannot " + c.Method() + " " + html.EscapeString(string(c.Request().URI().PathOriginal()))
+		if underV1(c.Path()) {
+			return fiber.NewError(fiber.StatusNotFound, msg)
+		}
+		g.writeForeignError(c, fiber.NewError(fiber.StatusNotFound, msg+": "+notQuarrysAPI))
+		return nil
 	}
 	g.writeError(c, fiber.ErrMethodNotAllowed)
 	c.Set(fiber.HeaderAllow, allow) // after writeError, which resets the answer's headers
 	return nil
+}
+
+// notQuarrysAPI ends the message of a 404 outside /v1.
+const notQuarrysAPI = "this is a Quarry gateway, whose API is under /v1/ (POST /v1/sandboxes creates a sandbox; " +
+	"every route: GET /openapi.json, or docs/API.md); E2B's API is not served here (yet)"
+
+// underV1 reports whether path is /v1 or below it, in any case (as fiber
+// routes it).
+func underV1(path string) bool {
+	return len(path) >= 3 && strings.EqualFold(path[:3], "/v1") && (len(path) == 3 || path[3] == '/')
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -116,5 +117,50 @@ func BenchmarkAllowTable_Lookup(b *testing.B) {
 		if _, ok := table.lookup("/v1/sandboxes/sbx-1/processes/p1/output"); !ok {
 			b.Fatal("no match")
 		}
+	}
+}
+
+// An unknown path outside /v1 is most likely a client of another API (E2B's
+// SDK creates with POST /sandboxes and reads "code" and "message" of an
+// error's body: a KeyError on Quarry's shape alone). Its 404 keeps Quarry's
+// shape, adds E2B's fields and says where Quarry's API is; an unknown path
+// under /v1 answers as before.
+func TestNotMatched_OutsideV1SaysWhereTheAPIIs(t *testing.T) {
+	gw := startGateway(t, newFakeManager(""), nil)
+	for _, tc := range []struct {
+		name, method, path string
+	}{
+		{name: "E2B's create", method: http.MethodPost, path: "/sandboxes"},
+		{name: "E2B's kill", method: http.MethodDelete, path: "/sandboxes/abc"},
+		{name: "E2B's templates", method: http.MethodGet, path: "/templates"},
+		{name: "root", method: http.MethodGet, path: "/"},
+		{name: "a v1 look-alike", method: http.MethodGet, path: "/v1x/sandboxes"},
+		{name: "v2", method: http.MethodPost, path: "/v2/sandboxes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := call(t, tc.method, gw.URL+tc.path, "", strings.NewReader(`{"templateID": "base"}`),
+				"Content-Type", "application/json")
+			require.Equal(t, http.StatusNotFound, resp.StatusCode, "%s", body)
+			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			qe := decodeError(t, body)
+			assert.Equal(t, "not_found", qe.Code)
+			var e2b struct {
+				Code    *int    `json:"code"`
+				Message *string `json:"message"`
+			}
+			require.NoError(t, json.Unmarshal(body, &e2b), "%s", body)
+			require.NotNil(t, e2b.Code, "a top-level int code: %s", body)
+			require.NotNil(t, e2b.Message, "a top-level message: %s", body)
+			assert.Equal(t, http.StatusNotFound, *e2b.Code)
+			assert.Equal(t, qe.Message, *e2b.Message)
+			for _, want := range []string{tc.method + " " + tc.path, "/v1/", "POST /v1/sandboxes", "/openapi.json", "docs/API.md", "E2B's API is not served"} {
+				assert.Contains(t, qe.Message, want)
+			}
+		})
+	}
+	for _, path := range []string{"/v1/nothing", "/V1/sandboxes/sbx-1/teleport", "/v1"} {
+		resp, body := call(t, http.MethodPost, gw.URL+path, testKey, nil)
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, "%s: %s", path, body)
+		assert.JSONEq(t, `{"error": {"code": "not_found", "message": "Cannot POST `+path+`"}}`, string(body), path)
 	}
 }

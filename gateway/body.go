@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/internal/errclass"
 )
@@ -66,11 +68,50 @@ func tooLarge(limit int64) error {
 	return fmt.Errorf("body: larger than the limit of %d bytes: %w", limit, errclass.ErrTooLarge)
 }
 
+// headerBodyRefused marks a request whose declared Content-Length is over
+// the server's limit for it (markDeclaredBody); its value is the limit. A
+// client's own header of this name is dropped.
+const headerBodyRefused = "X-Quarry-Body-Refused"
+
+// markDeclaredBody runs on a request's headers, before the server reads its
+// body. With StreamRequestBody the server reads up to 8 KiB of a body before
+// the app sees the request, even one whose Content-Length is over limit: a
+// client that sent less and waits for an answer before sending the rest
+// would wait for nothing. So such a request goes on without its body
+// (Content-Length 0, no Expect: 100-continue, which would invite the body),
+// marked for refuseDeclaredBody.
+func markDeclaredBody(h *fasthttp.RequestHeader, limit int) {
+	h.Del(headerBodyRefused)
+	if h.ContentLength() > limit {
+		h.Set(headerBodyRefused, strconv.Itoa(limit))
+		h.SetContentLength(0)
+		h.Del(fiber.HeaderExpect)
+	}
+}
+
+// refuseDeclaredBody answers a request that markDeclaredBody marked with
+// 413, before anything else (auth included) looks at it, and closes the
+// connection after the answer: the body the client still sends is never
+// read as a request. It reports whether it answered.
+func (g *Gateway) refuseDeclaredBody(c *fiber.Ctx) bool {
+	v := c.Request().Header.Peek(headerBodyRefused)
+	if len(v) == 0 {
+		return false
+	}
+	limit, _ := strconv.ParseInt(string(v), 10, 64)
+	g.writeError(c, tooLarge(limit))
+	c.Locals(bodyLocal, &bodyReader{err: tooLarge(limit)}) // finishBody reads none of it
+	return true
+}
+
 // openBody returns a reader of c's request body bounded by limit. A declared
-// Content-Length over limit is refused at once (413).
+// Content-Length over limit is refused at once (413): nothing of the body
+// is read, and the connection closes after the answer (finishBody).
 func openBody(c *fiber.Ctx, limit int64) (*bodyReader, error) {
 	if cl := c.Request().Header.ContentLength(); int64(cl) > limit {
-		return nil, tooLarge(limit)
+		err := tooLarge(limit)
+		c.Locals(bodyLocal, &bodyReader{err: err})
+		return nil, err
 	}
 	r := c.Context().RequestBodyStream()
 	if r == nil {
@@ -101,7 +142,8 @@ func readBody(c *fiber.Ctx, limit int64) (*bytebufferpool.ByteBuffer, error) {
 // finishBody runs after every handler. The server does not skip what a
 // handler left unread of a streamed body, so it drains a small rest, and
 // otherwise closes the connection after the answer instead of reading the
-// rest as the next request.
+// rest as the next request (a body refused as too large, by its declared
+// length or as it passed the limit, is not drained).
 func finishBody(c *fiber.Ctx) {
 	br, _ := c.Locals(bodyLocal).(*bodyReader)
 	if br == nil {

@@ -1,7 +1,8 @@
 // Package gateway is Quarry's REST API: a fiber v2 app that authenticates
 // callers by API key, validates what the gateway owns (sandbox ids, the
 // create body, list filters), maps every error to one JSON shape in one place
-// (errors.go), reads one lease per request and proxies sandbox calls (exec,
+// (errors.go; the 404 of an unknown path outside /v1 also has the top-level
+// code and message that E2B's SDK reads, allow.go), reads one lease per request and proxies sandbox calls (exec,
 // sessions, processes, files) to the sandbox's exec agent with the agent's
 // token and the lease generation, streaming bodies both ways. It also serves
 // /healthz, /readyz, /metrics and the embedded OpenAPI document, and the

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/api"
@@ -105,7 +104,7 @@ func (g *Gateway) makeEnv(c *fiber.Ctx) error {
 		return badinput.New("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
 	}
 	var req makeEnvRequest
-	if err := g.decodeEnvBody(c, &req, makeEnvFields); err != nil {
+	if err := g.decodeBody(c, &req, makeEnvFields); err != nil {
 		return err
 	}
 	if req.EnvID == "" {
@@ -142,7 +141,7 @@ func (g *Gateway) sandboxBody(c *fiber.Ctx, req any, fields []string) (string, e
 	if err != nil {
 		return "", err
 	}
-	if err := g.decodeEnvBody(c, req, fields); err != nil {
+	if err := g.decodeBody(c, req, fields); err != nil {
 		return "", err
 	}
 	return id, nil
@@ -220,16 +219,6 @@ func (g *Gateway) closeEnv(c *fiber.Ctx) error {
 		return errclass.Sandbox(id, err)
 	}
 	return c.JSON(fiber.Map{"sandbox_id": id, "closed": true})
-}
-
-// decodeEnvBody reads a bounded JSON body strictly into v.
-func (g *Gateway) decodeEnvBody(c *fiber.Ctx, v any, fields []string) error {
-	bb, err := readBody(c, g.cfg.MaxJSONBody)
-	if err != nil {
-		return err
-	}
-	defer bytebufferpool.Put(bb)
-	return decodeStrict(bb.B, v, fields)
 }
 
 // envSandboxes adapts the gateway's lease handling to envs.Sandboxes: the

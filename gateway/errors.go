@@ -12,7 +12,23 @@ import (
 // writeError answers c with err in Quarry's one JSON error shape, rendered
 // from its classification (errclass.Of), and logs server side failures. It
 // replaces whatever answer c had. A retryable 503 carries Retry-After.
-func (g *Gateway) writeError(c *fiber.Ctx, err error) {
+func (g *Gateway) writeError(c *fiber.Ctx, err error) { g.writeErrorBody(c, err, false) }
+
+// foreignErrorBody is Quarry's error shape with the class's status and
+// message also at the top level, the shape E2B's API answers and its SDK
+// reads ({"code": 404, "message": "..."}: an int and a string).
+type foreignErrorBody struct {
+	agentapi.ErrorBody
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// writeForeignError is writeError for a call that is none of Quarry's (an
+// unknown path outside /v1, notMatched): the body is a foreignErrorBody, so
+// that a client of another API can show the message.
+func (g *Gateway) writeForeignError(c *fiber.Ctx, err error) { g.writeErrorBody(c, err, true) }
+
+func (g *Gateway) writeErrorBody(c *fiber.Ctx, err error, foreign bool) {
 	a := errclass.Of(err)
 	switch {
 	case a.Status >= 500 && a.Unexpected():
@@ -27,7 +43,12 @@ func (g *Gateway) writeError(c *fiber.Ctx, err error) {
 	if a.Retryable && a.Status == http.StatusServiceUnavailable {
 		resp.Header.Set(fiber.HeaderRetryAfter, errclass.RetryAfter(g.cfg.RetryAfter))
 	}
-	if err := c.Status(a.Status).JSON(agentapi.ErrorBody{Error: agentapi.ErrorDetail{Code: a.Code, Message: a.Message}}); err != nil {
+	eb := agentapi.ErrorBody{Error: agentapi.ErrorDetail{Code: a.Code, Message: a.Message}}
+	var body any = eb
+	if foreign {
+		body = foreignErrorBody{ErrorBody: eb, Code: a.Status, Message: a.Message}
+	}
+	if err := c.Status(a.Status).JSON(body); err != nil {
 		g.log.Error("write error answer", "err", err)
 	}
 }

@@ -437,6 +437,8 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	}
 	if err := g.onlyRelay(c); err != nil {
 		g.writeError(c, err)
+	} else if g.refuseDeclaredBody(c) {
+		// answered: 413
 	} else if err := c.Next(); err != nil {
 		g.writeError(c, err)
 	}
@@ -450,12 +452,16 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 }
 
 // headerReceived picks, from a request's headers, how long its body may take
-// and how much the server reads ahead: uploads get the upload limits.
+// and how much the server reads ahead: uploads get the upload limits. A
+// declared Content-Length over the limit is refused before a byte of the
+// body is read (refuseDeclaredBody).
 func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	rc := fasthttp.RequestConfig{MaxRequestBodySize: int(g.cfg.MaxJSONBody)}
 	if isUpload(h.Method(), h.RequestURI()) || isPortPath(h.RequestURI()) {
-		return fasthttp.RequestConfig{ReadTimeout: g.cfg.UploadTimeout, MaxRequestBodySize: int(g.cfg.MaxUploadBody)}
+		rc = fasthttp.RequestConfig{ReadTimeout: g.cfg.UploadTimeout, MaxRequestBodySize: int(g.cfg.MaxUploadBody)}
 	}
-	return fasthttp.RequestConfig{MaxRequestBodySize: int(g.cfg.MaxJSONBody)}
+	markDeclaredBody(h, rc.MaxRequestBodySize)
+	return rc
 }
 
 // isUpload reports whether method and uri address an upload route:

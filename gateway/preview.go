@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/bytebufferpool"
 
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
@@ -173,16 +172,8 @@ func (g *Gateway) createPreviewURL(c *fiber.Ctx) error {
 		return err
 	}
 	var req previewRequest
-	if c.Request().Header.ContentLength() != 0 {
-		bb, err := readBody(c, g.cfg.MaxJSONBody)
-		if err != nil {
-			return err
-		}
-		err = decodeStrict(bb.B, &req, []string{"ttl_seconds"})
-		bytebufferpool.Put(bb)
-		if err != nil {
-			return err
-		}
+	if err := g.decodeBody(c, &req, []string{"ttl_seconds"}); err != nil {
+		return err
 	}
 	ttl := g.cfg.PreviewDefaultTTL
 	if req.TTLSeconds != 0 {

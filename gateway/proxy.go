@@ -127,6 +127,11 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 				return err
 			}
 			defer bytebufferpool.Put(bb)
+			// Malformed JSON gets the one message of every route, not the
+			// agent's own.
+			if err := badinput.CheckJSON(bb.B); err != nil {
+				return err
+			}
 			req.SetBodyRaw(bb.B)
 		}
 		sse := bytes.Contains(c.Request().Header.Peek(fiber.HeaderAccept), []byte("text/event-stream"))

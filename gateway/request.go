@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/internal/badinput"
@@ -66,6 +66,17 @@ func sortedKeys(m map[string]string) []string {
 	return keys
 }
 
+// decodeBody reads c's JSON body (bounded by QUARRY_MAX_JSON_BODY) strictly
+// into v, as decodeStrict does.
+func (g *Gateway) decodeBody(c *fiber.Ctx, v any, fields []string) error {
+	bb, err := readBody(c, g.cfg.MaxJSONBody)
+	if err != nil {
+		return err
+	}
+	defer bytebufferpool.Put(bb)
+	return decodeStrict(bb.B, v, fields)
+}
+
 // decodeStrict decodes a JSON object into v, refusing fields not in allowed
 // and answering every problem as a *badinput.Error naming the
 // field. An empty body is an empty object.
@@ -76,7 +87,7 @@ func decodeStrict(body []byte, v any, allowed []string) error {
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
-		return jsonError(err)
+		return badinput.JSON(err)
 	}
 	var unknown []string
 	for k := range fields {
@@ -89,49 +100,9 @@ func decodeStrict(body []byte, v any, allowed []string) error {
 		return badinput.New(unknown[0], "unknown field (known: %s)", strings.Join(allowed, ", "))
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		return jsonError(err)
+		return badinput.JSON(err)
 	}
 	return nil
-}
-
-// jsonError names the field of a JSON decoding error.
-func jsonError(err error) error {
-	var (
-		syn *json.SyntaxError
-		typ *json.UnmarshalTypeError
-	)
-	switch {
-	case errors.As(err, &typ) && typ.Field != "":
-		return badinput.New(typ.Field, "must be %s, not %s", jsonType(typ.Type.Kind().String()), typ.Value)
-	case errors.As(err, &typ):
-		return badinput.New("body", "must be a JSON object, not %s", typ.Value)
-	case errors.As(err, &syn):
-		return badinput.New("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return badinput.New("body", "truncated JSON")
-	default:
-		return badinput.New("body", "invalid JSON: %s", err.Error())
-	}
-}
-
-// jsonType names a Go kind as a JSON type.
-func jsonType(kind string) string {
-	switch kind {
-	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
-		return "an integer"
-	case "float32", "float64":
-		return "a number"
-	case "string":
-		return "a string"
-	case "bool":
-		return "a boolean"
-	case "map", "struct":
-		return "an object"
-	case "slice", "array":
-		return "an array"
-	default:
-		return kind
-	}
 }
 
 // queryInt returns query parameter name as a whole number between lo and

@@ -51,13 +51,8 @@ func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	if len(idem) > maxIdempotencyLen || !badinput.Printable(idem) {
 		return badinput.New("Idempotency-Key", "must be at most %d printable ASCII characters", maxIdempotencyLen)
 	}
-	bb, err := readBody(c, g.cfg.MaxJSONBody)
-	if err != nil {
-		return err
-	}
 	var req api.CreateSandboxRequest
-	err = decodeStrict(bb.B, &req, createFields)
-	bytebufferpool.Put(bb)
+	err := g.decodeBody(c, &req, createFields)
 	if err != nil {
 		return err
 	}
@@ -191,7 +186,11 @@ func (g *Gateway) heartbeatSandbox(c *fiber.Ctx) error {
 	}
 	b := bytes.TrimSpace(bb.B)
 	empty := len(b) == 0 || bytes.Equal(b, []byte("{}"))
+	err = badinput.CheckJSON(b)
 	bytebufferpool.Put(bb)
+	if err != nil {
+		return err
+	}
 	if !empty {
 		return badinput.New("body", "a heartbeat takes no fields: it extends the lease by the lease_seconds it was created with")
 	}

@@ -107,6 +107,10 @@ type wsSockets struct {
 	refused prometheus.Counter
 	closed  *prometheus.CounterVec
 	logged  logLimit
+
+	// beforeClose, when set (tests), runs after a side's close frame is
+	// decided and before it is written: a fault point.
+	beforeClose atomic.Pointer[func()]
 }
 
 func newWSSockets(cfg Config) *wsSockets {
@@ -180,9 +184,11 @@ func (s *wsSockets) remove(ss *wsSession) {
 	s.wg.Done()
 }
 
-// closeAll closes every open socket with 1001 (going away) and waits, until
-// ctx ends, for their goroutines to finish. New sockets are refused from
-// then on.
+// closeAll asks every open socket to close with 1001 (going away) and
+// waits, until ctx ends, for their goroutines to finish. New sockets are
+// refused from then on. It never touches a session's connections itself: a
+// session may end on its own meanwhile, and once its handler returns,
+// fasthttp takes the hijacked connection back.
 func (s *wsSockets) closeAll(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
@@ -192,7 +198,7 @@ func (s *wsSockets) closeAll(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	for _, ss := range all {
-		ss.closeBoth(websocket.CloseGoingAway, "the gateway is shutting down")
+		ss.stop()
 	}
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
@@ -370,7 +376,8 @@ func (g *Gateway) relayWS(c *fiber.Ctx, t wsTarget) error {
 			g.ws.closed.WithLabelValues(strconv.Itoa(first.code)).Inc()
 			return
 		}
-		ss := &wsSession{g: g, t: t, client: client, agent: agent, done: make(chan struct{})}
+		ss := &wsSession{g: g, t: t, client: client, agent: agent,
+			done: make(chan struct{}), stopping: make(chan struct{}), pumped: make(chan struct{})}
 		ss.run()
 	})
 	if err != nil {
@@ -454,8 +461,11 @@ func (g *Gateway) dialAgentWS(ctx context.Context, t wsTarget) (*websocket.Conn,
 }
 
 // wsSession is one relayed socket: the client's and the agent's
-// connections, two pumps and a watcher (pings, the lease check), all ended
-// when either side closes.
+// connections, two pumps and a watcher (pings, the lease check, a stop
+// asked by closeAll), all ended when either side closes. Only these three
+// goroutines touch the connections, and they end before run returns: the
+// client's is fasthttp's hijacked connection, which it releases (and hands
+// to another request) as soon as the hijack handler returns.
 type wsSession struct {
 	g             *Gateway
 	t             wsTarget
@@ -463,6 +473,9 @@ type wsSession struct {
 
 	done     chan struct{} // closed when the first pump ends
 	doneOnce sync.Once
+	stopping chan struct{} // closed by stop: watch closes both sides
+	stopOnce sync.Once
+	pumped   chan struct{} // closed when both pumps have ended
 	sentMu   sync.Mutex
 	sent     *wsClose // the close sent to the client, once
 	// agentClosed: a close was sent to the agent.
@@ -482,12 +495,15 @@ func (s *wsSession) run() {
 	for _, c := range []*websocket.Conn{s.client, s.agent} {
 		c.SetPongHandler(func(string) error { s.extendRead(c); return nil })
 	}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); s.pump(s.client, s.agent, true) }()
-	go func() { defer wg.Done(); s.watch() }()
+	var pumps sync.WaitGroup
+	pumps.Add(1)
+	go func() { defer pumps.Done(); s.pump(s.client, s.agent, true) }()
+	watched := make(chan struct{})
+	go func() { defer close(watched); s.watch() }()
 	s.pump(s.agent, s.client, false) // on the hijacked connection's goroutine
-	wg.Wait()
+	pumps.Wait()
+	close(s.pumped)
+	<-watched
 	_ = s.client.Close()
 	_ = s.agent.Close()
 	code := websocket.CloseAbnormalClosure
@@ -604,24 +620,29 @@ func (s *wsSession) closeSide(conn *websocket.Conn, cl wsClose, client bool) {
 	if len(cl.reason) > 123 {
 		cl.reason = cl.reason[:123]
 	}
+	if h := s.g.ws.beforeClose.Load(); h != nil {
+		(*h)()
+	}
 	_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(cl.code, cl.reason), time.Now().Add(wsWriteTimeout))
 }
 
 // finish starts the session's end: both sides have wsCloseGrace to answer
-// their close, then their reads fail and the pumps end.
+// their close, then their reads fail and the pumps end (watch cuts both
+// connections if they have not ended by then).
 func (s *wsSession) finish() {
 	s.doneOnce.Do(func() {
 		close(s.done)
 		dl := time.Now().Add(wsCloseGrace)
 		_ = s.client.SetReadDeadline(dl)
 		_ = s.agent.SetReadDeadline(dl)
-		// However the pumps stand, both connections are cut after the
-		// grace.
-		time.AfterFunc(wsCloseGrace, func() {
-			_ = s.client.NetConn().Close()
-			_ = s.agent.NetConn().Close()
-		})
 	})
+}
+
+// stop asks the session to close both sides with 1001 (the gateway is
+// shutting down); watch does it. It returns at once, and does nothing to a
+// session that has ended.
+func (s *wsSession) stop() {
+	s.stopOnce.Do(func() { close(s.stopping) })
 }
 
 // closeBoth closes the client with cl and the agent with 1001 (the relay,
@@ -634,7 +655,9 @@ func (s *wsSession) closeBoth(code int, reason string) {
 
 // watch pings both sides every QUARRY_WS_PING_INTERVAL and reads the lease
 // every QUARRY_WS_LEASE_CHECK: released, expired, lost, or a new generation
-// closes the socket with 4410 lease_gone.
+// closes the socket with 4410 lease_gone; stop closes it with 1001. Once the
+// session ends, it cuts both connections if the pumps have not ended within
+// wsCloseGrace, however they stand.
 func (s *wsSession) watch() {
 	ping := time.NewTicker(s.g.cfg.WSPingInterval)
 	defer ping.Stop()
@@ -643,7 +666,17 @@ func (s *wsSession) watch() {
 	for {
 		select {
 		case <-s.done:
+			cut := time.NewTimer(wsCloseGrace)
+			defer cut.Stop()
+			select {
+			case <-s.pumped:
+			case <-cut.C:
+				_ = s.client.NetConn().Close()
+				_ = s.agent.NetConn().Close()
+			}
 			return
+		case <-s.stopping:
+			s.closeBoth(websocket.CloseGoingAway, "the gateway is shutting down")
 		case <-ping.C:
 			dl := time.Now().Add(wsWriteTimeout)
 			_ = s.client.WriteControl(websocket.PingMessage, nil, dl)
@@ -651,7 +684,6 @@ func (s *wsSession) watch() {
 		case <-check.C:
 			if s.leaseGone() {
 				s.closeBoth(WSCloseLeaseGone, WSReasonLeaseGone)
-				return
 			}
 		}
 	}

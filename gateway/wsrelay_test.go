@@ -418,3 +418,39 @@ func TestRelayWS_MemoryPerSocket(t *testing.T) {
 	eventually(t, func() bool { return testutil.ToFloat64(r.g.ws.opened) == 0 }, "every session ends")
 	eventually(t, func() bool { return runtime.NumGoroutine() <= goBefore+5 }, "their goroutines end")
 }
+
+// Shutdown asks a session to close, and after its close frame to the
+// client is decided and before it is written, the session ends on its own
+// (its client went away, the relay closes the agent's side) and its handler
+// returns, handing the hijacked connection back to fasthttp. Nothing may
+// write to that connection then: before the fix closeAll wrote the frame
+// itself (under -race a data race, then a nil pointer panic in
+// SetWriteDeadline: a gateway's SIGTERM).
+func TestRelayWS_ShutdownWhileASessionEndsOnItsOwn(t *testing.T) {
+	r := startRelayRig(t, nil)
+	c, _, err := dialWS(t, r.url, wsBearer(testKey))
+	require.NoError(t, err)
+	require.NoError(t, c.WriteMessage(websocket.TextMessage, []byte("x")))
+	_, _, err = c.ReadMessage()
+	require.NoError(t, err)
+	var first atomic.Bool
+	agentEnded := make(chan bool, 1)
+	hook := func() {
+		if !first.CompareAndSwap(false, true) {
+			return
+		}
+		_ = c.NetConn().Close() // the client goes away
+		deadline := time.Now().Add(testDeadline)
+		for r.agent.conns.Load() != 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		agentEnded <- r.agent.conns.Load() == 0
+	}
+	r.g.ws.beforeClose.Store(&hook)
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
+	require.NoError(t, r.g.ws.closeAll(ctx))
+	require.True(t, first.Load(), "the fault point was reached")
+	assert.True(t, <-agentEnded, "the agent's side ended while the shutdown's close waited")
+	assert.Equal(t, 0.0, testutil.ToFloat64(r.g.ws.opened))
+}

@@ -225,19 +225,24 @@ func parseCall(body []byte) (callBody, error) {
 }
 
 // decodeObject decodes body, which must be a JSON object (what names what
-// it should be), into v. A *badinput.Error for field "body" says what is
-// wrong: not an object, or where its JSON is malformed.
+// it should be), into v. A *badinput.Error says what is wrong: where its
+// JSON is malformed (badinput.JSON, as on every route), not an object, or a
+// field of the wrong type.
 func decodeObject(body []byte, what string, v any) error {
 	trimmed := bytes.TrimSpace(body)
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return badinput.New("body", "must be a JSON object (%s)", what)
+	notObject := badinput.New("body", "must be a JSON object (%s)", what)
+	if len(trimmed) == 0 {
+		return notObject
 	}
 	if err := json.Unmarshal(trimmed, v); err != nil {
-		var syn *json.SyntaxError
-		if errors.As(err, &syn) {
-			return badinput.New("body", "malformed JSON at byte %d: %s", syn.Offset, syn.Error())
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) && typ.Field == "" {
+			return notObject
 		}
-		return badinput.New("body", "%s", err.Error())
+		return badinput.JSON(err)
+	}
+	if trimmed[0] != '{' { // null
+		return notObject
 	}
 	return nil
 }

@@ -410,8 +410,9 @@ func (s *Service) stop(c *fiber.Ctx, owner string) (any, error) {
 }
 
 // decode reads the JSON body (bounded by MaxJSONBody) into v. ROCK's models
-// ignore fields they do not know, and so does decode; a field of the wrong
-// type is refused by name.
+// ignore fields they do not know, and so does decode; a malformed body or a
+// field of the wrong type is refused as on Quarry's routes (badinput.JSON),
+// in ROCK's envelope.
 func (s *Service) decode(c *fiber.Ctx, v any) error {
 	r, err := s.body(c, s.cfg.MaxJSONBody)
 	if err != nil {
@@ -427,12 +428,5 @@ func (s *Service) decode(c *fiber.Ctx, v any) error {
 	if len(strings.TrimSpace(string(b))) == 0 {
 		return badinput.New("body", "a JSON object is required")
 	}
-	if err := json.Unmarshal(b, v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return badinput.New(te.Field, "must not be %s", te.Value)
-		}
-		return badinput.New("body", "invalid JSON: %s", err.Error())
-	}
-	return nil
+	return badinput.JSON(json.Unmarshal(b, v))
 }

@@ -73,23 +73,31 @@ func (m *Manager) holdLock(ctx context.Context, name string, interval time.Durat
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	ok, err := m.store.TryLock(sctx, name, m.cfg.ReplicaID, ttl, m.clock.Now())
 	cancel()
-	outcome := "held"
+	outcome, lost := "held", ""
 	switch {
 	case err != nil:
-		outcome, ok = "error", false
+		outcome, ok, lost = "error", false, lockLostToStore
 		if m.setFailing(name, true) && ctx.Err() == nil {
 			m.log.Warn("take lock: skipping passes until the store answers", "lock", name, "err", err)
 		}
 	case !ok:
-		outcome = "busy"
+		outcome, lost = "busy", lockLostToAnother
 	}
 	if err == nil && m.setFailing(name, false) {
 		m.log.Info("take lock: the store answers again", "lock", name)
 	}
 	m.metrics.lockAttempts.WithLabelValues(name, outcome).Inc()
-	m.setHeld(name, ok)
+	m.setHeld(name, ok, lost)
 	return ok
 }
+
+// Why this replica stopped holding a lock: the log line of setHeld.
+const (
+	lockLostToAnother = "lock no longer held: another replica runs the job"
+	lockLostToStore   = "lock no longer held: the store did not answer; this replica skips the job until it does"
+	lockReleased      = "lock released: this replica is closing (another replica, if any, takes the job over now)"
+	lockLeftToExpire  = "lock given up: this replica is closing (another replica, if any, takes the job over when it expires)"
+)
 
 // setFailing records whether the last attempt on lock name failed and
 // reports whether that changed.
@@ -114,8 +122,9 @@ func (m *Manager) holds(name string) bool {
 	return m.locks.held[name]
 }
 
-// setHeld records the outcome of an attempt on lock name and logs changes.
-func (m *Manager) setHeld(name string, held bool) {
+// setHeld records the outcome of an attempt on lock name and logs changes:
+// lost is the line of a lock no longer held (lockLostToAnother, ...).
+func (m *Manager) setHeld(name string, held bool, lost string) {
 	m.locks.mu.Lock()
 	was := m.locks.held[name]
 	if held {
@@ -133,7 +142,7 @@ func (m *Manager) setHeld(name string, held bool) {
 		return
 	}
 	m.metrics.lockHeld.WithLabelValues(name).Set(0)
-	m.log.Info("lock no longer held: another replica runs the job", "lock", name)
+	m.log.Info(lost, "lock", name)
 }
 
 // unlockAll releases every lock this replica may hold, so that another
@@ -151,9 +160,11 @@ func (m *Manager) unlockAll(ctx context.Context) {
 		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 		err := m.store.Unlock(sctx, name, m.cfg.ReplicaID)
 		cancel()
+		lost := lockReleased
 		if err != nil {
 			m.log.Warn("release lock: it will expire instead", "lock", name, "err", err)
+			lost = lockLeftToExpire
 		}
-		m.setHeld(name, false)
+		m.setHeld(name, false, lost)
 	}
 }

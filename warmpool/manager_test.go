@@ -3,6 +3,7 @@ package warmpool_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -43,6 +44,8 @@ type env struct {
 	// provider, when set, is the provider "fake" the manager uses (e.prov
 	// with more capabilities).
 	provider providers.Provider
+	// logger, when set, is the manager's logger.
+	logger *slog.Logger
 }
 
 func testPool(minWarm, maxTotal int) warmpool.PoolConfig {
@@ -98,7 +101,7 @@ func (e *env) start() {
 	}
 	m, err := warmpool.New(e.cfg, warmpool.Deps{
 		Store: store, Providers: map[string]providers.Provider{"fake": prov}, Pools: e.pools,
-		Agents: e.agents, Clock: e.clock, Metrics: e.reg,
+		Agents: e.agents, Clock: e.clock, Metrics: e.reg, Logger: e.logger,
 	})
 	require.NoError(t, err)
 	require.NoError(t, m.Start(t.Context()))

@@ -1,8 +1,10 @@
 // Command gateway is Quarry's gateway: it reads its configuration from
 // QUARRY_* environment variables (docs/CONFIG.md), opens the lease store,
-// builds the providers the pools use, starts the warm-pool manager and
-// serves the REST API (package gateway) over HTTP, or HTTPS when
-// QUARRY_TLS_CERT_FILE and QUARRY_TLS_KEY_FILE are set.
+// builds the providers the pools use, listens on QUARRY_ADDR and (for
+// providers that mount it into sandboxes, relaysocket.go) on the model
+// relay's socket, then starts the warm-pool manager and serves the REST API
+// (package gateway) over HTTP, or HTTPS when QUARRY_TLS_CERT_FILE and
+// QUARRY_TLS_KEY_FILE are set.
 //
 // The lease store is the embedded one (QUARRY_STORE=embedded, one process)
 // or DynamoDB (QUARRY_STORE=dynamodb, dynamodb.go: any number of replicas
@@ -15,8 +17,9 @@
 // Without QUARRY_API_KEYS it generates a key once, saves it in
 // $QUARRY_DATA_DIR/api-key (mode 0600) and reuses it on every start. On
 // SIGINT or SIGTERM it stops accepting, finishes requests in flight (at most
-// QUARRY_SHUTDOWN_TIMEOUT) and closes the manager (which hands its locks to
-// the other replicas) and the store; sandboxes keep running, and the next
+// QUARRY_SHUTDOWN_TIMEOUT) and closes the manager (which releases its locks,
+// for the other replicas if there are any) and the store; sandboxes keep
+// running, and the next
 // start serves their leases again.
 //
 // Inside AWS Lambda (AWS_LAMBDA_RUNTIME_API is set; lambda.go,

@@ -104,7 +104,7 @@ type lambdaHandler struct {
 // newLambdaHandler builds the stack without background loops and the
 // handler on it; the returned function tears the stack down.
 func newLambdaHandler(ctx context.Context, cfg Config, log *slog.Logger) (*lambdaHandler, func(context.Context), error) {
-	st, err := build(ctx, cfg, log, false)
+	st, err := build(ctx, cfg, log, providerMakers(), false)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -177,7 +177,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if inLambda(os.Getenv) {
 		return runLambda(ctx, cfg, log)
 	}
-	st, err := build(ctx, cfg, log, true)
+	st, err := build(ctx, cfg, log, providerMakers(), true)
 	if err != nil {
 		return err
 	}
@@ -206,9 +206,10 @@ type stack struct {
 	cfg       Config
 	gw        *gateway.Gateway
 	mgr       *warmpool.Manager
-	keySource string  // where the API key comes from, for the start-up line
-	relayDir  string  // the relay socket's directory, when a provider mounts it ("": no socket)
-	purge     *purger // deletes expired checkpoints (started with background)
+	keySource string       // where the API key comes from, for the start-up line
+	ln        net.Listener // QUARRY_ADDR (with background)
+	relayLn   net.Listener // the relay socket, when a provider mounts its directory (with background)
+	purge     *purger      // deletes expired checkpoints (started with background)
 	log       *slog.Logger
 	closers   []func(ctx context.Context) // run in reverse order by close
 }
@@ -223,12 +224,14 @@ func (s *stack) close(ctx context.Context) {
 	}
 }
 
-// build opens the lease store, the providers, the model relay and the
-// manager, and builds the gateway on them. With background, the manager's
-// loops start (a long-lived server); without, nothing runs between calls
-// and the background work is Manager.RunOnce's (Lambda). On error, what was
-// opened is closed again.
-func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (_ *stack, err error) {
+// build opens the lease store, the providers (made by makers), the model
+// relay and the manager, and builds the gateway on them. With background
+// (a long-lived server), it listens on QUARRY_ADDR and, when a provider
+// mounts it into sandboxes, on the relay socket, and only then starts the
+// manager's loops: their first launches mount the socket's directory.
+// Without, nothing runs between calls and the background work is
+// Manager.RunOnce's (Lambda). On error, what was opened is closed again.
+func build(ctx context.Context, cfg Config, log *slog.Logger, makers map[string]providerMaker, background bool) (_ *stack, err error) {
 	st := &stack{cfg: cfg, log: log}
 	defer func() {
 		if err != nil {
@@ -284,7 +287,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 			log.Error("close lease store", "err", err)
 		}
 	})
-	provs, err := makeProviders(cfg, pools, log)
+	provs, err := makeProviders(cfg, pools, makers, log)
 	if err != nil {
 		return nil, err
 	}
@@ -292,13 +295,11 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 	if err := registerProviderMetrics(reg, provs); err != nil {
 		return nil, err
 	}
-	for _, prov := range provs {
-		if _, ok := prov.(providers.SandboxRelay); ok && background {
-			// A provider whose sandboxes reach the relay through their
-			// agent gets the relay socket (serve listens on it).
-			if st.relayDir, err = relayDir(cfg.DataDir); err != nil {
-				return nil, err
-			}
+	if background {
+		// Before the manager exists: its closer runs before theirs, so
+		// the socket's directory outlives every launch.
+		if err := st.listen(provs); err != nil {
+			return nil, err
 		}
 	}
 
@@ -317,7 +318,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 	})
 	mgr, err := warmpool.New(cfg.ManagerConfig.WithDefaults(), warmpool.Deps{
 		Store: store, Providers: provs, Pools: pools, Agents: warmpool.NewHTTPAgents(agentHTTP),
-		Logger: log, Metrics: reg, LeaseEnv: relay.LeaseEnv, ExtraProvider: extraProvider(cfg, log),
+		Logger: log, Metrics: reg, LeaseEnv: relay.LeaseEnv, ExtraProvider: extraProvider(cfg, makers, log),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
@@ -364,25 +365,46 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, background bool) (
 	return st, nil
 }
 
-// serve listens on QUARRY_ADDR until ctx is done, then shuts the gateway down.
-func serve(ctx context.Context, st *stack, out io.Writer, log *slog.Logger) error {
-	cfg, gw := st.cfg, st.gw
-	ln, err := net.Listen("tcp", cfg.Addr)
+// listen listens on QUARRY_ADDR and, when one of provs mounts it into its
+// sandboxes (providers.SandboxRelay), on the relay socket; st.close closes
+// both and removes the socket.
+func (st *stack) listen(provs map[string]providers.Provider) error {
+	ln, err := net.Listen("tcp", st.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("QUARRY_ADDR: listen on %s: %w", cfg.Addr, err)
+		return fmt.Errorf("QUARRY_ADDR: listen on %s: %w", st.cfg.Addr, err)
 	}
-	var rln net.Listener
-	if st.relayDir != "" {
+	st.ln = ln
+	st.closers = append(st.closers, func(context.Context) { _ = ln.Close() }) // closed by Shutdown already, unless serve never ran
+	for _, prov := range provs {
+		if _, ok := prov.(providers.SandboxRelay); !ok {
+			continue
+		}
 		// After QUARRY_ADDR: a second gateway on a busy address must not
 		// take the first one's socket.
-		if rln, err = listenRelay(st.relayDir); err != nil {
-			_ = ln.Close()
+		dir, err := relayDir(st.cfg.DataDir)
+		if err != nil {
 			return err
 		}
+		rln, err := listenRelay(dir)
+		if err != nil {
+			return err
+		}
+		st.relayLn = rln
 		// A later gateway makes it again; containers see it through their
 		// mount of the directory.
-		defer removeRelaySocket(st.relayDir, log)
+		st.closers = append(st.closers, func(context.Context) {
+			_ = rln.Close()
+			removeRelaySocket(dir, st.log)
+		})
+		return nil
 	}
+	return nil
+}
+
+// serve serves on the listeners build opened until ctx is done, then shuts
+// the gateway down.
+func serve(ctx context.Context, st *stack, out io.Writer, log *slog.Logger) error {
+	cfg, gw, ln, rln := st.cfg, st.gw, st.ln, st.relayLn
 	scheme := "http"
 	errc := make(chan error, 2)
 	servers := 1
@@ -407,7 +429,7 @@ func serve(ctx context.Context, st *stack, out io.Writer, log *slog.Logger) erro
 	log.Info("shutting down: finishing requests in flight", "timeout", cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
-	err = gw.Shutdown(sctx)
+	err := gw.Shutdown(sctx)
 	for range servers {
 		err = errors.Join(err, <-errc)
 	}
@@ -486,10 +508,10 @@ func hasPool(pools []warmpool.PoolConfig, name string) bool {
 	return false
 }
 
-// makeProviders builds the providers the pools use.
-func makeProviders(cfg Config, pools []warmpool.PoolConfig, log *slog.Logger) (map[string]providers.Provider, error) {
+// makeProviders builds the providers the pools use with makers (by name:
+// providerMakers).
+func makeProviders(cfg Config, pools []warmpool.PoolConfig, makers map[string]providerMaker, log *slog.Logger) (map[string]providers.Provider, error) {
 	out := make(map[string]providers.Provider)
-	makers := providerMakers()
 	for _, p := range pools {
 		if _, ok := out[p.Provider]; ok {
 			continue
@@ -511,12 +533,12 @@ func makeProviders(cfg Config, pools []warmpool.PoolConfig, log *slog.Logger) (m
 // shared store a task may have been made on another machine, which this
 // one's process provider or engine cannot see: such tasks are reported
 // instead (nil).
-func extraProvider(cfg Config, log *slog.Logger) func(name string) (providers.Provider, error) {
+func extraProvider(cfg Config, makers map[string]providerMaker, log *slog.Logger) func(name string) (providers.Provider, error) {
 	if cfg.Store != "embedded" {
 		return nil
 	}
 	return func(name string) (providers.Provider, error) {
-		maker, ok := providerMakers()[name]
+		maker, ok := makers[name]
 		if !ok {
 			return nil, fmt.Errorf("unknown provider %q (known: %s)", name, knownProviders())
 		}

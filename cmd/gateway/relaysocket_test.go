@@ -1,16 +1,21 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/providers"
 )
 
 func TestRelayDir_InTheDataDirUnlessTooLongForASocket(t *testing.T) {
@@ -71,4 +76,94 @@ func socketDir(t *testing.T) string {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
+}
+
+// relayProvider is a provider whose sandboxes get the relay socket's
+// directory mounted (as Docker's on a bridge). Its first Launch records
+// what a container's bind mount would find then; it launches nothing.
+type relayProvider struct {
+	dir   string
+	once  sync.Once
+	first chan relaySeen
+}
+
+// relaySeen is what the first Launch found.
+type relaySeen struct {
+	dirErr, dialErr error
+}
+
+var _ providers.Provider = (*relayProvider)(nil)
+
+func (p *relayProvider) Launch(context.Context, providers.Spec, []string) ([]providers.Task, error) {
+	p.once.Do(func() {
+		var seen relaySeen
+		_, seen.dirErr = os.Stat(p.dir)
+		c, err := net.Dial("unix", filepath.Join(p.dir, providers.RelaySocketName))
+		if err == nil {
+			_ = c.Close()
+		}
+		seen.dialErr = err
+		p.first <- seen
+	})
+	return nil, errors.New("the test's provider launches nothing")
+}
+
+func (p *relayProvider) Describe(_ context.Context, ids []string) ([]providers.Task, error) {
+	out := make([]providers.Task, len(ids))
+	for i, id := range ids {
+		out[i] = providers.Task{ID: id, State: providers.TaskStopped, Reason: "not found"}
+	}
+	return out, nil
+}
+
+func (p *relayProvider) Stop(context.Context, string, string) error { return nil }
+
+func (p *relayProvider) List(context.Context, string) ([]providers.Task, error) { return nil, nil }
+
+func (p *relayProvider) SandboxRelayURL(providers.Spec) string { return "http://127.0.0.1:8000" }
+
+// A Docker sandbox bind-mounts the relay socket's directory: the warm
+// pools' first launch must find it, and the socket listening (a Docker
+// gateway's first launches failed with "bind source path does not exist:
+// …/relay", the directory made ~40 ms after the pools started). Closing the
+// stack removes it again.
+func TestBuild_RelaySocketListensBeforeTheFirstLaunch(t *testing.T) {
+	data := socketDir(t)
+	for k, v := range map[string]string{
+		"QUARRY_DATA_DIR":  data,
+		"QUARRY_PROVIDER":  "docker",
+		"QUARRY_POOLS":     `{"pools": [{"name": "default", "image": "quarry-test/busybox", "min_warm": 1, "max_total": 1}]}`,
+		"QUARRY_API_KEYS":  "qk_relay_socket_test_key",
+		"QUARRY_ADDR":      "127.0.0.1:0",
+		"QUARRY_LOG_LEVEL": "error",
+	} {
+		t.Setenv(k, v)
+	}
+	cfg, log, err := loadConfig()
+	require.NoError(t, err)
+	dir, err := relayDir(data)
+	require.NoError(t, err)
+	prov := &relayProvider{dir: dir, first: make(chan relaySeen, 1)}
+	makers := map[string]providerMaker{"docker": func(Config, *slog.Logger) (providers.Provider, error) { return prov, nil }}
+	ctx, cancel := context.WithTimeout(t.Context(), deadline)
+	defer cancel()
+	st, err := build(ctx, cfg, log, makers, true)
+	require.NoError(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			st.close(context.Background())
+		}
+	})
+	select {
+	case seen := <-prov.first:
+		assert.NoError(t, seen.dirErr, "the relay directory exists at the first launch")
+		assert.NoError(t, seen.dialErr, "the relay socket listens at the first launch")
+	case <-ctx.Done():
+		require.FailNow(t, "the warm pool never launched")
+	}
+	st.close(context.Background())
+	closed = true
+	_, err = os.Stat(dir)
+	assert.True(t, os.IsNotExist(err), "closing the stack removes the relay directory: %v", err)
 }

@@ -1,7 +1,8 @@
 // Package badinput holds Quarry's one type for bad input: a request (or a
 // config file) that a person can fix. Every package that validates input
 // returns an *Error; internal/errclass classifies it as a 400 bad_request,
-// and every API surface renders it the same way.
+// and every API surface renders it the same way. json.go reads a JSON
+// body's decoding error into one (the one message for malformed JSON).
 //
 // It imports nothing from Quarry, so that every contract package can use it.
 package badinput
