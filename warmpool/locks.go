@@ -75,6 +75,11 @@ func (m *Manager) holdLock(ctx context.Context, name string, interval time.Durat
 	cancel()
 	outcome, lost := "held", ""
 	switch {
+	case err != nil && ctx.Err() != nil:
+		// The caller is closing (or its pass ended): a canceled call says
+		// nothing of the store nor of the lock, which unlockAll releases.
+		m.metrics.lockAttempts.WithLabelValues(name, "canceled").Inc()
+		return false
 	case err != nil:
 		outcome, ok, lost = "error", false, lockLostToStore
 		if m.setFailing(name, true) && ctx.Err() == nil {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -69,8 +70,25 @@ func TestManager_Locks_LogWhyALockIsNoLongerHeld(t *testing.T) {
 		{name: "closed", lose: func(t *testing.T, e *env, _ *scriptedStore) {
 			require.NoError(t, e.m.Close(t.Context()))
 		}, want: "lock released: this replica is closing"},
+		// Close while renewals are in flight: their canceled calls say
+		// nothing of the store (make test saw "the store did not answer"
+		// logged at a single node's Close).
+		{name: "closed while renewing", lose: func(t *testing.T, e *env, store *scriptedStore) {
+			entered := make(chan struct{}, 16)
+			store.setTryLockErr(func(ctx context.Context) error {
+				entered <- struct{}{}
+				<-ctx.Done()
+				return ctx.Err()
+			})
+			select {
+			case <-entered:
+			case <-time.After(waitFor):
+				t.Fatal("no lock renewal began")
+			}
+			require.NoError(t, e.m.Close(t.Context()))
+		}, want: "lock released: this replica is closing"},
 		{name: "store fails", lose: func(t *testing.T, e *env, store *scriptedStore) {
-			store.setTryLockErr(func() error { return errors.New("store unreachable") })
+			store.setTryLockErr(func(context.Context) error { return errors.New("store unreachable") })
 			for _, lock := range jobs {
 				require.Eventually(t, func() bool { return !lockHeld(t, e.reg, lock) }, waitFor, tick, lock)
 			}

@@ -72,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"provider"}),
 		lockAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "quarry_lock_attempts_total",
-			Help: "Attempts of this replica to take or renew a background-work lock, by lock and outcome (held, busy: another replica holds it, error).",
+			Help: "Attempts of this replica to take or renew a background-work lock, by lock and outcome (held, busy: another replica holds it, error, canceled: the replica was closing).",
 		}, []string{"lock", "outcome"}),
 		lockHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "quarry_lock_held",

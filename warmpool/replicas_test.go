@@ -24,7 +24,7 @@ type scriptedStore struct {
 	warmpool.Store
 
 	mu         sync.Mutex
-	TryLockErr func() error // non-nil error: TryLock fails with it
+	TryLockErr func(ctx context.Context) error // non-nil error: TryLock fails with it
 	getLeases  int
 	callers    map[string]map[string]bool // method → callers seen
 }
@@ -48,7 +48,7 @@ func (s *scriptedStore) TryLock(ctx context.Context, name, holder string, ttl ti
 	fn := s.TryLockErr
 	s.mu.Unlock()
 	if fn != nil {
-		if err := fn(); err != nil {
+		if err := fn(ctx); err != nil {
 			return false, err
 		}
 	}
@@ -73,7 +73,7 @@ func (s *scriptedStore) Claim(ctx context.Context, req warmpool.ClaimRequest) (w
 	return s.Store.Claim(ctx, req)
 }
 
-func (s *scriptedStore) setTryLockErr(fn func() error) {
+func (s *scriptedStore) setTryLockErr(fn func(ctx context.Context) error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.TryLockErr = fn
@@ -159,7 +159,7 @@ func TestManager_Locks_OneReplicaReconcilesAPoolAtATime(t *testing.T) {
 	}
 
 	// The holder is cut off from the store: it can no longer renew.
-	first.setTryLockErr(func() error { return errors.New("store unreachable from r1") })
+	first.setTryLockErr(func(context.Context) error { return errors.New("store unreachable from r1") })
 	require.Eventually(t, func() bool { return !lockHeld(t, e.reg, pool) }, waitFor, tick, "r1 knows it lost the lock")
 	busy := lockBusy(t, second.reg, pool)
 	require.Eventually(t, func() bool { return lockBusy(t, second.reg, pool) >= busy+10 }, waitFor, tick)
