@@ -388,10 +388,16 @@ type procStat struct {
 	sid             int    // session id
 	state           byte   // 'R', 'S', 'D', 'Z', ...
 	start           uint64 // start time (clock ticks after boot): with pid, names one process
+	threads         int    // its threads (what a pids limit counts)
+	exit            int    // a zombie's wait status (Linux 3.5+); -1 when the kernel does not say
 }
 
 // dead reports whether the process has exited (a zombie awaiting its reaper).
 func (p procStat) dead() bool { return p.state == 'Z' || p.state == 'X' }
+
+// killedBy reports whether the process, dead, died of sig (true as well
+// when the kernel does not say how it died).
+func (p procStat) killedBy(sig syscall.Signal) bool { return p.exit < 0 || p.exit&0x7f == int(sig) }
 
 // scanProc returns the pids of the processes in /proc that match.
 func scanProc(match func(procStat) bool) []int {
@@ -421,7 +427,8 @@ func readProcStat(pid int) (procStat, bool) {
 	}
 	// pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
 	// majflt cmajflt utime stime cutime cstime priority nice threads
-	// itrealvalue starttime ...; comm may contain spaces and parens.
+	// itrealvalue starttime ... exit_code (the 52nd); comm may contain
+	// spaces and parens.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
@@ -434,11 +441,18 @@ func readProcStat(pid int) (procStat, bool) {
 	ppid, err1 := strconv.Atoi(f[1])
 	pgrp, err2 := strconv.Atoi(f[2])
 	sid, _ := strconv.Atoi(f[3])
+	threads, _ := strconv.Atoi(f[17])
 	start, err3 := strconv.ParseUint(f[19], 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil {
 		return procStat{}, false
 	}
-	return procStat{pid: pid, ppid: ppid, pgrp: pgrp, sid: sid, state: f[0][0], start: start}, true
+	exit := -1
+	if len(f) >= 50 {
+		if n, err := strconv.Atoi(f[49]); err == nil {
+			exit = n
+		}
+	}
+	return procStat{pid: pid, ppid: ppid, pgrp: pgrp, sid: sid, state: f[0][0], start: start, threads: threads, exit: exit}, true
 }
 
 // reapSignaled runs on SIGCHLD: it peeks at the first zombie child without

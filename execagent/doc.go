@@ -26,6 +26,11 @@
 // container) reaps only zombies the table does not track, so it never steals
 // the exit status that exec.Cmd.Wait reports for tracked children.
 //
+// Kill-all (killall.go) kills every process of the sandbox but the agent
+// in rounds, holding the child table's lock in each so that nothing it
+// kills is reaped before it is counted, and answers once all of it has
+// been reaped.
+//
 // Nothing in this package reads environment variables: cmd/execagent fills a
 // Config. Children never see QUARRY_AGENT_* variables (see Config.Env).
 //

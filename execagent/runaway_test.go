@@ -91,17 +91,19 @@ func TestKillAll_KillsEveryProcessButTheAgent(t *testing.T) {
 		return err == nil && escaped > 0
 	}, "the escaped shell starts")
 
+	execStarted := filepath.Join(a.cfg.Workdir, "exec.started")
 	execDone := make(chan agentapi.ExecResult, 1)
 	go func() {
-		res, _ := a.client.Exec(ctx, agentapi.ExecRequest{Command: "sleep 1000", TimeoutMS: 600_000})
+		res, _ := a.client.Exec(ctx, agentapi.ExecRequest{Command: "touch " + execStarted + "; exec sleep 1000", TimeoutMS: 600_000})
 		execDone <- res
 	}()
 	eventually(t, func() bool { return len(groupMembers(escaped)) == 9 }, "the escaped shell's children start")
+	eventually(t, func() bool { _, err := os.Stat(execStarted); return err == nil }, "the exec starts")
 	members := groupMembers(escaped)
 
 	res, err := a.client.KillAll(ctx)
 	require.NoError(t, err)
-	assert.GreaterOrEqual(t, res.Killed, 13, "shell, job, process, escaped shell and 8 children, exec: %+v", res)
+	assert.Equal(t, 13, res.Killed, "shell, job, process, escaped shell and 8 children, exec: %+v", res)
 	assert.Zero(t, res.Left)
 
 	for _, pid := range append(members, jobPID, p.PID) {

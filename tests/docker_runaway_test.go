@@ -197,3 +197,39 @@ func TestDocker_LostToOOMReasonNamesItWithTheLogTail(t *testing.T) {
 	assert.Contains(t, got.Reason, "; its log ends: ")
 	assert.Contains(t, got.Reason, "the kernel's OOM killer killed processes of the sandbox", "the agent's own account")
 }
+
+// kill-all counts what it killed against a known number: two programs of
+// 100 threads each and a shell with 50 sleeps are 53 processes of 253
+// threads (what a pids limit counts).
+func TestDocker_KillAllCountsProcessesAndThreads(t *testing.T) {
+	d := requireDocker(t)
+	g := d.startGateway(dockerPythonPool(""))
+	g.waitReady("py", 1)
+	c, ctx := g.client(), ctx(t)
+	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "py"})
+	require.NoError(t, err)
+	threads := "import threading, time\n" +
+		"for _ in range(100): threading.Thread(target=time.sleep, args=(1000,)).start()\n" +
+		"open('ready-%d', 'w').close()\n" +
+		"time.sleep(1000)\n"
+	for i := range 2 {
+		_, err := c.StartProcess(ctx, sbx.ID, agentapi.ProcessStartRequest{Argv: []string{"python3", "-c", fmt.Sprintf(threads, i)}})
+		require.NoError(t, err)
+	}
+	// ": >" is the shell's own: no process of its own that may still exit.
+	_, err = c.StartProcess(ctx, sbx.ID, agentapi.ProcessStartRequest{Command: "for i in $(seq 50); do sleep 1000 & done; : > ready-sleeps; wait"})
+	require.NoError(t, err)
+	eventually(t, dockerWait, "everything runs", func() error {
+		res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "ls ready-0 ready-1 ready-sleeps"})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("%s", res.Stderr)
+		}
+		return err
+	})
+
+	killed, err := c.KillAll(ctx, sbx.ID)
+	require.NoError(t, err)
+	assert.Equal(t, 53, killed.Killed, "two programs, the shell and its 50 sleeps: %+v", killed)
+	assert.Equal(t, 253, killed.Threads, "101 threads each, one each: %+v", killed)
+	assert.Zero(t, killed.Left)
+}
