@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,6 +19,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
 // childTable is the agent's table of OS children: it starts every child
@@ -71,6 +74,26 @@ func newChildTable(log *slog.Logger) *childTable {
 		tracked: map[int]struct{}{}, groups: map[int]*group{}}
 }
 
+// errPidsLimit: a child could not start, the sandbox is at its limit of
+// processes.
+var errPidsLimit = errors.New("at the limit of processes")
+
+// startFailed returns the error of a start that failed with err: the 503
+// pids_limit answer, naming the limit, when the fork failed with EAGAIN
+// (logged by startRefused); err itself otherwise.
+func (t *childTable) startFailed(err error) error {
+	if !errors.Is(err, unix.EAGAIN) {
+		return err
+	}
+	t.startRefused(err)
+	limit := "its limit of processes"
+	if t.pidsMax > 0 {
+		limit = fmt.Sprintf("its pids limit (%d processes and threads)", t.pidsMax)
+	}
+	return statusError(errPidsLimit, http.StatusServiceUnavailable, agentapi.CodePidsLimit,
+		"the sandbox is at %s: nothing can start until some exit; retry, or kill every process of the sandbox", limit)
+}
+
 // refusedLogEvery bounds how often a refused start is logged.
 const refusedLogEvery = 10 * time.Second
 
@@ -119,10 +142,7 @@ func (t *childTable) start(cmd *exec.Cmd) error {
 		return errClosed
 	}
 	if err := cmd.Start(); err != nil {
-		if errors.Is(err, unix.EAGAIN) {
-			t.startRefused(err)
-		}
-		return err
+		return t.startFailed(err)
 	}
 	pid := cmd.Process.Pid
 	t.oomScore.raise(pid)

@@ -137,6 +137,12 @@ const (
 	// message names the path and the size of the file system holding it.
 	// What was written before stays; the sandbox is fine otherwise.
 	CodeInsufficientStorage = "insufficient_storage"
+	// CodePidsLimit: a command, session shell, process or PTY program
+	// could not start because the sandbox is at its limit of processes (the
+	// fork failed with EAGAIN: its cgroup's pids.max, which counts threads
+	// too); 503, retryable: nothing started. The message names the limit
+	// when the agent knows it.
+	CodePidsLimit = "pids_limit"
 )
 
 // ErrorBody is the one JSON shape of every error response, from the agent and

@@ -129,10 +129,10 @@ func AgentMayBeDown(err error) bool {
 // are told; every surface renders its result. An error it does not know is
 // internal, and its text is not shown.
 func Of(err error) Class {
-	subject := "the sandbox"
+	subject, killAll := "the sandbox", "kill-all"
 	var sbx *SandboxError
 	if errors.As(err, &sbx) {
-		subject = "sandbox " + sbx.ID
+		subject, killAll = "sandbox "+sbx.ID, "POST /v1/sandboxes/"+sbx.ID+"/kill-all"
 	}
 	if c, ok := ofRequest(err); ok {
 		return c
@@ -146,7 +146,7 @@ func Of(err error) Class {
 	if c, ok := ofEnv(subject, err); ok {
 		return c
 	}
-	if c, ok := ofAgent(subject, err); ok {
+	if c, ok := ofAgent(subject, killAll, err); ok {
 		return c
 	}
 	return ofLease(subject, err)
@@ -282,22 +282,22 @@ func ofEnv(subject string, err error) (Class, bool) {
 }
 
 // ofAgent classifies a sandbox agent's own error answers and calls to it
-// that got no usable answer.
-func ofAgent(subject string, err error) (Class, bool) {
+// that got no usable answer. killAll is how to call the sandbox's kill-all.
+func ofAgent(subject, killAll string, err error) (Class, bool) {
 	var (
 		ae *agentapi.Error
 		ce *agentapi.CallError
 	)
 	switch {
 	case errors.As(err, &ae):
-		return ofAgentAnswer(subject, ae), true
+		return ofAgentAnswer(subject, killAll, ae), true
 	case errors.As(err, &ce):
 		return ofAgentCall(subject, ce), true
 	}
 	return Class{}, false
 }
 
-func ofAgentAnswer(subject string, ae *agentapi.Error) Class {
+func ofAgentAnswer(subject, killAll string, ae *agentapi.Error) Class {
 	switch {
 	case ae.Code == agentapi.CodeStaleGeneration:
 		return Class{Code: agentapi.CodeGone, Status: http.StatusGone,
@@ -317,6 +317,13 @@ func ofAgentAnswer(subject string, ae *agentapi.Error) Class {
 		// The sandbox's disk is full: its own state, which the caller can
 		// change (delete files, a larger disk); the agent is fine.
 		return Class{Code: agentapi.CodeInsufficientStorage, Status: http.StatusInsufficientStorage, Message: subject + ": " + ae.Message}
+	case ae.Code == agentapi.CodePidsLimit:
+		// The sandbox is at its limit of processes (a fork bomb, a burst
+		// of commands): nothing started, and a retry starts it once some
+		// have exited; kill-all ends them all. The agent's message names
+		// the limit.
+		return Class{Code: agentapi.CodePidsLimit, Status: http.StatusServiceUnavailable, Retryable: true,
+			Message: ae.Message + " (" + killAll + ")"}
 	default:
 		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
 			Message: "the agent of " + subject + " failed: " + ae.Message}

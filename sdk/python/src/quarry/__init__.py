@@ -16,8 +16,8 @@ from ._sync import Quarry, SyncProxy
 from .errors import (
     AgentUnreachable, BadRequest, Busy, CheckpointCorrupt, CommandFailed, Conflict, EnvError,
     EnvTimeout, EpisodeNotRunning, Forbidden, Gone, InsufficientStorage, Internal, InvalidAction,
-    MethodNotAllowed, NameInUse, NoCapacity, NoReply, NotFound, PayloadTooLarge, ProcessExited,
-    ProtocolError, QuarryError, Timeout, Unauthorized, Unavailable, UpstreamUnreachable,
+    MethodNotAllowed, NameInUse, NoCapacity, NoReply, NotFound, PayloadTooLarge, PidsLimit,
+    ProcessExited, ProtocolError, QuarryError, Timeout, Unauthorized, Unavailable, UpstreamUnreachable,
 )
 from .types import (
     Checkpoint, EnvInfo, Exchange, ExecEvent, ExecResult, FileInfo, KillAllResult, Pool,
@@ -32,7 +32,7 @@ __all__ = [
     "QuarryError", "BadRequest", "InvalidAction", "Unauthorized", "Forbidden", "NotFound",
     "MethodNotAllowed", "Conflict", "Busy", "NameInUse", "ProcessExited", "NoReply", "ProtocolError",
     "EpisodeNotRunning", "Gone", "PayloadTooLarge", "CommandFailed", "Internal", "CheckpointCorrupt",
-    "AgentUnreachable", "UpstreamUnreachable", "EnvError", "Unavailable", "NoCapacity", "Timeout",
+    "AgentUnreachable", "UpstreamUnreachable", "EnvError", "Unavailable", "NoCapacity", "PidsLimit", "Timeout",
     "EnvTimeout", "InsufficientStorage", "Checkpoint", "EnvInfo", "Exchange", "ExecEvent", "ExecResult",
     "FileInfo", "KillAllResult", "Pool", "ProcessInfo", "ProcessOutput", "RestoreResult", "RunResult",
     "SandboxInfo", "SessionInfo", "WriteResult", "__version__",
