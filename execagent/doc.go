@@ -31,6 +31,11 @@
 // kills is reaped before it is counted, and answers once all of it has
 // been reaped.
 //
+// Archive uploads (upload.go) extract into a staging directory in their
+// target and merge into it with journaled renames once every entry was
+// accepted: a refused archive leaves its target as it was. Restores
+// (restore.go) stage the same way and swap whole roots.
+//
 // Nothing in this package reads environment variables: cmd/execagent fills a
 // Config. Children never see QUARRY_AGENT_* variables (see Config.Env).
 //

@@ -135,7 +135,8 @@ const (
 	// CodeInsufficientStorage: a write (a file, an archive upload) found
 	// the sandbox's disk full (ENOSPC) or over its quota (EDQUOT); 507. The
 	// message names the path and the size of the file system holding it.
-	// What was written before stays; the sandbox is fine otherwise.
+	// The write leaves nothing (a file, an archive upload); the sandbox is
+	// fine otherwise.
 	CodeInsufficientStorage = "insufficient_storage"
 	// CodePidsLimit: a command, session shell, process or PTY program
 	// could not start because the sandbox is at its limit of processes (the
