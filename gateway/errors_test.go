@@ -67,6 +67,8 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 			status: 503, code: "pids_limit", retryable: true, rockCode: 5000, message: "the sandbox is at its pids limit (200 processes and threads)"},
 		{name: "env program failed", err: &envs.Error{Kind: envs.KindEnv, Message: "exited with code 7"}, status: 502, code: "env_error", rockCode: 5000, message: "exited with code 7"},
 		{name: "command failed", err: &errclass.CommandError{Message: "exit code 2"}, status: 422, code: "command_failed", rockCode: 6000, message: "exit code 2"},
+		{name: "command failed with no output", err: &errclass.CommandError{Message: "Command \"false\" failed with exit code 1. Here is the output:\n"},
+			status: 422, code: "command_failed", rockCode: 6000, message: "Here is the output:"},
 		{name: "bad image", err: &providers.LaunchError{Pool: "default", Image: "nope", Reason: "image not found", Err: providers.ErrInvalidSpec},
 			status: 500, code: "internal", rockCode: 5000, message: "image not found"},
 		{name: "checkpoint not found", err: fmt.Errorf("from checkpoint: %w", checkpoints.ErrNotFound), status: 404, code: "not_found", rockCode: 4000, message: "checkpoint not found"},
@@ -99,6 +101,7 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 				assert.Equal(t, tt.status, resp.StatusCode, "%s: %s", route.path, body)
 				assert.Equal(t, tt.code, e.Code, route.path)
 				assert.Contains(t, e.Message, tt.message, route.path)
+				assert.NotRegexp(t, `\s$`, e.Message, "%s: no message ends in white space", route.path)
 				assert.NotContains(t, e.Message, "/var/secret", route.path)
 				if tt.status == http.StatusServiceUnavailable {
 					assert.Equal(t, wantRetryAfter, resp.Header.Get("Retry-After"), route.path)
@@ -120,6 +123,7 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 			assert.Equal(t, "Failed", env.Status)
 			assert.Equal(t, tt.rockCode, env.Result.Code, "ROCK code: %s", body)
 			assert.Contains(t, env.Error, tt.message, "ROCK")
+			assert.NotRegexp(t, `\s$`, env.Error, "ROCK")
 			assert.Equal(t, env.Error, env.Result.FailureReason)
 			assert.NotContains(t, env.Error, "/var/secret", "ROCK")
 			assert.Equal(t, wantRetryAfter, resp.Header.Get("Retry-After"), "ROCK")
@@ -134,6 +138,7 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 			assert.Equal(t, tt.status, resp.StatusCode, "GEM: %s", body)
 			detail := decode[map[string]string](t, body)["detail"]
 			assert.Contains(t, detail, tt.message, "GEM")
+			assert.NotRegexp(t, `\s$`, detail, "GEM")
 			assert.NotContains(t, detail, "/var/secret", "GEM")
 			assert.Equal(t, wantRetryAfter, resp.Header.Get("Retry-After"), "GEM")
 		})

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
@@ -127,8 +129,16 @@ func AgentMayBeDown(err error) bool {
 // Of classifies err. It is the one mapping from Quarry's errors (the
 // contracts' sentinels and typed errors, wrapped or not) to what clients
 // are told; every surface renders its result. An error it does not know is
-// internal, and its text is not shown.
+// internal, and its text is not shown. A Message never ends in white space:
+// one made of a command's output or a program's own message (a traceback)
+// would end in a newline.
 func Of(err error) Class {
+	c := of(err)
+	c.Message = strings.TrimRightFunc(c.Message, unicode.IsSpace)
+	return c
+}
+
+func of(err error) Class {
 	subject, killAll := "the sandbox", "kill-all"
 	var sbx *SandboxError
 	if errors.As(err, &sbx) {

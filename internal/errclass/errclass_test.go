@@ -109,6 +109,28 @@ func TestOf(t *testing.T) {
 	}
 }
 
+// A message made of a command's output or a program's own words ends in
+// a newline when they do: no surface shows it.
+func TestOf_MessageNeverEndsInWhiteSpace(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{name: "a command failed with no output", err: &errclass.CommandError{Message: "Command \"false\" failed with exit code 1. Here is the output:\n"},
+			want: "Command \"false\" failed with exit code 1. Here is the output:"},
+		{name: "an env program's traceback", err: errclass.Sandbox("sbx-1", &envs.Error{Kind: envs.KindEnv, Message: "Traceback (most recent call last):\n  File \"env.py\"\nValueError: bad\n"}),
+			want: "sandbox sbx-1: Traceback (most recent call last):\n  File \"env.py\"\nValueError: bad"},
+		{name: "an agent's answer", err: &agentapi.Error{Status: 409, Code: agentapi.CodeBusy, Message: "session ses-1 is running a command\r\n"},
+			want: "session ses-1 is running a command"},
+		{name: "bad input", err: badinput.New("command", "ends in a tab\t"), want: "command: ends in a tab"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, errclass.Of(tc.err).Message)
+		})
+	}
+}
+
 func TestSandbox_NilStaysNil(t *testing.T) {
 	assert.NoError(t, errclass.Sandbox("sbx-1", nil))
 }
