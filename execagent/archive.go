@@ -171,50 +171,34 @@ func addTarEntry(tw *tar.Writer, base, full string, fi fs.FileInfo, budget *int6
 }
 
 // handleArchiveUpload answers PUT /v1/files/archive?path=: the body is a tar
-// or a tar.gz (detected by its magic bytes), extracted into path (created).
-// Entries that would land outside path — absolute names, ".." components,
-// writes through a symlink — are refused with 400, as are device and fifo
-// entries. Entries extracted before a refused one stay.
+// or a tar.gz (detected by its magic bytes), extracted into path (created)
+// through a staging directory (upload.go): nothing of a refused archive
+// lands. Entries that would land outside path — absolute names, ".."
+// components, writes through a symlink — are refused with 400, as are
+// device and fifo entries.
 func (s *Server) handleArchiveUpload(w http.ResponseWriter, r *http.Request) error {
 	p, err := s.queryPath(r)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(p, 0o755); err != nil {
-		return fsError("path", p, err)
-	}
-	root, err := os.OpenRoot(p)
+	u, err := s.newUpload(p)
 	if err != nil {
-		return fsError("path", p, err)
+		return err
 	}
-	defer root.Close()
 	body := bufio.NewReader(http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes))
-	var in io.Reader = body
-	if magic, _ := body.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
-		zr, err := gzip.NewReader(body)
-		if err != nil {
-			return invalid("body", "invalid gzip stream: %s", err.Error())
-		}
-		defer zr.Close()
-		in = zr
-	}
-	x := extractor{root: root, dir: p, budget: s.cfg.MaxUploadBytes}
-	tr := tar.NewReader(in)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return uploadError(err, s.cfg.MaxUploadBytes)
-		}
-		if err := x.entry(hdr, tr); errors.Is(err, errNoSpace) {
+	if err := u.extract(body); err != nil {
+		u.discard()
+		if errors.Is(err, errNoSpace) {
 			return drained(body, err)
-		} else if err != nil {
-			return uploadError(err, s.cfg.MaxUploadBytes)
 		}
+		return err
 	}
-	writeJSON(w, http.StatusOK, agentapi.WriteResult{Path: p, Bytes: x.bytes, Entries: x.entries})
+	if err := u.merge(); err != nil {
+		u.discard()
+		return err
+	}
+	u.cleanup()
+	writeJSON(w, http.StatusOK, agentapi.WriteResult{Path: p, Bytes: u.x.bytes, Entries: u.x.entries})
 	return nil
 }
 
@@ -253,6 +237,21 @@ type extractor struct {
 	// made holds the directories this extraction made, open, by name
 	// ("." the root): the fast path (extract_fast.go). nil: none.
 	made map[string]*os.File
+	// listed, when set, collects the directories the archive lists, by
+	// name, with the mode an extraction that is not exact gives them
+	// (mode|0700): an upload gives them to the directories it merges into.
+	listed map[string]dirMeta
+}
+
+// listDir records directory entry d: for finish (exact) and a merge
+// (listed).
+func (x *extractor) listDir(d dirMeta) {
+	if x.exact {
+		x.dirs = append(x.dirs, d)
+	}
+	if x.listed != nil {
+		x.listed[d.name] = dirMeta{name: d.name, mode: d.mode | 0o700, mtime: d.mtime}
+	}
 }
 
 // dirMeta is a directory's mode and mtime from its archive entry.
@@ -306,45 +305,75 @@ func (x *extractor) finish() error {
 
 // entryName validates a tar entry name and returns it cleaned and relative.
 func entryName(name string) (string, error) {
+	clean, why := cleanName(name)
+	if why != "" {
+		return "", invalid("body", "archive entry %q: %s", name, why)
+	}
+	return clean, nil
+}
+
+// linkTarget validates the target of hard link entry hdr (a name in the
+// archive, as an entry's) and returns it cleaned and relative. A refusal
+// names the entry and its target.
+func linkTarget(hdr *tar.Header) (string, error) {
+	clean, why := cleanName(hdr.Linkname)
+	if why != "" {
+		return "", invalid("body", "archive entry %q: hard link to %q: %s", hdr.Name, hdr.Linkname, why)
+	}
+	return clean, nil
+}
+
+// cleanName returns name cleaned and relative, or why it is refused.
+func cleanName(name string) (string, string) {
 	if name == "" || strings.ContainsRune(name, 0) {
-		return "", invalid("body", "archive entry %q: invalid name", name)
+		return "", "invalid name"
 	}
 	if strings.HasPrefix(name, "/") || filepath.IsAbs(name) {
-		return "", invalid("body", "archive entry %q: absolute paths are refused", name)
+		return "", "absolute paths are refused"
 	}
 	for _, part := range strings.Split(name, "/") {
 		if part == ".." {
-			return "", invalid("body", "archive entry %q: \"..\" escapes the target directory", name)
+			return "", "\"..\" escapes the target directory"
 		}
 	}
-	return path.Clean(name), nil
+	return path.Clean(name), ""
 }
 
-// checkParents refuses a name whose existing parents include a symlink (a
-// write through it could land anywhere) or a non-directory.
-func (x *extractor) checkParents(orig, name string) error {
+// checkParents refuses entry hdr (named name, cleaned) when the existing
+// parents of name include a symlink (a write through it could land
+// anywhere) or a non-directory.
+func (x *extractor) checkParents(hdr *tar.Header, name string) error {
+	if why := x.parentsProblem(name); why != "" {
+		return invalid("body", "archive entry %q: %s", hdr.Name, why)
+	}
+	return nil
+}
+
+// parentsProblem says why the existing parents of name (cleaned) may not
+// be written below, or returns "".
+func (x *extractor) parentsProblem(name string) string {
 	dir := path.Dir(name)
 	if dir == "." {
-		return nil
+		return ""
 	}
 	parts := strings.Split(dir, "/")
 	for i := range parts {
 		prefix := strings.Join(parts[:i+1], "/")
 		fi, err := x.root.Lstat(prefix)
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil // created below, as a real directory
+			return "" // created below, as a real directory
 		}
 		if err != nil {
-			return invalid("body", "archive entry %q: %s", orig, err.Error())
+			return err.Error()
 		}
 		if fi.Mode()&fs.ModeSymlink != 0 {
-			return invalid("body", "archive entry %q: writes through the symlink %q", orig, prefix)
+			return fmt.Sprintf("writes through the symlink %q", prefix)
 		}
 		if !fi.IsDir() {
-			return invalid("body", "archive entry %q: %q is not a directory", orig, prefix)
+			return fmt.Sprintf("%q is not a directory", prefix)
 		}
 	}
-	return nil
+	return ""
 }
 
 // replace removes an existing non-directory at name, so a new entry never
@@ -377,7 +406,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	if done, err := x.fastEntry(hdr, name, body); done || err != nil {
 		return err
 	}
-	if err := x.checkParents(hdr.Name, name); err != nil {
+	if err := x.checkParents(hdr, name); err != nil {
 		return err
 	}
 	fail := func(err error) error {
@@ -408,9 +437,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		if err := x.root.Chmod(name, mode|0o700); err != nil { // stay writable for later entries
 			return fail(err)
 		}
-		if x.exact {
-			x.dirs = append(x.dirs, dirMeta{name: name, mode: mode, mtime: hdr.ModTime})
-		}
+		x.listDir(dirMeta{name: name, mode: mode, mtime: hdr.ModTime})
 	case tar.TypeReg:
 		if hdr.Size > x.budget {
 			return fmt.Errorf("archive extracts to more than the upload limit: %w", errTooLarge)
@@ -450,15 +477,15 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 			return fail(err)
 		}
 	case tar.TypeLink:
-		target, err := entryName(hdr.Linkname)
+		target, err := linkTarget(hdr)
 		if err != nil {
 			return err
 		}
-		if err := x.checkParents(hdr.Linkname, target); err != nil {
-			return err
+		if why := x.parentsProblem(target); why != "" {
+			return invalid("body", "archive entry %q: hard link to %q: %s", hdr.Name, hdr.Linkname, why)
 		}
 		if fi, err := x.root.Lstat(target); err != nil || !fi.Mode().IsRegular() {
-			return invalid("body", "archive entry %q: hard link target %q is not a regular file in the archive", hdr.Name, hdr.Linkname)
+			return invalid("body", "archive entry %q: hard link to %q: not a regular file of the archive", hdr.Name, hdr.Linkname)
 		}
 		if err := x.replace(hdr.Name, name); err != nil {
 			return err

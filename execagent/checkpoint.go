@@ -23,10 +23,10 @@ import (
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
-// stagingPrefix starts the name of a restore's staging directory. A
-// checkpoint leaves such entries at the top of a root out (a restore the
-// agent did not finish, its process killed), and a restore moves them out
-// with the root's other entries.
+// stagingPrefix starts the name of a restore's or an archive upload's
+// staging directory. A checkpoint leaves such entries at the top of a root
+// out (a restore or an upload the agent did not finish, its process
+// killed), and a restore moves them out with the root's other entries.
 const stagingPrefix = ".quarry-restore-"
 
 // copyBufSize is the size of the buffer files are copied through.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,6 +19,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
 // childTable is the agent's table of OS children: it starts every child
@@ -71,6 +74,26 @@ func newChildTable(log *slog.Logger) *childTable {
 		tracked: map[int]struct{}{}, groups: map[int]*group{}}
 }
 
+// errPidsLimit: a child could not start, the sandbox is at its limit of
+// processes.
+var errPidsLimit = errors.New("at the limit of processes")
+
+// startFailed returns the error of a start that failed with err: the 503
+// pids_limit answer, naming the limit, when the fork failed with EAGAIN
+// (logged by startRefused); err itself otherwise.
+func (t *childTable) startFailed(err error) error {
+	if !errors.Is(err, unix.EAGAIN) {
+		return err
+	}
+	t.startRefused(err)
+	limit := "its limit of processes"
+	if t.pidsMax > 0 {
+		limit = fmt.Sprintf("its pids limit (%d processes and threads)", t.pidsMax)
+	}
+	return statusError(errPidsLimit, http.StatusServiceUnavailable, agentapi.CodePidsLimit,
+		"the sandbox is at %s: nothing can start until some exit; retry, or kill every process of the sandbox", limit)
+}
+
 // refusedLogEvery bounds how often a refused start is logged.
 const refusedLogEvery = 10 * time.Second
 
@@ -119,10 +142,7 @@ func (t *childTable) start(cmd *exec.Cmd) error {
 		return errClosed
 	}
 	if err := cmd.Start(); err != nil {
-		if errors.Is(err, unix.EAGAIN) {
-			t.startRefused(err)
-		}
-		return err
+		return t.startFailed(err)
 	}
 	pid := cmd.Process.Pid
 	t.oomScore.raise(pid)
@@ -388,10 +408,16 @@ type procStat struct {
 	sid             int    // session id
 	state           byte   // 'R', 'S', 'D', 'Z', ...
 	start           uint64 // start time (clock ticks after boot): with pid, names one process
+	threads         int    // its threads (what a pids limit counts)
+	exit            int    // a zombie's wait status (Linux 3.5+); -1 when the kernel does not say
 }
 
 // dead reports whether the process has exited (a zombie awaiting its reaper).
 func (p procStat) dead() bool { return p.state == 'Z' || p.state == 'X' }
+
+// killedBy reports whether the process, dead, died of sig (true as well
+// when the kernel does not say how it died).
+func (p procStat) killedBy(sig syscall.Signal) bool { return p.exit < 0 || p.exit&0x7f == int(sig) }
 
 // scanProc returns the pids of the processes in /proc that match.
 func scanProc(match func(procStat) bool) []int {
@@ -421,7 +447,8 @@ func readProcStat(pid int) (procStat, bool) {
 	}
 	// pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
 	// majflt cmajflt utime stime cutime cstime priority nice threads
-	// itrealvalue starttime ...; comm may contain spaces and parens.
+	// itrealvalue starttime ... exit_code (the 52nd); comm may contain
+	// spaces and parens.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
@@ -434,11 +461,18 @@ func readProcStat(pid int) (procStat, bool) {
 	ppid, err1 := strconv.Atoi(f[1])
 	pgrp, err2 := strconv.Atoi(f[2])
 	sid, _ := strconv.Atoi(f[3])
+	threads, _ := strconv.Atoi(f[17])
 	start, err3 := strconv.ParseUint(f[19], 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil {
 		return procStat{}, false
 	}
-	return procStat{pid: pid, ppid: ppid, pgrp: pgrp, sid: sid, state: f[0][0], start: start}, true
+	exit := -1
+	if len(f) >= 50 {
+		if n, err := strconv.Atoi(f[49]); err == nil {
+			exit = n
+		}
+	}
+	return procStat{pid: pid, ppid: ppid, pgrp: pgrp, sid: sid, state: f[0][0], start: start, threads: threads, exit: exit}, true
 }
 
 // reapSignaled runs on SIGCHLD: it peeks at the first zombie child without

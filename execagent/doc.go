@@ -26,6 +26,16 @@
 // container) reaps only zombies the table does not track, so it never steals
 // the exit status that exec.Cmd.Wait reports for tracked children.
 //
+// Kill-all (killall.go) kills every process of the sandbox but the agent
+// in rounds, holding the child table's lock in each so that nothing it
+// kills is reaped before it is counted, and answers once all of it has
+// been reaped.
+//
+// Archive uploads (upload.go) extract into a staging directory in their
+// target and merge into it with journaled renames once every entry was
+// accepted: a refused archive leaves its target as it was. Restores
+// (restore.go) stage the same way and swap whole roots.
+//
 // Nothing in this package reads environment variables: cmd/execagent fills a
 // Config. Children never see QUARRY_AGENT_* variables (see Config.Env).
 //

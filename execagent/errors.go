@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"net/http"
 	"strconv"
+	"strings"
+	"unicode"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
@@ -61,8 +63,15 @@ func statusError(err error, status int, code, format string, args ...any) error 
 }
 
 // classify maps an error to its HTTP status, error code and message. It is
-// the one place where the agent decides statuses.
+// the one place where the agent decides statuses. The message never ends
+// in white space (one that quotes a command's output could end in a
+// newline): the gateway passes the agent's answers on as they are.
 func classify(err error) (int, string, string) {
+	status, code, msg := classOf(err)
+	return status, code, strings.TrimRightFunc(msg, unicode.IsSpace)
+}
+
+func classOf(err error) (int, string, string) {
 	var he *httpError
 	var br *badRequestError
 	var mbe *http.MaxBytesError

@@ -82,9 +82,7 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		if err := f.Chmod(mode | 0o700); err != nil { // stay writable for later entries
 			return true, fail(err)
 		}
-		if x.exact {
-			x.dirs = append(x.dirs, dirMeta{name: name, mode: mode, mtime: hdr.ModTime, parent: parent, f: f})
-		}
+		x.listDir(dirMeta{name: name, mode: mode, mtime: hdr.ModTime, parent: parent, f: f})
 	case tar.TypeReg:
 		if hdr.Size > x.budget {
 			return true, fmt.Errorf("archive extracts to more than the upload limit: %w", errTooLarge)

@@ -48,47 +48,36 @@ func (s *Server) handleKillAll(w http.ResponseWriter, r *http.Request) error {
 }
 
 // killAll sends SIGKILL to every process of the sandbox but the agent, in
-// rounds until none runs (a fork bomb forks between a round's look and its
-// kill; what it forked dies in the next round) or killAllTimeout, reaps
-// them, and waits (within the same bound) until the sessions and processes
-// they were have ended.
+// rounds (killRound) until none is left, not even a zombie, or until
+// killAllTimeout, and waits (within the same bound) until the sessions and
+// processes they were have ended. It returns once what it killed has been
+// reaped: the pids are free again (a sandbox at its pids limit starts
+// commands at once) and no process group shows a member (group_running).
 //
 // As PID 1 of the sandbox's pid namespace the agent uses kill(-1), which
 // the kernel sends to every other process of the namespace at once, so
 // nothing forks past it. Otherwise its processes are those below it in the
-// process tree (orphans are reparented to the agent, its subreaper); each
-// is killed through a pidfd after checking its start time, so a pid that
-// was reused by a process of the host is never signaled.
+// process tree (orphans are reparented to the agent, its subreaper): it
+// kills each process group it started at once (kill(-pgid): a process that
+// forks and exits faster than the agent reads /proc stays in its group),
+// and each process it sees through a pidfd after checking its start time,
+// so a pid that was reused by a process of the host is never signaled.
 func (s *Server) killAll(ctx context.Context) agentapi.KillAllResult {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, killAllTimeout)
 	defer cancel()
 	self := os.Getpid()
-	killed := map[procStat]bool{}
+	killed := killedSet{}
 	left := 0
 	tick := time.NewTicker(killAllRound)
 	defer tick.Stop()
 rounds:
-	for {
-		alive := sandboxProcesses(self)
-		if len(alive) == 0 {
-			break
-		}
-		for _, p := range alive {
-			killed[procStat{pid: p.pid, start: p.start}] = true
-		}
-		if self == 1 {
-			_ = unix.Kill(-1, unix.SIGKILL)
-		} else {
-			for _, p := range alive {
-				killProcess(p)
-			}
-		}
+	for s.children.killRound(self, killed) > 0 {
 		s.children.reapOrphans()
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			left = len(sandboxProcesses(self))
+			left = s.children.running(self)
 			break rounds
 		}
 	}
@@ -100,15 +89,107 @@ rounds:
 		ends = append(ends, p.done)
 	}
 	waitAll(ctx, ends)
-	res := agentapi.KillAllResult{Killed: len(killed), Left: left, DurationMS: time.Since(start).Milliseconds()}
-	s.log.Warn("killed every process of the sandbox", "killed", res.Killed, "left", res.Left, "took_ms", res.DurationMS)
+	res := agentapi.KillAllResult{Killed: len(killed), Threads: killed.threads(), Left: left, DurationMS: time.Since(start).Milliseconds()}
+	s.log.Warn("killed every process of the sandbox", "killed", res.Killed, "threads", res.Threads, "left", res.Left, "took_ms", res.DurationMS)
 	return res
 }
 
-// sandboxProcesses returns the running processes of the sandbox but the
-// agent (self): every other process in /proc when the agent is PID 1 (its
-// pid namespace is the sandbox's), else the agent's descendants. Zombies
-// are left out: they have exited.
+// procKey names one process: its pid and its start time.
+type procKey struct {
+	pid   int
+	start uint64
+}
+
+func (p procStat) key() procKey { return procKey{pid: p.pid, start: p.start} }
+
+// killedSet holds the processes a kill-all killed, with their threads.
+type killedSet map[procKey]int
+
+// add records p, which the kill reached, with the most threads seen.
+func (k killedSet) add(p procStat) { k[p.key()] = max(k[p.key()], p.threads, 1) }
+
+// threads returns the threads of every process in the set.
+func (k killedSet) threads() int {
+	n := 0
+	for _, t := range k {
+		n += t
+	}
+	return n
+}
+
+// killRound is one round of kill-all. It sends SIGKILL to the processes
+// of the sandbox that run, adds to killed every process the kill reached,
+// and returns how many processes, running or zombie, the sandbox had before
+// it (none: kill-all is done). It holds mu throughout, so the agent neither
+// starts nor reaps a child meanwhile: what the kill reached stays in /proc,
+// a zombie at least, for the second look to count — the processes a fork
+// bomb forked between the first look and the kill too (kill(-1) and
+// kill(-pgid) reach a fork in progress: the kernel fails a fork whose
+// parent has a SIGKILL pending). Not counted: what was a zombie before the
+// kill, and what exited by itself meanwhile (a zombie that did not die of
+// SIGKILL). Counted without the second look: what ran before the kill and
+// has gone since (its parent, in wait(), reaped it before it died itself).
+func (t *childTable) killRound(self int, killed killedSet) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	before := sandboxProcesses(self)
+	ran := make(map[procKey]procStat, len(before))
+	zombies := make(map[procKey]bool, len(before))
+	for _, p := range before {
+		if p.dead() {
+			zombies[p.key()] = true
+		} else {
+			ran[p.key()] = p
+		}
+	}
+	if len(ran) == 0 {
+		return len(before) // nothing runs: the zombies are the reaper's
+	}
+	if self == 1 {
+		_ = unix.Kill(-1, unix.SIGKILL)
+	} else {
+		for pgid := range t.groups {
+			if _, err := t.signalGroupLocked(pgid, unix.SIGKILL); err != nil {
+				t.log.Warn("kill process group", "pgid", pgid, "err", err)
+			}
+		}
+		for _, p := range ran {
+			killProcess(p)
+		}
+	}
+	for _, p := range sandboxProcesses(self) {
+		if r, ok := ran[p.key()]; ok {
+			delete(ran, p.key())
+			p.threads = max(p.threads, r.threads)
+		}
+		if zombies[p.key()] || (p.dead() && !p.killedBy(unix.SIGKILL)) {
+			continue
+		}
+		killed.add(p)
+	}
+	for _, p := range ran { // gone since the first look
+		killed.add(p)
+	}
+	return len(before)
+}
+
+// running returns how many processes of the sandbox run (zombies left out).
+func (t *childTable) running(self int) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, p := range sandboxProcesses(self) {
+		if !p.dead() {
+			n++
+		}
+	}
+	return n
+}
+
+// sandboxProcesses returns the processes of the sandbox but the agent
+// (self), zombies included: every other process in /proc when the agent is
+// PID 1 (its pid namespace is the sandbox's), else the agent's
+// descendants.
 func sandboxProcesses(self int) []procStat {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -127,13 +208,7 @@ func sandboxProcesses(self int) []procStat {
 	if self != 1 {
 		all = descendants(self, all)
 	}
-	out := all[:0]
-	for _, p := range all {
-		if !p.dead() {
-			out = append(out, p)
-		}
-	}
-	return out
+	return all
 }
 
 // descendants returns the processes of all that are below root in the

@@ -164,20 +164,20 @@ func (rs *restore) stage(in io.Reader) error {
 				continue // the root's mode and mtime are set after the swap
 			}
 		}
-		if hdr.Name, err = u.stagedName(name); err != nil {
-			return err
-		}
 		if hdr.Typeflag == tar.TypeLink {
-			target, err := entryName(hdr.Linkname)
+			target, err := linkTarget(hdr)
 			if err != nil {
 				return err
 			}
 			if !inside(target, u.name) {
-				return invalid("body", "archive entry %q: hard link to %q, outside its root", name, hdr.Linkname)
+				return invalid("body", "archive entry %q: hard link to %q, outside its root", hdr.Name, hdr.Linkname)
 			}
 			if hdr.Linkname, err = u.stagedName(target); err != nil {
 				return err
 			}
+		}
+		if hdr.Name, err = u.stagedName(name); err != nil {
+			return err
 		}
 		if err := u.x.entry(hdr, tr); err != nil {
 			return err
@@ -282,30 +282,41 @@ func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
 			return fsError("path", dir, err)
 		}
 	}
-	stage, err := os.MkdirTemp(dir, stagingPrefix+"*")
+	u.stage, u.x, err = newStage(dir, extractor{dir: dir, budget: budget, exact: true, writer: rs.s.stagedFile})
 	if err != nil {
 		return fsError("path", u.root, err)
 	}
-	u.stage = stage
-	for _, sub := range []string{"new", "old"} {
-		if err := os.Mkdir(filepath.Join(stage, sub), 0o700); err != nil {
-			return fsError("path", u.root, err)
-		}
-	}
-	root, err := os.OpenRoot(filepath.Join(stage, "new"))
-	if err != nil {
-		return fsError("path", u.root, err)
-	}
-	u.x = &extractor{root: root, dir: dir, budget: budget, exact: true, writer: rs.s.stagedFile}
-	top, err := os.OpenFile(filepath.Join(stage, "new"), os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return fsError("path", u.root, err)
-	}
-	u.x.fresh(top)
 	if u.inPlace {
 		u.rootHdr = hdr
 	}
 	return nil
+}
+
+// newStage makes a staging directory in dir, with new/ (what x, which it
+// returns, extracts into: its fast path starts there) and old/ (what the
+// swap moves out). It returns the directory ("" when it made none) when it
+// fails too, for the caller to remove.
+func newStage(dir string, x extractor) (string, *extractor, error) {
+	stage, err := os.MkdirTemp(dir, stagingPrefix+"*")
+	if err != nil {
+		return "", nil, err
+	}
+	for _, sub := range []string{"new", "old"} {
+		if err := os.Mkdir(filepath.Join(stage, sub), 0o700); err != nil {
+			return stage, nil, err
+		}
+	}
+	neu := filepath.Join(stage, "new")
+	if x.root, err = os.OpenRoot(neu); err != nil {
+		return stage, nil, err
+	}
+	top, err := os.OpenFile(neu, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		_ = x.root.Close()
+		return stage, nil, err
+	}
+	x.fresh(top)
+	return stage, &x, nil
 }
 
 // mkdirs creates dir and its missing parents (0755) and returns those it
@@ -327,27 +338,38 @@ func mkdirs(dir string) ([]string, error) {
 	return missing, nil
 }
 
-// move is one rename of a swap.
-type move struct{ from, to string }
+// journal records the changes of a swap as the steps that undo them.
+type journal struct{ undo []func() error }
+
+// did records undo, the step that undoes a change just made.
+func (j *journal) did(undo func() error) { j.undo = append(j.undo, undo) }
+
+// rollback undoes every recorded change, the last first, and returns what
+// failed.
+func (j *journal) rollback() error {
+	var err error
+	for i := len(j.undo) - 1; i >= 0; i-- {
+		err = errors.Join(err, j.undo[i]())
+	}
+	j.undo = nil
+	return err
+}
+
+// move renames from to to (moveEntry) and journals it.
+func (s *Server) move(j *journal, from, to string) error {
+	if err := s.moveEntry(from, to); err != nil {
+		return err
+	}
+	j.did(func() error { return s.moveEntry(to, from) })
+	return nil
+}
 
 // swap moves every root's staged entries in and its old ones out, with
 // renames it journals; when one fails it undoes the journal in reverse and
 // returns the failure.
 func (rs *restore) swap() error {
-	var done []move
-	type rootState struct {
-		u     *restoreUnit
-		mode  fs.FileMode
-		mtime time.Time
-	}
-	var touched []rootState
-	mv := func(from, to string) error {
-		if err := rs.s.moveEntry(from, to); err != nil {
-			return err
-		}
-		done = append(done, move{from, to})
-		return nil
-	}
+	var j journal
+	mv := func(from, to string) error { return rs.s.move(&j, from, to) }
 	err := func() error {
 		for _, u := range rs.units {
 			old, neu := filepath.Join(u.stage, "old"), filepath.Join(u.stage, "new")
@@ -367,7 +389,9 @@ func (rs *restore) swap() error {
 			if err != nil {
 				return fmt.Errorf("restore %q: %w", u.root, err)
 			}
-			touched = append(touched, rootState{u: u, mode: fi.Mode(), mtime: fi.ModTime()})
+			j.did(func() error {
+				return errors.Join(os.Chmod(u.root, fi.Mode()), os.Chtimes(u.root, fi.ModTime(), fi.ModTime()))
+			})
 			if err := os.Chmod(u.root, fi.Mode()|0o700); err != nil { // its entries move out and in
 				return fmt.Errorf("restore %q: make it writable: %w", u.root, err)
 			}
@@ -390,16 +414,7 @@ func (rs *restore) swap() error {
 	if err == nil {
 		return nil
 	}
-	var undoErr error
-	for i := len(done) - 1; i >= 0; i-- {
-		if e := rs.s.moveEntry(done[i].to, done[i].from); e != nil {
-			undoErr = errors.Join(undoErr, e)
-		}
-	}
-	for _, t := range touched {
-		undoErr = errors.Join(undoErr, os.Chmod(t.u.root, t.mode), os.Chtimes(t.u.root, t.mtime, t.mtime))
-	}
-	if undoErr != nil {
+	if undoErr := j.rollback(); undoErr != nil {
 		var stages []string
 		for _, u := range rs.units {
 			if u.stage != "" {

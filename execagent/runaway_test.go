@@ -2,6 +2,8 @@ package execagent
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -9,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,17 +94,19 @@ func TestKillAll_KillsEveryProcessButTheAgent(t *testing.T) {
 		return err == nil && escaped > 0
 	}, "the escaped shell starts")
 
+	execStarted := filepath.Join(a.cfg.Workdir, "exec.started")
 	execDone := make(chan agentapi.ExecResult, 1)
 	go func() {
-		res, _ := a.client.Exec(ctx, agentapi.ExecRequest{Command: "sleep 1000", TimeoutMS: 600_000})
+		res, _ := a.client.Exec(ctx, agentapi.ExecRequest{Command: "touch " + execStarted + "; exec sleep 1000", TimeoutMS: 600_000})
 		execDone <- res
 	}()
 	eventually(t, func() bool { return len(groupMembers(escaped)) == 9 }, "the escaped shell's children start")
+	eventually(t, func() bool { _, err := os.Stat(execStarted); return err == nil }, "the exec starts")
 	members := groupMembers(escaped)
 
 	res, err := a.client.KillAll(ctx)
 	require.NoError(t, err)
-	assert.GreaterOrEqual(t, res.Killed, 13, "shell, job, process, escaped shell and 8 children, exec: %+v", res)
+	assert.Equal(t, 13, res.Killed, "shell, job, process, escaped shell and 8 children, exec: %+v", res)
 	assert.Zero(t, res.Left)
 
 	for _, pid := range append(members, jobPID, p.PID) {
@@ -192,4 +197,32 @@ func TestProcess_GroupRunningAfterTheLeaderExited(t *testing.T) {
 	info, err = a.client.GetProcess(ctx, p.ID)
 	require.NoError(t, err)
 	assert.False(t, info.GroupRunning)
+}
+
+// A start that fails with EAGAIN (the sandbox is at its pids limit) is a
+// retryable 503 pids_limit that names the limit, not a 500 with the fork's
+// error.
+func TestStart_AtThePidsLimitNamesTheLimit(t *testing.T) {
+	fork := &os.SyscallError{Syscall: "fork/exec /bin/bash", Err: syscall.EAGAIN}
+	for _, tc := range []struct {
+		name    string
+		pidsMax int
+		want    string
+	}{
+		{name: "cgroup limit known", pidsMax: 200,
+			want: "the sandbox is at its pids limit (200 processes and threads): nothing can start until some exit; retry, or kill every process of the sandbox"},
+		{name: "no cgroup limit", pidsMax: 0,
+			want: "the sandbox is at its limit of processes: nothing can start until some exit; retry, or kill every process of the sandbox"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl := &childTable{log: slog.New(slog.DiscardHandler), pidsMax: tc.pidsMax}
+			err := startError("start command", []string{"bash"}, nil, tbl.startFailed(fork))
+			status, code, msg := classify(err)
+			assert.Equal(t, http.StatusServiceUnavailable, status)
+			assert.Equal(t, agentapi.CodePidsLimit, code)
+			assert.Equal(t, tc.want, msg)
+		})
+	}
+	other := errors.New("fork/exec /bin/nope: no such file or directory")
+	assert.Same(t, other, (&childTable{}).startFailed(other), "other errors pass")
 }

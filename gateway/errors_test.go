@@ -24,7 +24,7 @@ import (
 // TestErrors_EverySurfaceRendersOneClassification runs one error of every
 // class through every API surface that creates a sandbox — Quarry's
 // POST /v1/sandboxes and POST /v1/envs, ROCK's start_async and GEM's make —
-// and holds each answer to the class the table names: the same status,
+// and through the close of a WebSocket, and holds each answer to the class the table names: the same status,
 // code, retryability and message everywhere, in each surface's own shape.
 // Unknown pools are left out: the create routes turn the store's
 // ErrNotFound into bad input naming the pool, by design.
@@ -62,8 +62,13 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 		{name: "agent unreachable", err: &agentapi.CallError{Err: errors.New("connection refused")}, status: 502, code: "agent_unreachable", rockCode: 5000, message: "is unreachable: connection refused"},
 		{name: "agent timeout", err: &agentapi.CallError{Err: fasthttp.ErrTimeout}, status: 504, code: "timeout", rockCode: 5000, message: "did not answer in time"},
 		{name: "agent connection limit", err: &agentapi.CallError{Err: fasthttp.ErrNoFreeConns}, status: 503, code: "unavailable", retryable: true, rockCode: 5000, message: "retry later"},
+		{name: "sandbox at its pids limit", err: &agentapi.Error{Status: 503, Code: agentapi.CodePidsLimit,
+			Message: "the sandbox is at its pids limit (200 processes and threads): nothing can start until some exit; retry, or kill every process of the sandbox"},
+			status: 503, code: "pids_limit", retryable: true, rockCode: 5000, message: "the sandbox is at its pids limit (200 processes and threads)"},
 		{name: "env program failed", err: &envs.Error{Kind: envs.KindEnv, Message: "exited with code 7"}, status: 502, code: "env_error", rockCode: 5000, message: "exited with code 7"},
 		{name: "command failed", err: &errclass.CommandError{Message: "exit code 2"}, status: 422, code: "command_failed", rockCode: 6000, message: "exit code 2"},
+		{name: "command failed with no output", err: &errclass.CommandError{Message: "Command \"false\" failed with exit code 1. Here is the output:\n"},
+			status: 422, code: "command_failed", rockCode: 6000, message: "Here is the output:"},
 		{name: "bad image", err: &providers.LaunchError{Pool: "default", Image: "nope", Reason: "image not found", Err: providers.ErrInvalidSpec},
 			status: 500, code: "internal", rockCode: 5000, message: "image not found"},
 		{name: "checkpoint not found", err: fmt.Errorf("from checkpoint: %w", checkpoints.ErrNotFound), status: 404, code: "not_found", rockCode: 4000, message: "checkpoint not found"},
@@ -99,6 +104,7 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 				assert.Equal(t, tt.status, resp.StatusCode, "%s: %s", route.path, body)
 				assert.Equal(t, tt.code, e.Code, route.path)
 				assert.Contains(t, e.Message, tt.message, route.path)
+				assert.NotRegexp(t, `\s$`, e.Message, "%s: no message ends in white space", route.path)
 				assert.NotContains(t, e.Message, "/var/secret", route.path)
 				if tt.status == http.StatusServiceUnavailable {
 					assert.Equal(t, wantRetryAfter, resp.Header.Get("Retry-After"), route.path)
@@ -120,14 +126,22 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 			assert.Equal(t, "Failed", env.Status)
 			assert.Equal(t, tt.rockCode, env.Result.Code, "ROCK code: %s", body)
 			assert.Contains(t, env.Error, tt.message, "ROCK")
+			assert.NotRegexp(t, `\s$`, env.Error, "ROCK")
 			assert.Equal(t, env.Error, env.Result.FailureReason)
 			assert.NotContains(t, env.Error, "/var/secret", "ROCK")
 			assert.Equal(t, wantRetryAfter, resp.Header.Get("Retry-After"), "ROCK")
+
+			wantClose := wsClose{WSCloseStatusBase + tt.status, tt.code}
+			if tt.status == http.StatusGone {
+				wantClose = wsClose{WSCloseLeaseGone, WSReasonLeaseGone}
+			}
+			assert.Equal(t, wantClose, wsCloseOf(tt.err), "WebSocket close")
 
 			resp, body = callJSON(t, http.MethodPost, gw.URL+"/apis/v1/envs/gem/make", testKey, map[string]any{"env_id": "game"})
 			assert.Equal(t, tt.status, resp.StatusCode, "GEM: %s", body)
 			detail := decode[map[string]string](t, body)["detail"]
 			assert.Contains(t, detail, tt.message, "GEM")
+			assert.NotRegexp(t, `\s$`, detail, "GEM")
 			assert.NotContains(t, detail, "/var/secret", "GEM")
 			assert.Equal(t, wantRetryAfter, resp.Header.Get("Retry-After"), "GEM")
 		})

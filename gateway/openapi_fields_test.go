@@ -58,6 +58,7 @@ func TestOpenAPI_AgentSchemasListEveryField(t *testing.T) {
 		"FileInfo":             agentapi.FileInfo{},
 		"FileList":             agentapi.FileList{},
 		"WriteResult":          agentapi.WriteResult{},
+		"KillAllResult":        agentapi.KillAllResult{},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s, ok := doc.Components.Schemas[name]

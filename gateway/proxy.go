@@ -185,7 +185,7 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	// not the client's.
 	resp.Header.ResetConnectionClose()
 	switch status := resp.StatusCode(); status {
-	case http.StatusConflict, http.StatusUnauthorized:
+	case http.StatusConflict, http.StatusUnauthorized, http.StatusServiceUnavailable:
 		if err := g.inspectAgentError(resp, lease, status); err != nil {
 			return errclass.Sandbox(id, err)
 		}
@@ -272,10 +272,12 @@ func (g *Gateway) commandTimeout(body []byte) time.Duration {
 	return min(d+g.cfg.TimeoutMargin, g.cfg.MaxCommandTimeout)
 }
 
-// inspectAgentError looks at an agent's 401/409 answer: a stale generation
-// means the lease is gone (410), a refused token (401) is the gateway's
-// problem (502); any other answer passes through unchanged (nil). A 403
-// (code forbidden) is the sandbox's own refusal and is not inspected.
+// inspectAgentError looks at an agent's 401/409/503 answer: a stale
+// generation means the lease is gone (410), a refused token (401) is the
+// gateway's problem (502), a sandbox at its pids limit (503 pids_limit) is
+// answered with its kill-all route and Retry-After; any other answer passes
+// through unchanged (nil). A 403 (code forbidden) is the sandbox's own
+// refusal and is not inspected.
 func (g *Gateway) inspectAgentError(resp *fasthttp.Response, lease warmpool.Lease, status int) error {
 	var body []byte
 	if s := resp.BodyStream(); s != nil {
@@ -292,7 +294,8 @@ func (g *Gateway) inspectAgentError(resp *fasthttp.Response, lease warmpool.Leas
 	case status == http.StatusConflict && ae.Code == agentapi.CodeStaleGeneration:
 		g.agents.evict(lease.AgentURL)
 		return ae
-	case status == http.StatusUnauthorized:
+	case status == http.StatusUnauthorized,
+		status == http.StatusServiceUnavailable && ae.Code == agentapi.CodePidsLimit:
 		return ae
 	}
 	return nil

@@ -479,6 +479,7 @@ func TestProxy_AgentAnswersMapped(t *testing.T) {
 		want     int
 		wantBody string // exact pass-through when set
 		code     string
+		message  string // the gateway's own message, when wantBody is not set
 	}{
 		{name: "busy passes through", status: 409, body: `{"error":{"code":"busy","message":"session ses-1 is running a command"}}`, want: 409,
 			wantBody: `{"error":{"code":"busy","message":"session ses-1 is running a command"}}`},
@@ -490,6 +491,12 @@ func TestProxy_AgentAnswersMapped(t *testing.T) {
 		{name: "refused token is a gateway problem", status: 401, body: `{"error":{"code":"unauthorized","message":"bad token"}}`, want: 502, code: "agent_unreachable"},
 		{name: "a full disk passes through", status: 507, body: `{"error":{"code":"insufficient_storage","message":"write \"/home/sandbox/f\": no space left on device"}}`, want: 507,
 			wantBody: `{"error":{"code":"insufficient_storage","message":"write \"/home/sandbox/f\": no space left on device"}}`},
+		{name: "at the pids limit names kill-all and says when to retry", status: 503,
+			body: `{"error":{"code":"pids_limit","message":"the sandbox is at its pids limit (200 processes and threads): nothing can start until some exit; retry, or kill every process of the sandbox"}}`,
+			want: 503, code: "pids_limit",
+			message: "the sandbox is at its pids limit (200 processes and threads): nothing can start until some exit; retry, or kill every process of the sandbox (POST /v1/sandboxes/sbx-1/kill-all)"},
+		{name: "another 503 passes through", status: 503, body: `{"error":{"code":"unavailable","message":"agent is shutting down"}}`, want: 503,
+			wantBody: `{"error":{"code":"unavailable","message":"agent is shutting down"}}`},
 		{name: "forbidden passes through", status: 403, body: `{"error":{"code":"forbidden","message":"path /root/x: permission denied"}}`, want: 403,
 			wantBody: `{"error":{"code":"forbidden","message":"path /root/x: permission denied"}}`},
 	}
@@ -510,8 +517,14 @@ func TestProxy_AgentAnswersMapped(t *testing.T) {
 				assert.Equal(t, tt.want, resp.StatusCode, "sse=%v body %s", sse, body)
 				if tt.wantBody != "" {
 					assert.Equal(t, tt.wantBody, string(body), "sse=%v", sse)
+					assert.Empty(t, resp.Header.Get("Retry-After"), "sse=%v", sse)
 				} else {
-					assert.Equal(t, tt.code, decodeError(t, body).Code, "sse=%v", sse)
+					e := decodeError(t, body)
+					assert.Equal(t, tt.code, e.Code, "sse=%v", sse)
+					if tt.message != "" {
+						assert.Equal(t, tt.message, e.Message, "sse=%v", sse)
+						assert.Equal(t, "2", resp.Header.Get("Retry-After"), "sse=%v: retryable", sse)
+					}
 				}
 			}
 		})

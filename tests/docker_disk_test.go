@@ -74,6 +74,7 @@ func TestDocker_FullDiskIs507AndTheSandboxLives(t *testing.T) {
 	assert.Equal(t, 0, res.ExitCode)
 	assert.True(t, strings.HasPrefix(res.Stdout, "ok\n"), res.Stdout)
 	assert.NotContains(t, res.Stdout, "quarry-upload", "a failed write leaves no temporary file")
+	assert.Equal(t, "ok\na.bin\nb.bin\n", res.Stdout, "nothing of the refused archive is left: not even up/, which the upload made")
 	got, err := c.GetSandbox(ctx, sbx.ID)
 	require.NoError(t, err)
 	assert.Equal(t, client.StateActive, got.State, "the lease stays active")

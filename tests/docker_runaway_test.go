@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,9 +90,10 @@ func TestDocker_OOMKilledIsFlagged(t *testing.T) {
 }
 
 // A fork bomb meets the pool's pids limit. The agent outlives it, answers
-// honestly meanwhile (a command that cannot start is an error, one that ran
-// never reports exit 0 with timed_out), and kill-all recovers the sandbox
-// on the same lease: echo ok answers 0 at once.
+// honestly meanwhile (a command that cannot start is a retryable 503
+// pids_limit that names the limit and kill-all, one that ran never reports
+// exit 0 with timed_out), and kill-all recovers the sandbox on the same
+// lease: echo ok answers 0 at once.
 func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
 	d, c, ctx, sbx := runawaySandbox(t, "forks")
 
@@ -119,8 +121,9 @@ func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
 	})
 
 	// Commands while the sandbox is at its pids limit: each is refused or
-	// runs; the agent stays up.
+	// runs (the bomb's forks fail too, and free pids); the agent stays up.
 	var wg sync.WaitGroup
+	var refused atomic.Int32
 	for range 3 {
 		for range 8 {
 			wg.Add(1)
@@ -130,7 +133,12 @@ func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
 				if err != nil {
 					var cerr *client.Error
 					require.ErrorAs(t, err, &cerr)
-					assert.Equal(t, 500, cerr.Status, "a command that cannot start, not a dead agent: %v", err)
+					assert.Equal(t, 503, cerr.Status, "a command that cannot start, not a dead agent: %v", err)
+					assert.Equal(t, agentapi.CodePidsLimit, cerr.Code)
+					assert.Equal(t, "the sandbox is at its pids limit (200 processes and threads): nothing can start until some exit; "+
+						"retry, or kill every process of the sandbox (POST /v1/sandboxes/"+sbx.ID+"/kill-all)", cerr.Message)
+					assert.Positive(t, cerr.RetryAfter)
+					refused.Add(1)
 					return
 				}
 				assert.False(t, res.TimedOut && res.ExitCode == 0, "timed out yet exit 0: %+v", res)
@@ -139,6 +147,7 @@ func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
 		wg.Wait()
 		time.Sleep(500 * time.Millisecond)
 	}
+	assert.Positive(t, refused.Load(), "at the limit, some command could not start")
 	got, err := c.GetSandbox(ctx, sbx.ID)
 	require.NoError(t, err)
 	require.Equal(t, client.StateActive, got.State, "the agent outlived the bomb: %s", got.Reason)
@@ -196,4 +205,40 @@ func TestDocker_LostToOOMReasonNamesItWithTheLogTail(t *testing.T) {
 	assert.Contains(t, got.Reason, "exited with code 137 (killed for running out of memory: the kernel's OOM killer, at the container's limit of 64 MiB")
 	assert.Contains(t, got.Reason, "; its log ends: ")
 	assert.Contains(t, got.Reason, "the kernel's OOM killer killed processes of the sandbox", "the agent's own account")
+}
+
+// kill-all counts what it killed against a known number: two programs of
+// 100 threads each and a shell with 50 sleeps are 53 processes of 253
+// threads (what a pids limit counts).
+func TestDocker_KillAllCountsProcessesAndThreads(t *testing.T) {
+	d := requireDocker(t)
+	g := d.startGateway(dockerPythonPool(""))
+	g.waitReady("py", 1)
+	c, ctx := g.client(), ctx(t)
+	sbx, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "py"})
+	require.NoError(t, err)
+	threads := "import threading, time\n" +
+		"for _ in range(100): threading.Thread(target=time.sleep, args=(1000,)).start()\n" +
+		"open('ready-%d', 'w').close()\n" +
+		"time.sleep(1000)\n"
+	for i := range 2 {
+		_, err := c.StartProcess(ctx, sbx.ID, agentapi.ProcessStartRequest{Argv: []string{"python3", "-c", fmt.Sprintf(threads, i)}})
+		require.NoError(t, err)
+	}
+	// ": >" is the shell's own: no process of its own that may still exit.
+	_, err = c.StartProcess(ctx, sbx.ID, agentapi.ProcessStartRequest{Command: "for i in $(seq 50); do sleep 1000 & done; : > ready-sleeps; wait"})
+	require.NoError(t, err)
+	eventually(t, dockerWait, "everything runs", func() error {
+		res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "ls ready-0 ready-1 ready-sleeps"})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("%s", res.Stderr)
+		}
+		return err
+	})
+
+	killed, err := c.KillAll(ctx, sbx.ID)
+	require.NoError(t, err)
+	assert.Equal(t, 53, killed.Killed, "two programs, the shell and its 50 sleeps: %+v", killed)
+	assert.Equal(t, 253, killed.Threads, "101 threads each, one each: %+v", killed)
+	assert.Zero(t, killed.Left)
 }

@@ -166,6 +166,11 @@ func TestRock_SessionsSurviveGatewayRestart(t *testing.T) {
 		map[string]any{"sandbox_id": "restart-me", "session": "keep", "command": "(exit 5)", "check": "silent"})
 	require.Equal(t, "Success", env.Status, env.errMsg())
 	assert.EqualValues(t, 5, env.res()["exit_code"], "check silent returns the exit code")
+	_, env = rockCall(t, g, http.MethodPost, "run_in_session", key,
+		map[string]any{"sandbox_id": "restart-me", "session": "keep", "command": "(exit 5)", "check": "raise"})
+	assert.Equal(t, "Failed", env.Status)
+	assert.Equal(t, `Command "(exit 5)" failed with exit code 5. Here is the output:`, env.errMsg(),
+		"check raise: a failure, its message without the newline that led to the (empty) output")
 
 	// A timeout interrupts the command, not the session.
 	_, env = rockCall(t, g, http.MethodPost, "run_in_session", key,

@@ -108,7 +108,7 @@ func newFakeGateway(t *testing.T) *fakeGateway {
 		f.mu.Lock()
 		f.killAlls = append(f.killAlls, r.PathValue("id"))
 		f.mu.Unlock()
-		writeJSON(w, http.StatusOK, agentapi.KillAllResult{Killed: 201, DurationMS: 37})
+		writeJSON(w, http.StatusOK, agentapi.KillAllResult{Killed: 201, Threads: 233, DurationMS: 37})
 	}))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+f.key {

@@ -135,10 +135,10 @@ func TestRun_SandboxKillAll(t *testing.T) {
 	f := newFakeGateway(t)
 	a := f.mustCreate(t)
 	res := f.cli(t, "", "sandbox", "kill-all", a)
-	assert.Equal(t, result{a + ": killed 201 processes in 37 ms\n", "", 0}, res)
+	assert.Equal(t, result{a + ": killed 201 processes (233 threads) in 37 ms\n", "", 0}, res)
 	res = f.cli(t, "", "sandbox", "kill-all", "--json", a)
 	require.Equal(t, 0, res.code, res.stderr)
-	assert.JSONEq(t, `{"killed": 201, "left": 0, "duration_ms": 37}`, res.stdout)
+	assert.JSONEq(t, `{"killed": 201, "threads": 233, "left": 0, "duration_ms": 37}`, res.stdout)
 	assert.Equal(t, []string{a, a}, f.killAlls)
 
 	res = f.cli(t, "", "sandbox", "kill-all", "sbx-404")

@@ -206,7 +206,7 @@ func runKillAll(ctx context.Context, c *cli, args []string) error {
 	if *asJSON {
 		return printJSON(c.stdout, res)
 	}
-	fmt.Fprintf(c.stdout, "%s: killed %d processes in %d ms", pos[0], res.Killed, res.DurationMS)
+	fmt.Fprintf(c.stdout, "%s: killed %d processes (%d threads) in %d ms", pos[0], res.Killed, res.Threads, res.DurationMS)
 	if res.Left > 0 {
 		fmt.Fprintf(c.stdout, "; %d still running", res.Left)
 	}

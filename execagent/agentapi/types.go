@@ -135,8 +135,15 @@ const (
 	// CodeInsufficientStorage: a write (a file, an archive upload) found
 	// the sandbox's disk full (ENOSPC) or over its quota (EDQUOT); 507. The
 	// message names the path and the size of the file system holding it.
-	// What was written before stays; the sandbox is fine otherwise.
+	// The write leaves nothing (a file, an archive upload); the sandbox is
+	// fine otherwise.
 	CodeInsufficientStorage = "insufficient_storage"
+	// CodePidsLimit: a command, session shell, process or PTY program
+	// could not start because the sandbox is at its limit of processes (the
+	// fork failed with EAGAIN: its cgroup's pids.max, which counts threads
+	// too); 503, retryable: nothing started. The message names the limit
+	// when the agent knows it.
+	CodePidsLimit = "pids_limit"
 )
 
 // ErrorBody is the one JSON shape of every error response, from the agent and
@@ -439,9 +446,14 @@ type FileList struct {
 // exited by SIGKILL until they are deleted; commands running meanwhile
 // answer as killed by SIGKILL. The body is empty or {}.
 type KillAllResult struct {
-	// Killed is how many processes the agent saw running and killed (what
-	// a fork bomb forks between two looks dies uncounted).
+	// Killed is how many processes SIGKILL killed: every process that ran
+	// when the agent sent it, those a fork bomb forked meanwhile included,
+	// not those that had exited already.
 	Killed int `json:"killed"`
+	// Threads is how many threads those processes had (one at least
+	// each): a pids limit counts threads, not processes, so a sandbox of
+	// two programs with 400 threads each has 800 pids and Killed 2.
+	Threads int `json:"threads"`
 	// Left is how many were still running when the agent gave up (after
 	// 10 s: a process stuck in the kernel); normally 0.
 	Left       int   `json:"left"`

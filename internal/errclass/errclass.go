@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
@@ -132,12 +134,20 @@ func AgentMayBeDown(err error) bool {
 // Of classifies err. It is the one mapping from Quarry's errors (the
 // contracts' sentinels and typed errors, wrapped or not) to what clients
 // are told; every surface renders its result. An error it does not know is
-// internal, and its text is not shown.
+// internal, and its text is not shown. A Message never ends in white space:
+// one made of a command's output or a program's own message (a traceback)
+// would end in a newline.
 func Of(err error) Class {
-	subject := "the sandbox"
+	c := of(err)
+	c.Message = strings.TrimRightFunc(c.Message, unicode.IsSpace)
+	return c
+}
+
+func of(err error) Class {
+	subject, killAll := "the sandbox", "kill-all"
 	var sbx *SandboxError
 	if errors.As(err, &sbx) {
-		subject = "sandbox " + sbx.ID
+		subject, killAll = "sandbox "+sbx.ID, "POST /v1/sandboxes/"+sbx.ID+"/kill-all"
 	}
 	if c, ok := ofRequest(err); ok {
 		return c
@@ -151,7 +161,7 @@ func Of(err error) Class {
 	if c, ok := ofEnv(subject, err); ok {
 		return c
 	}
-	if c, ok := ofAgent(subject, err); ok {
+	if c, ok := ofAgent(subject, killAll, err); ok {
 		return c
 	}
 	return ofLease(subject, err)
@@ -324,22 +334,22 @@ func ofEnv(subject string, err error) (Class, bool) {
 }
 
 // ofAgent classifies a sandbox agent's own error answers and calls to it
-// that got no usable answer.
-func ofAgent(subject string, err error) (Class, bool) {
+// that got no usable answer. killAll is how to call the sandbox's kill-all.
+func ofAgent(subject, killAll string, err error) (Class, bool) {
 	var (
 		ae *agentapi.Error
 		ce *agentapi.CallError
 	)
 	switch {
 	case errors.As(err, &ae):
-		return ofAgentAnswer(subject, ae), true
+		return ofAgentAnswer(subject, killAll, ae), true
 	case errors.As(err, &ce):
 		return ofAgentCall(subject, ce), true
 	}
 	return Class{}, false
 }
 
-func ofAgentAnswer(subject string, ae *agentapi.Error) Class {
+func ofAgentAnswer(subject, killAll string, ae *agentapi.Error) Class {
 	switch {
 	case ae.Code == agentapi.CodeStaleGeneration:
 		return Class{Code: agentapi.CodeGone, Status: http.StatusGone,
@@ -359,6 +369,13 @@ func ofAgentAnswer(subject string, ae *agentapi.Error) Class {
 		// The sandbox's disk is full: its own state, which the caller can
 		// change (delete files, a larger disk); the agent is fine.
 		return Class{Code: agentapi.CodeInsufficientStorage, Status: http.StatusInsufficientStorage, Message: subject + ": " + ae.Message}
+	case ae.Code == agentapi.CodePidsLimit:
+		// The sandbox is at its limit of processes (a fork bomb, a burst
+		// of commands): nothing started, and a retry starts it once some
+		// have exited; kill-all ends them all. The agent's message names
+		// the limit.
+		return Class{Code: agentapi.CodePidsLimit, Status: http.StatusServiceUnavailable, Retryable: true,
+			Message: ae.Message + " (" + killAll + ")"}
 	default:
 		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
 			Message: "the agent of " + subject + " failed: " + ae.Message}

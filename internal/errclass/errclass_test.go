@@ -51,6 +51,10 @@ func TestOf(t *testing.T) {
 		{name: "sandbox disk full", err: errclass.Sandbox("sbx-1", &agentapi.Error{Status: 507, Code: agentapi.CodeInsufficientStorage,
 			Message: `write "/home/sandbox/f": no space left on device: the file system holding it is full (16 MiB, 0 bytes free)`}),
 			status: 507, code: "insufficient_storage", message: `sandbox sbx-1: write "/home/sandbox/f": no space left on device: the file system holding it is full (16 MiB`},
+		{name: "sandbox at its pids limit", err: errclass.Sandbox("sbx-1", &agentapi.Error{Status: 503, Code: agentapi.CodePidsLimit,
+			Message: "the sandbox is at its pids limit (200 processes and threads): nothing can start until some exit; retry, or kill every process of the sandbox"}),
+			status: 503, code: "pids_limit", retryable: true,
+			message: "the sandbox is at its pids limit (200 processes and threads): nothing can start until some exit; retry, or kill every process of the sandbox (POST /v1/sandboxes/sbx-1/kill-all)"},
 		{name: "stale generation", err: &agentapi.Error{Status: 409, Code: agentapi.CodeStaleGeneration, Message: "stale"}, status: 410, code: "gone", message: "belongs to a newer lease"},
 		{name: "idempotency mismatch", err: fmt.Errorf("acquire: %w", warmpool.ErrIdempotencyMismatch), status: 409, code: "conflict", message: "first used with a different request"},
 		{name: "store conflict", err: warmpool.ErrConflict, status: 409, code: "conflict", retryable: true, message: "changed concurrently; retry"},
@@ -108,6 +112,28 @@ func TestOf(t *testing.T) {
 			assert.NotContains(t, c.Message, "/var/secret")
 			assert.Equal(t, c.Code == agentapi.CodeInternal, c.Unexpected())
 			assert.NotEqual(t, http.StatusOK, c.Status)
+		})
+	}
+}
+
+// A message made of a command's output or a program's own words ends in
+// a newline when they do: no surface shows it.
+func TestOf_MessageNeverEndsInWhiteSpace(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{name: "a command failed with no output", err: &errclass.CommandError{Message: "Command \"false\" failed with exit code 1. Here is the output:\n"},
+			want: "Command \"false\" failed with exit code 1. Here is the output:"},
+		{name: "an env program's traceback", err: errclass.Sandbox("sbx-1", &envs.Error{Kind: envs.KindEnv, Message: "Traceback (most recent call last):\n  File \"env.py\"\nValueError: bad\n"}),
+			want: "sandbox sbx-1: Traceback (most recent call last):\n  File \"env.py\"\nValueError: bad"},
+		{name: "an agent's answer", err: &agentapi.Error{Status: 409, Code: agentapi.CodeBusy, Message: "session ses-1 is running a command\r\n"},
+			want: "session ses-1 is running a command"},
+		{name: "bad input", err: badinput.New("command", "ends in a tab\t"), want: "command: ends in a tab"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, errclass.Of(tc.err).Message)
 		})
 	}
 }

@@ -29,6 +29,7 @@ CODES = [
     (500, "checkpoint_corrupt", errors.CheckpointCorrupt), (502, "agent_unreachable", errors.AgentUnreachable),
     (502, "upstream_unreachable", errors.UpstreamUnreachable), (502, "env_error", errors.EnvError),
     (503, "unavailable", errors.Unavailable), (503, "no_capacity", errors.NoCapacity),
+    (503, "pids_limit", errors.PidsLimit),
     (504, "timeout", errors.Timeout), (504, "env_timeout", errors.EnvTimeout),
     (507, "insufficient_storage", errors.InsufficientStorage),
 ]

@@ -16,8 +16,8 @@ from ._sync import Quarry, SyncProxy
 from .errors import (
     AgentUnreachable, BadRequest, Busy, CheckpointCorrupt, CommandFailed, Conflict, EnvError,
     EnvTimeout, EpisodeNotRunning, Forbidden, Gone, InsufficientStorage, Internal, InvalidAction,
-    MethodNotAllowed, NameInUse, NoCapacity, NoReply, NotFound, PayloadTooLarge, ProcessExited,
-    ProtocolError, QuarryError, QuotaExceeded, Timeout, Unauthorized, Unavailable,
+    MethodNotAllowed, NameInUse, NoCapacity, NoReply, NotFound, PayloadTooLarge, PidsLimit,
+    ProcessExited, ProtocolError, QuarryError, QuotaExceeded, Timeout, Unauthorized, Unavailable,
     UpstreamUnreachable,
 )
 from .types import (
@@ -34,7 +34,8 @@ __all__ = [
     "MethodNotAllowed", "Conflict", "Busy", "NameInUse", "ProcessExited", "NoReply", "ProtocolError",
     "EpisodeNotRunning", "Gone", "PayloadTooLarge", "CommandFailed", "QuotaExceeded", "Internal",
     "CheckpointCorrupt", "AgentUnreachable", "UpstreamUnreachable", "EnvError", "Unavailable",
-    "NoCapacity", "Timeout", "EnvTimeout", "InsufficientStorage", "Checkpoint", "EnvInfo", "Exchange", "ExecEvent", "ExecResult",
+    "NoCapacity", "PidsLimit", "Timeout", "EnvTimeout", "InsufficientStorage", "Checkpoint", "EnvInfo",
+    "Exchange", "ExecEvent", "ExecResult",
     "FileInfo", "KillAllResult", "Pool", "ProcessInfo", "ProcessOutput", "RestoreResult", "RunResult",
     "SandboxInfo", "SessionInfo", "WriteResult", "__version__",
 ]

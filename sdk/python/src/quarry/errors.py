@@ -264,6 +264,14 @@ class NoCapacity(Unavailable):
     code = "no_capacity"
 
 
+class PidsLimit(Unavailable):
+    """503 ``pids_limit``: the sandbox is at its pids limit, so nothing could start;
+    retry once some of its processes exit, or kill them all (``kill_all``).
+    ``retry_after`` as for :class:`Unavailable`."""
+
+    code = "pids_limit"
+
+
 class Timeout(QuarryError):
     """504: the agent (or the trainer, for a relay call) did not answer in time."""
 
@@ -290,7 +298,7 @@ _BY_CODE: dict[str, type[QuarryError]] = {
         BadRequest, InvalidAction, Unauthorized, Forbidden, NotFound, MethodNotAllowed,
         Conflict, Busy, NameInUse, ProcessExited, NoReply, ProtocolError, EpisodeNotRunning,
         Gone, PayloadTooLarge, CommandFailed, QuotaExceeded, Internal, CheckpointCorrupt, AgentUnreachable,
-        UpstreamUnreachable, EnvError, Unavailable, NoCapacity, Timeout, EnvTimeout,
+        UpstreamUnreachable, EnvError, Unavailable, NoCapacity, PidsLimit, Timeout, EnvTimeout,
         InsufficientStorage,
     )
 }

@@ -235,6 +235,7 @@ class Exchange:
 @dataclass
 class KillAllResult:
     killed: int = 0
+    threads: int = 0
     left: int = 0
     duration_ms: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
