@@ -50,6 +50,9 @@ type ptyTable struct {
 	srv *Server
 	mu  sync.Mutex
 	m   map[string]*ptySession
+	// beforeAttach, when set (tests), runs in an attach between the
+	// WebSocket's upgrade and the client's attach to its PTY.
+	beforeAttach func()
 }
 
 func newPTYTable(s *Server) *ptyTable { return &ptyTable{srv: s, m: map[string]*ptySession{}} }
@@ -69,12 +72,17 @@ type ptySession struct {
 	out        *ring
 	cols, rows int
 	clients    map[*ptyClient]struct{}
-	exited     bool
-	exitCode   int
-	signal     string
-	ended      time.Time
-	done       chan struct{} // closed when exited is set
-	readDone   chan struct{}
+	// dropCode and dropWhy, once reset forgot the PTY, are what a client
+	// that attaches after it is closed with (a lease_gone that the attach
+	// raced).
+	dropCode int
+	dropWhy  string
+	exited   bool
+	exitCode int
+	signal   string
+	ended    time.Time
+	done     chan struct{} // closed when exited is set
+	readDone chan struct{}
 }
 
 // ptyMsg is one message queued for a client: output bytes, or the exit.
@@ -270,6 +278,10 @@ func (p *ptySession) attach(c *ptyClient) {
 		c.send <- ptyMsg{data: replay[:n]} // the queue has room for the whole ring
 		replay = replay[n:]
 	}
+	if p.dropCode != 0 { // reset forgot it while this client attached
+		c.drop(p.dropCode, p.dropWhy)
+		return
+	}
 	if p.exited {
 		c.send <- ptyMsg{exit: p.exitControl()}
 		return
@@ -389,6 +401,7 @@ func (t *ptyTable) reset(code int, why string) {
 	t.mu.Unlock()
 	for _, p := range all {
 		p.mu.Lock()
+		p.dropCode, p.dropWhy = code, why
 		for c := range p.clients {
 			c.drop(code, why)
 			delete(p.clients, c)
@@ -484,6 +497,9 @@ func (s *Server) handlePTYAttach(w http.ResponseWriter, r *http.Request) error {
 		return nil // the upgrader answered
 	}
 	conn.SetReadLimit(agentapi.MaxPTYMessage)
+	if s.ptys.beforeAttach != nil {
+		s.ptys.beforeAttach()
+	}
 	c := &ptyClient{
 		conn: conn, gone: make(chan struct{}),
 		send: make(chan ptyMsg, ptyClientQueue+int(s.cfg.PTYReplay/ptyReadChunk)+2),

@@ -292,6 +292,30 @@ func TestPTY_NewLeaseEndsThePreviousLeasesPTYs(t *testing.T) {
 	eventually(t, func() bool { return processGone(info.PID) }, "its program is gone")
 }
 
+// An attach that races the new lease's init (its WebSocket upgraded, its
+// client not yet attached when the init forgets the PTYs) is closed with
+// 4410 too, not with the program's exit (1000): seen once in a loaded
+// make test.
+func TestPTY_AttachRacingANewLeaseGetsLeaseGone(t *testing.T) {
+	a := newTestAgent(t, nil)
+	ctx := context.Background()
+	_, err := a.client.Init(ctx, agentapi.InitRequest{LeaseID: "lease-1", Generation: 1})
+	require.NoError(t, err)
+	info, err := a.client.WithGeneration(1).CreatePTY(ctx, agentapi.PTYCreateRequest{Command: []string{"sleep", "1000"}})
+	require.NoError(t, err)
+	upgraded, attach := make(chan struct{}), make(chan struct{})
+	a.srv.ptys.beforeAttach = func() { close(upgraded); <-attach }
+	conn := attachPTY(t, a, info.ID, 1)
+	<-upgraded
+	_, err = a.client.Init(ctx, agentapi.InitRequest{LeaseID: "lease-2", Generation: 2})
+	require.NoError(t, err)
+	eventually(t, func() bool { return processGone(info.PID) }, "the old lease's program is gone") // its exit is there to race
+	close(attach)
+	ce := conn.waitClose()
+	assert.Equal(t, 4410, ce.Code)
+	assert.Equal(t, agentapi.ReasonLeaseGone, ce.Text)
+}
+
 func TestPTY_KillAllEndsPTYPrograms(t *testing.T) {
 	a := newTestAgent(t, nil)
 	ctx := context.Background()
