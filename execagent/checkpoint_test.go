@@ -572,16 +572,22 @@ func TestRestore_ProcessesKeepRunning(t *testing.T) {
 	require.NoError(t, err)
 	ticks := filepath.Join(w, "ticks")
 	eventually(t, func() bool { _, err := os.Stat(ticks); return err == nil }, "the process writes")
-	before, err := os.Stat(ticks)
+	// A marker in the file the restore must remove: a new file may get the
+	// old one's inode number (a file system reuses a freed inode at once),
+	// so os.SameFile cannot tell them apart.
+	f, err := os.OpenFile(ticks, os.O_APPEND|os.O_WRONLY, 0)
 	require.NoError(t, err)
+	_, err = f.WriteString("before the restore\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
 	_, err = restoreArchive(a, sum, b)
 	require.NoError(t, err)
 	info, err := a.client.GetProcess(ctx, p.ID)
 	require.NoError(t, err)
 	assert.Equal(t, agentapi.ProcessRunning, info.State)
 	eventually(t, func() bool {
-		after, err := os.Stat(ticks)
-		return err == nil && !os.SameFile(before, after)
+		got, err := os.ReadFile(ticks)
+		return err == nil && len(got) > 0 && !strings.Contains(string(got), "before the restore")
 	}, "the restore removed ticks (created since), and the process writes a new one into the same root: its cwd works")
 	_, err = a.client.KillProcess(ctx, p.ID)
 	require.NoError(t, err)

@@ -125,10 +125,13 @@ func (k killedSet) threads() int {
 // a zombie at least, for the second look to count — the processes a fork
 // bomb forked between the first look and the kill too (kill(-1) and
 // kill(-pgid) reach a fork in progress: the kernel fails a fork whose
-// parent has a SIGKILL pending). Not counted: what was a zombie before the
-// kill, and what exited by itself meanwhile (a zombie that did not die of
-// SIGKILL). Counted without the second look: what ran before the kill and
-// has gone since (its parent, in wait(), reaped it before it died itself).
+// parent has a SIGKILL pending). Counted: what ran before the kill, however
+// it ended (a shell whose children were killed first may finish its
+// script and exit before its own SIGKILL lands: kill-all ended it all the
+// same), also when it has gone since (its parent, in wait(), reaped it
+// before it died itself); and what was forked meanwhile and died of
+// SIGKILL. Not counted: what was a zombie before the kill, and what was
+// forked meanwhile and exited by itself.
 func (t *childTable) killRound(self int, killed killedSet) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -158,11 +161,12 @@ func (t *childTable) killRound(self int, killed killedSet) int {
 		}
 	}
 	for _, p := range sandboxProcesses(self) {
-		if r, ok := ran[p.key()]; ok {
+		r, wasRunning := ran[p.key()]
+		if wasRunning {
 			delete(ran, p.key())
 			p.threads = max(p.threads, r.threads)
 		}
-		if zombies[p.key()] || (p.dead() && !p.killedBy(unix.SIGKILL)) {
+		if zombies[p.key()] || (p.dead() && !wasRunning && !p.killedBy(unix.SIGKILL)) {
 			continue
 		}
 		killed.add(p)

@@ -97,7 +97,9 @@ func TestKillAll_KillsEveryProcessButTheAgent(t *testing.T) {
 	execStarted := filepath.Join(a.cfg.Workdir, "exec.started")
 	execDone := make(chan agentapi.ExecResult, 1)
 	go func() {
-		res, _ := a.client.Exec(ctx, agentapi.ExecRequest{Command: "touch " + execStarted + "; exec sleep 1000", TimeoutMS: 600_000})
+		// A builtin marks the start: touch would be a 14th process, still
+		// running (and so killed) when kill-all comes on a loaded machine.
+		res, _ := a.client.Exec(ctx, agentapi.ExecRequest{Command: ": > " + execStarted + "; exec sleep 1000", TimeoutMS: 600_000})
 		execDone <- res
 	}()
 	eventually(t, func() bool { return len(groupMembers(escaped)) == 9 }, "the escaped shell's children start")
