@@ -124,24 +124,32 @@ func New(api API, cfg Config) (*Limiter, error) {
 // a row, or when DynamoDB fails (after the SDK's retries); when ctx ends
 // while it sleeps, the reservation stays spent (never over the rate).
 func (l *Limiter) Wait(ctx context.Context, n int) error {
+	_, err := l.wait(ctx, n)
+	return err
+}
+
+// wait is Wait, and returns the time the call was admitted at (its
+// reservation's: the rate holds for these, whenever the caller gets to run
+// after its sleep).
+func (l *Limiter) wait(ctx context.Context, n int) (time.Time, error) {
 	if n < 1 || n > l.cfg.TaskBurst {
-		return fmt.Errorf("shared run task rate: %d tasks in one call, want 1..%d", n, l.cfg.TaskBurst)
+		return time.Time{}, fmt.Errorf("shared run task rate: %d tasks in one call, want 1..%d", n, l.cfg.TaskBurst)
 	}
 	at, err := l.reserve(ctx, n)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	d := time.Until(at)
 	if d <= 0 {
-		return nil
+		return at, nil
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return fmt.Errorf("shared run task rate: %w", ctx.Err())
+		return time.Time{}, fmt.Errorf("shared run task rate: %w", ctx.Err())
 	case <-t.C:
-		return nil
+		return at, nil
 	}
 }
 
