@@ -201,17 +201,22 @@ func TestManager_Launch_DeadlineStartsAtTheLaunch(t *testing.T) {
 // A refill that cannot proceed shows in a metric (and a log line), backs
 // off, and proceeds once the store answers again.
 func TestManager_Refill_BlockedShowsInAMetric(t *testing.T) {
-	var s *countingStore
 	var fails atomic.Int32
 	e := newEnvSetup(t, fastConfig(), func(e *env) {
-		e.wrap = func(st warmpool.Store) warmpool.Store { s = newCountingStore(st); return s }
-	}, testPool(2, 4))
-	s.setReserveErr(func() error {
-		if fails.Add(1) <= 3 {
-			return warmpool.ErrUnavailable
+		e.wrap = func(st warmpool.Store) warmpool.Store {
+			s := newCountingStore(st)
+			// Before the manager starts: its first refill comes at once
+			// (set after New, it sometimes raced it and reserved both
+			// tasks: the metric stayed 0, 1 run in 20).
+			s.setReserveErr(func() error {
+				if fails.Add(1) <= 3 {
+					return warmpool.ErrUnavailable
+				}
+				return nil
+			})
+			return s
 		}
-		return nil
-	})
+	}, testPool(2, 4))
 	e.waitReady(2)
 	assert.GreaterOrEqual(t, e.counter("quarry_refill_blocked_total", map[string]string{"pool": "default", "reason": "store"}), 1.0)
 }
