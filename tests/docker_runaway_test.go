@@ -178,13 +178,21 @@ func TestDocker_ForkBombKillAllRecovers(t *testing.T) {
 // names the OOM kills the agent saw before).
 func TestDocker_LostToOOMReasonNamesItWithTheLogTail(t *testing.T) {
 	_, c, ctx, sbx := runawaySandbox(t, "tiny")
+	// First a command the OOM killer takes while the agent lives on (tail
+	// keeps all of /dev/zero, which has no newline): the agent writes its
+	// account of it into its log. Without it the agent's account came
+	// only if the kernel killed the agent in the second call below, not in
+	// the first (timing: it took the first once in a loaded make test).
+	res, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "head -c 600m /dev/zero | tail"})
+	require.NoError(t, err)
+	require.True(t, res.OOMKilled, "the command, not the agent: %+v", res)
 	// /dev/shm (Docker's 64 MiB tmpfs) keeps its pages in the container's
 	// 64 MiB (memory + work directory) after dd is killed; then the agent
 	// itself needs memory for a large output, and only it is left to kill.
 	// Which call the kernel kills the agent in depends on timing (the
 	// page cache of /dev/shm and the agent's own pages race): on a busy
 	// machine it may be the first.
-	_, err := c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "dd if=/dev/zero of=/dev/shm/fill bs=1M count=70 2>/dev/null; true"})
+	_, err = c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "dd if=/dev/zero of=/dev/shm/fill bs=1M count=70 2>/dev/null; true"})
 	if err == nil {
 		_, err = c.Exec(ctx, sbx.ID, agentapi.ExecRequest{Command: "head -c 40m /dev/zero", MaxOutputBytes: 64 << 20})
 	}
