@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ const (
 	LabelPool    = "quarry.pool"    // pool name
 	LabelTask    = "quarry.task"    // task id
 	LabelGateway = "quarry.gateway" // deployment id of the gateway fleet that launched it
+	LabelClass   = "quarry.class"   // pool class of an on-demand pool (Spec.Class), when set
 )
 
 // Sentinel errors. Providers translate backend errors to these at the edge.
@@ -70,6 +72,11 @@ type Spec struct {
 	// Options holds provider-specific settings from the pool file
 	// (e.g. "network": "host" for docker, "capacity_provider" for ecs).
 	Options map[string]string
+	// Class is the pool class of an on-demand pool (a pool made for an
+	// image a request named), "" for a configured pool. Providers attach it
+	// as LabelClass and may treat the images of on-demand pools as a cache
+	// (ImageCache), never those of configured pools.
+	Class string
 }
 
 // Task is one sandbox as the provider sees it.
@@ -272,3 +279,155 @@ type TaskEvent struct {
 	Reason string    // why it stopped
 	At     time.Time
 }
+
+// ImageState is where an image stands on a provider (ImageInfo.State).
+type ImageState string
+
+const (
+	// ImagePulling: the provider is making the image launchable (a pull,
+	// a task definition's registration).
+	ImagePulling ImageState = "pulling"
+	// ImageReady: tasks of the image can launch without waiting for it.
+	ImageReady ImageState = "ready"
+	// ImageFailed: the last preparation failed (ImageInfo.Reason says why).
+	ImageFailed ImageState = "failed"
+)
+
+// ImageInfo is one image as a provider reports it.
+type ImageInfo struct {
+	// Image is the reference as it was asked for (Spec.Image).
+	Image string
+	// Digest is the image's content digest ("sha256:…": the registry's
+	// manifest digest where known, else the engine's image id), "" when
+	// the provider cannot tell (ECS resolves tags when a task starts).
+	Digest string
+	State  ImageState
+	// Reason says why the image failed (State ImageFailed).
+	Reason string
+	// BytesDone and BytesTotal are a pull's progress while State is
+	// ImagePulling (0 when the provider cannot tell).
+	BytesDone, BytesTotal int64
+	// SizeBytes is the image's size where it is stored (0: unknown).
+	SizeBytes int64
+	// Ref is the provider's own handle on what it made for the image (ECS:
+	// the task definition's ARN), "" when it made nothing.
+	Ref string
+	// LastUsed is when a task of the image last launched (zero: never).
+	LastUsed time.Time
+	// InUse says a task of the image exists now; Pinned that a configured
+	// pool uses it: the provider never removes either from its cache.
+	InUse, Pinned bool
+}
+
+// ImageErrorKind says why an image cannot be prepared (ImageError.Kind).
+type ImageErrorKind string
+
+const (
+	// ImageNotFound: the registry has no such repository, tag or digest.
+	ImageNotFound ImageErrorKind = "not_found"
+	// ImageDenied: the registry refused the provider's credentials (or
+	// asked for some it has none of): 401 or 403.
+	ImageDenied ImageErrorKind = "denied"
+	// ImageUnreachable: the registry did not answer (down, refused the
+	// connection, timed out); a later try may succeed.
+	ImageUnreachable ImageErrorKind = "unreachable"
+	// ImageInvalid: the image exists but cannot be a sandbox (another
+	// platform, no shell) or its reference is malformed.
+	ImageInvalid ImageErrorKind = "invalid"
+)
+
+// ImageError is a preparation that failed because of the image or its
+// registry, with what the registry answered. It wraps ErrInvalidSpec
+// (not_found, denied, invalid) or ErrThrottled (unreachable).
+type ImageError struct {
+	Image    string
+	Kind     ImageErrorKind
+	Registry string // the registry's host ("docker.io", "127.0.0.1:5000")
+	Answer   string // what the registry (or the engine) said, for people
+}
+
+func (e *ImageError) Error() string {
+	what := map[ImageErrorKind]string{
+		ImageNotFound:    "does not exist in its registry",
+		ImageDenied:      "was refused by its registry (credentials)",
+		ImageUnreachable: "could not be fetched: its registry did not answer",
+		ImageInvalid:     "cannot run as a sandbox",
+	}[e.Kind]
+	if what == "" {
+		what = "cannot be prepared"
+	}
+	msg := fmt.Sprintf("image %q %s", e.Image, what)
+	if e.Registry != "" {
+		msg += " (registry " + e.Registry + ")"
+	}
+	if e.Answer != "" {
+		msg += ": " + e.Answer
+	}
+	return msg
+}
+
+// Unwrap classifies the error: ErrThrottled (retry later) for an
+// unreachable registry, ErrInvalidSpec for the rest.
+func (e *ImageError) Unwrap() error {
+	if e.Kind == ImageUnreachable {
+		return ErrThrottled
+	}
+	return ErrInvalidSpec
+}
+
+// ImagePreparer is implemented by providers that make an image launchable
+// before its tasks launch (Docker pulls it, ECS registers its task
+// definition). The warm pool calls PrepareImage before every Launch of a
+// pool with an image, so it must be cheap when the image is ready (one
+// lookup). Concurrent calls for one image share one preparation. A
+// failure that is the image's or its registry's is an *ImageError; ctx
+// bounds the wait of this caller, not a shared preparation that others
+// still wait for.
+type ImagePreparer interface {
+	PrepareImage(ctx context.Context, spec Spec) (ImageInfo, error)
+}
+
+// ImageCache is implemented by providers that keep images (or what they
+// made for them) between tasks.
+type ImageCache interface {
+	// Images reports the images the provider prepared, is preparing or
+	// failed to prepare, for on-demand pools and configured ones, with a
+	// preparation's progress. Its work grows with those images, not with
+	// tasks.
+	Images(ctx context.Context) ([]ImageInfo, error)
+	// ForgetImage releases what the provider made for spec's image (ref
+	// as its ImageInfo.Ref said): ECS deregisters the task definition;
+	// Docker may remove the image once no container uses it. It is
+	// idempotent, and never touches an image a configured pool uses.
+	ForgetImage(ctx context.Context, spec Spec, ref string) error
+}
+
+// BuildRequest is a build of an image from a context (ImageBuilder).
+type BuildRequest struct {
+	// Context is a tar stream of the build context; it is read once.
+	Context io.Reader
+	// Dockerfile is its path inside the context ("" = "Dockerfile").
+	Dockerfile string
+	// Tag names the image built; the caller has checked it.
+	Tag string
+	// Labels are attached to the image.
+	Labels map[string]string
+}
+
+// ImageBuilder is implemented by providers that build images themselves
+// (Docker, with its engine). BuildImage writes the build's log to log as
+// it comes and returns the image built; a build that fails is a
+// *BuildError carrying the step's message.
+type ImageBuilder interface {
+	BuildImage(ctx context.Context, req BuildRequest, log io.Writer) (ImageInfo, error)
+}
+
+// BuildError is a build that ran and failed (a step's command, a bad
+// Dockerfile): the caller's to fix. It wraps ErrInvalidSpec.
+type BuildError struct {
+	Tag     string
+	Message string
+}
+
+func (e *BuildError) Error() string { return fmt.Sprintf("build %s: %s", e.Tag, e.Message) }
+func (e *BuildError) Unwrap() error { return ErrInvalidSpec }

@@ -42,6 +42,21 @@ const (
 	// same request fails until the caller frees some or an operator raises
 	// the limit the message names.
 	CodeQuotaExceeded = "quota_exceeded"
+	// CodeImageNotAllowed: the image a request named is not one the
+	// operator lets this key or class ask for (403); the message names
+	// the rules that refused it.
+	CodeImageNotAllowed = "image_not_allowed"
+	// CodeImageNotFound: the image does not exist in its registry (404).
+	CodeImageNotFound = "image_not_found"
+	// CodeImageDenied: the image's registry refused the gateway's
+	// credentials for it (403).
+	CodeImageDenied = "image_denied"
+	// CodeRegistryUnavailable: the image's registry did not answer (503,
+	// retryable).
+	CodeRegistryUnavailable = "registry_unavailable"
+	// CodeBuildFailed: an image build ran and failed (a step, a bad
+	// Dockerfile): 422 with the build's message.
+	CodeBuildFailed = "build_failed"
 )
 
 // Class is how every API surface answers one error.
@@ -407,6 +422,8 @@ func ofLease(subject string, err error) Class {
 	var (
 		ended  *warmpool.LeaseEndedError
 		launch *providers.LaunchError
+		img    *providers.ImageError
+		build  *providers.BuildError
 	)
 	switch {
 	case errors.As(err, &ended):
@@ -421,6 +438,8 @@ func ofLease(subject string, err error) Class {
 	case errors.Is(err, warmpool.ErrConflict):
 		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Retryable: true,
 			Message: subject + " changed concurrently; retry"}
+	case errors.As(err, &img):
+		return ofImage(img)
 	case errors.Is(err, warmpool.ErrNoCapacity), errors.Is(err, providers.ErrNoCapacity):
 		return Class{Code: agentapi.CodeNoCapacity, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: "no sandbox available: the pool is at its max_total; retry later"}
@@ -429,6 +448,8 @@ func ofLease(subject string, err error) Class {
 		errors.Is(err, context.Canceled):
 		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: "the lease store or provider is unavailable; retry later"}
+	case errors.As(err, &build):
+		return Class{Code: CodeBuildFailed, Status: http.StatusUnprocessableEntity, Message: build.Error()}
 	case errors.As(err, &launch):
 		return Class{Code: agentapi.CodeInternal, Status: http.StatusInternalServerError, Message: launch.Error()}
 	default:
@@ -456,4 +477,19 @@ func endedMessage(subject string, e *warmpool.LeaseEndedError) string {
 		msg += " (" + e.Reason + ")"
 	}
 	return msg
+}
+
+// ofImage classifies an image that could not be prepared: its message
+// names the image, the registry and the registry's answer.
+func ofImage(e *providers.ImageError) Class {
+	switch e.Kind {
+	case providers.ImageNotFound:
+		return Class{Code: CodeImageNotFound, Status: http.StatusNotFound, Message: e.Error()}
+	case providers.ImageDenied:
+		return Class{Code: CodeImageDenied, Status: http.StatusForbidden, Message: e.Error()}
+	case providers.ImageUnreachable:
+		return Class{Code: CodeRegistryUnavailable, Status: http.StatusServiceUnavailable, Retryable: true, Message: e.Error() + "; retry later"}
+	default:
+		return Class{Code: agentapi.CodeBadRequest, Status: http.StatusBadRequest, Message: e.Error()}
+	}
 }
