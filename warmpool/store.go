@@ -71,7 +71,12 @@ type TaskRecord struct {
 	// launched for an older configuration (another provider, image or
 	// size) is never leased by the new one. Empty on records written before
 	// digests were kept: those count as another configuration.
-	Spec           string    `json:"spec,omitempty"`
+	Spec string `json:"spec,omitempty"`
+	// Class is the pool class of an on-demand pool's task (its pool's
+	// PoolRecord.Class), set when it is reserved (ReserveClassTasks) and
+	// never changed; "" for a configured pool's. Stores count the task in
+	// its class's total until it is deleted.
+	Class          string    `json:"class,omitempty"`
 	State          TaskState `json:"state"`
 	AgentURL       string    `json:"agent_url,omitempty"`
 	AgentToken     string    `json:"agent_token,omitempty"`
@@ -282,7 +287,11 @@ func (f LeaseFilter) Matches(l Lease) bool {
 
 // CheckReserve checks the arguments of ReserveTasks: pool is set, and every
 // record has an id, names pool or no pool, and has an id of its own.
-func CheckReserve(pool string, recs []TaskRecord) error {
+func CheckReserve(pool string, recs []TaskRecord) error { return checkReserve(pool, recs, false) }
+
+// checkReserve is CheckReserve; classReserve allows records of a class
+// (ReserveClassTasks).
+func checkReserve(pool string, recs []TaskRecord, classReserve bool) error {
 	if pool == "" {
 		return errors.New("reserve tasks: pool is empty")
 	}
@@ -296,6 +305,9 @@ func CheckReserve(pool string, recs []TaskRecord) error {
 		}
 		if ids[r.ID] {
 			return fmt.Errorf("reserve tasks: id %s given twice: %w", r.ID, ErrConflict)
+		}
+		if r.Class != "" && !classReserve {
+			return fmt.Errorf("reserve tasks: record %s is of class %q: reserve it with ReserveClassTasks", r.ID, r.Class)
 		}
 		ids[r.ID] = true
 	}
@@ -531,12 +543,151 @@ type Locker interface {
 	Unlock(ctx context.Context, name, holder string) error
 }
 
+// PoolState is the lifecycle of an on-demand pool's record.
+type PoolState string
+
+const (
+	// PoolActive: the pool serves acquires; its tasks may be reserved.
+	PoolActive PoolState = "active"
+	// PoolEnded: the pool was idle and had no task when it ended; no task
+	// can be reserved for it until it is active again (UpdatePool). The
+	// record keeps what the provider made for its image until it is
+	// deleted.
+	PoolEnded PoolState = "ended"
+)
+
+// Valid reports whether s is one of the two pool states.
+func (s PoolState) Valid() bool { return s == PoolActive || s == PoolEnded }
+
+// PoolRecord is the store's record of one on-demand pool: a pool made for
+// an image that a request named, of a class the operator configured. Its
+// name is derived from what defines it (OnDemandPoolName), so every
+// replica names it alike.
+type PoolRecord struct {
+	Name  string `json:"name"`
+	Class string `json:"class"`
+	// Image is the normalized reference asked for; CPU, MemoryMiB and
+	// DiskMiB the resources (the class's defaults where the request named
+	// none).
+	Image     string  `json:"image"`
+	CPU       float64 `json:"cpu"`
+	MemoryMiB int     `json:"memory_mib"`
+	DiskMiB   int     `json:"disk_mib,omitempty"`
+	// Digest is the image's content digest, and Ref the provider's handle
+	// on what it made for the image (providers.ImageInfo), when known.
+	Digest string    `json:"digest,omitempty"`
+	Ref    string    `json:"ref,omitempty"`
+	State  PoolState `json:"state"`
+	// LastUsed is the latest acquire counted (TouchPool) or the pool's
+	// (re)activation; Acquires counts acquires since the record was made.
+	CreatedAt time.Time `json:"created_at"`
+	LastUsed  time.Time `json:"last_used"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
+	Acquires  int64     `json:"acquires"`
+	// WarmFloor ready tasks are kept until WarmUntil (a prefetch's warm).
+	WarmFloor int       `json:"warm_floor,omitempty"`
+	WarmUntil time.Time `json:"warm_until,omitzero"`
+	// Version increases by one on every write but TouchPool's;
+	// conditional writes compare it.
+	Version int64 `json:"version"`
+}
+
+// PoolPage is one page of a walk over pool records (ListPoolsPage).
+type PoolPage struct {
+	Pools []PoolRecord
+	// Next is the cursor of the next page, "" after the last one.
+	Next string
+}
+
+// PoolStore records on-demand pools, and reserves their tasks within their
+// class's total. Every replica shares them through the store.
+type PoolStore interface {
+	// CreatePool writes rec (state active, version 1) if no record of its
+	// name exists, and returns it as stored; ErrConflict when one exists.
+	// CheckPool's error for a record it refuses.
+	CreatePool(ctx context.Context, rec PoolRecord) (PoolRecord, error)
+	// UpdatePool writes rec if the stored record is at rec.Version, and
+	// returns it as stored (Version incremented): ErrConflict when the
+	// version differs, ErrNotFound when there is none. Its name and class
+	// never change, and it cannot end a pool (EndPool does); it may make an
+	// ended pool active again. Acquires stay as stored (TouchPool counts
+	// them) and LastUsed becomes the later of the stored one and rec's.
+	// CheckPool's error for a record it refuses.
+	UpdatePool(ctx context.Context, rec PoolRecord) (PoolRecord, error)
+	// TouchPool counts n more acquires of pool name at at: Acquires += n,
+	// LastUsed = max(LastUsed, at), in one unconditional write that reads
+	// nothing and leaves Version alone. ErrNotFound when there is no
+	// record.
+	TouchPool(ctx context.Context, name string, at time.Time, n int) error
+	// EndPool moves an active pool to ended (EndedAt = now) if its record
+	// is at rec.Version and no task of the pool is counted, in one atomic
+	// write, and returns it as stored: ErrConflict when the version, the
+	// state or the tasks say otherwise.
+	EndPool(ctx context.Context, rec PoolRecord, now time.Time) (PoolRecord, error)
+	// DeletePool removes an ended pool's record at rec.Version;
+	// ErrConflict when it changed or is active. Deleting an unknown name
+	// returns nil.
+	DeletePool(ctx context.Context, rec PoolRecord) error
+	// GetPool returns pool name's record, read consistently; ErrNotFound
+	// when there is none.
+	GetPool(ctx context.Context, name string) (PoolRecord, error)
+	// ListPoolsPage returns at most limit pool records of the class ("" for
+	// every class) after cursor, in an order of the store's, with the
+	// guarantees of ListTasksPage. CheckPage's error for a limit it
+	// refuses.
+	ListPoolsPage(ctx context.Context, class, cursor string, limit int) (PoolPage, error)
+	// ReserveClassTasks is ReserveTasks for an on-demand pool of class: it
+	// creates the records (their Class set to class) only if the pool's
+	// record is active, the pool's tasks stay within maxTotal and the
+	// class's (every pool of it together) within classMax: all or none,
+	// decided in one atomic write. ErrNoCapacity when a limit is reached
+	// or the pool's record is not active, ErrConflict when an id exists;
+	// CheckReserve's error for arguments it refuses. DeleteTask uncounts a
+	// task of a class from its class too.
+	ReserveClassTasks(ctx context.Context, class string, classMax int, pool string, maxTotal int, recs []TaskRecord) error
+	// CountClass returns how many tasks of the class's pools exist (what
+	// classMax bounds): one read of its counters.
+	CountClass(ctx context.Context, class string) (int, error)
+}
+
+// CheckPool checks a pool record given to CreatePool or UpdatePool: name,
+// class and image are set, and its state is valid (CreatePool's record
+// may leave it empty: active).
+func CheckPool(rec PoolRecord) error {
+	switch {
+	case rec.Name == "" || rec.Class == "" || rec.Image == "":
+		return fmt.Errorf("pool record %q: name, class and image are required", rec.Name)
+	case rec.State != "" && !rec.State.Valid():
+		return fmt.Errorf("pool record %s: unknown state %q", rec.Name, rec.State)
+	}
+	return nil
+}
+
+// CheckReserveClass checks the arguments of ReserveClassTasks: those of
+// CheckReserve, a class and its positive total, and records that name no
+// class or this one.
+func CheckReserveClass(class string, classMax int, pool string, recs []TaskRecord) error {
+	if err := checkReserve(pool, recs, true); err != nil {
+		return err
+	}
+	if class == "" || classMax < 1 {
+		return fmt.Errorf("reserve tasks of pool %s: class %q with max %d: a class and a positive total are required", pool, class, classMax)
+	}
+	for _, r := range recs {
+		if r.Class != "" && r.Class != class {
+			return fmt.Errorf("reserve tasks: record %s is of class %q, not %q", r.ID, r.Class, class)
+		}
+	}
+	return nil
+}
+
 // Store is the lease store: tasks and leases. The embedded store
 // (warmpool/boltstore) is the single-node default; warmpool/storetest is the
 // conformance suite every implementation passes.
 type Store interface {
 	TaskStore
 	LeaseStore
+	PoolStore
 	Locker
 	// Close releases the store's resources. It is safe to call once.
 	Close() error

@@ -42,7 +42,8 @@ var (
 	bucketLocks      = []byte("locks")         // lock name → lockRecord JSON
 	bucketCounts     = []byte("task_counts")   // lp(pool) state → uint64: the pool's tasks in that state
 	allBuckets       = [][]byte{bucketMeta, bucketTasks, bucketTasksPool, bucketTasksReady,
-		bucketLeases, bucketOwner, bucketExpiry, bucketEnded, bucketIdem, bucketLocks, bucketCounts, bucketEnv}
+		bucketLeases, bucketOwner, bucketExpiry, bucketEnded, bucketIdem, bucketLocks, bucketCounts, bucketEnv,
+		bucketPools, bucketPoolsClass, bucketClassCounts}
 	keySchema = []byte("schema")
 	// keyCounted marks a file whose task_counts bucket counts its tasks (a
 	// file made before the counters is counted once, when it opens).
@@ -176,26 +177,30 @@ func (s *Store) ReserveTasks(ctx context.Context, pool string, maxTotal int, rec
 	if len(recs) == 0 {
 		return nil
 	}
-	return s.update(ctx, "reserve tasks", func(t *tx) error {
-		n := t.counts(pool).Total()
-		if n+len(recs) > maxTotal {
-			return fmt.Errorf("pool %q has %d of max_total %d tasks, %d more do not fit: %w", pool, n, maxTotal, len(recs), warmpool.ErrNoCapacity)
+	return s.update(ctx, "reserve tasks", func(t *tx) error { return t.reserve(pool, maxTotal, recs) })
+}
+
+// reserve creates recs (launching, version 1) in pool if its tasks stay
+// within maxTotal: every refusal before the first write.
+func (t *tx) reserve(pool string, maxTotal int, recs []warmpool.TaskRecord) error {
+	n := t.counts(pool).Total()
+	if n+len(recs) > maxTotal {
+		return fmt.Errorf("pool %q has %d of max_total %d tasks, %d more do not fit: %w", pool, n, maxTotal, len(recs), warmpool.ErrNoCapacity)
+	}
+	for _, r := range recs {
+		if t.tasks.Get([]byte(r.ID)) != nil {
+			return fmt.Errorf("task %s exists already: %w", r.ID, warmpool.ErrConflict)
 		}
-		for _, r := range recs { // every refusal before the first write
-			if t.tasks.Get([]byte(r.ID)) != nil {
-				return fmt.Errorf("task %s exists already: %w", r.ID, warmpool.ErrConflict)
-			}
+	}
+	for _, r := range recs {
+		r.Pool = pool
+		r.State = warmpool.TaskLaunching
+		r.Version = 1
+		if err := t.putTask(nil, r); err != nil {
+			return err
 		}
-		for _, r := range recs {
-			r.Pool = pool
-			r.State = warmpool.TaskLaunching
-			r.Version = 1
-			if err := t.putTask(nil, r); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // UpdateTask implements warmpool.TaskStore: a write conditional on Version
@@ -223,7 +228,7 @@ func (s *Store) UpdateTask(ctx context.Context, rec warmpool.TaskRecord, from wa
 			return fmt.Errorf("task %s: pool cannot change from %q to %q", rec.ID, old.Pool, rec.Pool)
 		}
 		out = rec
-		out.Spec = old.Spec // set at reserve, never changed
+		out.Spec, out.Class = old.Spec, old.Class // set at reserve, never changed
 		out.Version++
 		return t.putTask(&old, out)
 	})
@@ -806,6 +811,7 @@ type tx struct {
 	tasks, tasksPool, ready            *bolt.Bucket
 	leases, owner, expiry, ended, idem *bolt.Bucket
 	locks, countsB, env                *bolt.Bucket
+	pools, poolsClass, classCounts     *bolt.Bucket
 }
 
 func openTx(btx *bolt.Tx) *tx {
@@ -814,6 +820,7 @@ func openTx(btx *bolt.Tx) *tx {
 		leases: btx.Bucket(bucketLeases), owner: btx.Bucket(bucketOwner),
 		expiry: btx.Bucket(bucketExpiry), ended: btx.Bucket(bucketEnded), idem: btx.Bucket(bucketIdem),
 		locks: btx.Bucket(bucketLocks), countsB: btx.Bucket(bucketCounts), env: btx.Bucket(bucketEnv),
+		pools: btx.Bucket(bucketPools), poolsClass: btx.Bucket(bucketPoolsClass), classCounts: btx.Bucket(bucketClassCounts),
 	}
 }
 
@@ -888,6 +895,11 @@ func (t *tx) putTask(old *warmpool.TaskRecord, rec warmpool.TaskRecord) error {
 		if err := t.count(rec.Pool, rec.State, 1); err != nil {
 			return err
 		}
+		if rec.Class != "" {
+			if err := t.countClass(rec.Class, 1); err != nil {
+				return err
+			}
+		}
 	case old.State != rec.State:
 		if err := t.count(old.Pool, old.State, -1); err != nil {
 			return err
@@ -917,6 +929,11 @@ func (t *tx) putTask(old *warmpool.TaskRecord, rec warmpool.TaskRecord) error {
 func (t *tx) deleteTask(rec warmpool.TaskRecord) error {
 	if err := t.count(rec.Pool, rec.State, -1); err != nil {
 		return err
+	}
+	if rec.Class != "" {
+		if err := t.countClass(rec.Class, -1); err != nil {
+			return err
+		}
 	}
 	if rec.State == warmpool.TaskReady {
 		if err := t.ready.Delete(readyKey(rec)); err != nil {
@@ -1106,21 +1123,29 @@ func (t *tx) count(pool string, state warmpool.TaskState, n int) error {
 	return t.countsB.Put(k, binary.BigEndian.AppendUint64(nil, uint64(cur)))
 }
 
-// recount rebuilds the counts bucket from the task records.
+// recount rebuilds the counts buckets (pools' and classes') from the task
+// records.
 func recount(t *tx) error {
-	var keys [][]byte
-	if err := t.countsB.ForEach(func(k, _ []byte) error { keys = append(keys, bytes.Clone(k)); return nil }); err != nil {
-		return err
-	}
-	for _, k := range keys {
-		if err := t.countsB.Delete(k); err != nil {
+	for _, b := range []*bolt.Bucket{t.countsB, t.classCounts} {
+		var keys [][]byte
+		if err := b.ForEach(func(k, _ []byte) error { keys = append(keys, bytes.Clone(k)); return nil }); err != nil {
 			return err
+		}
+		for _, k := range keys {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
 		}
 	}
 	return t.tasks.ForEach(func(_, v []byte) error {
 		var rec warmpool.TaskRecord
 		if err := json.Unmarshal(v, &rec); err != nil {
 			return fmt.Errorf("decode task: %w", err)
+		}
+		if rec.Class != "" {
+			if err := t.countClass(rec.Class, 1); err != nil {
+				return err
+			}
 		}
 		return t.count(rec.Pool, rec.State, 1)
 	})

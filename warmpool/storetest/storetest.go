@@ -106,6 +106,7 @@ func Run(t *testing.T, newStore func(t *testing.T) warmpool.Store, opts Options)
 		{"CanceledContext_ClaimsNothing", testCanceled},
 		{"Close_LaterCallsReturnErrClosed", testClose},
 	}
+	tests = append(tests, poolTests(opts)...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
