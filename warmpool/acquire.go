@@ -41,7 +41,7 @@ const (
 // Safe for concurrent use.
 func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (lease Lease, replayed bool, err error) {
 	start := time.Now()
-	p, dur, err := m.validateAcquire(req)
+	p, dur, err := m.validateAcquire(ctx, req)
 	if err != nil {
 		return Lease{}, false, err
 	}
@@ -53,18 +53,21 @@ func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (lease Lease,
 	if err != nil {
 		outcome = outcomeError
 	}
-	m.metrics.acquires.WithLabelValues(p.cfg.Name, outcome).Inc()
-	m.metrics.acquireSeconds.WithLabelValues(p.cfg.Name, outcome).Observe(time.Since(start).Seconds())
+	m.metrics.acquires.WithLabelValues(p.metric, outcome).Inc()
+	m.metrics.acquireSeconds.WithLabelValues(p.metric, outcome).Observe(time.Since(start).Seconds())
 	if err != nil {
 		return Lease{}, false, fmt.Errorf("acquire from pool %s: %w", p.cfg.Name, err)
 	}
 	m.cache.put(l, m.clock.Now()) // its first calls are about to look it up
+	if outcome != outcomeReplayed {
+		m.noteAcquire(ctx, p)
+	}
 	return l, outcome == outcomeReplayed, nil
 }
 
 // validateAcquire checks req and returns its pool and lease duration.
-func (m *Manager) validateAcquire(req AcquireRequest) (*pool, time.Duration, error) {
-	p := m.pools[req.Pool]
+func (m *Manager) validateAcquire(ctx context.Context, req AcquireRequest) (*pool, time.Duration, error) {
+	p := m.lookupPool(ctx, req.Pool)
 	if p == nil {
 		if req.Pool == "" {
 			return nil, 0, badinput.New("pool", "is required (configured pools: %s)", strings.Join(m.names, ", "))
@@ -187,14 +190,14 @@ func (m *Manager) await(ctx context.Context, p *pool, req AcquireRequest, dur ti
 	}
 	w, ok := p.queue.join()
 	if !ok {
-		m.metrics.queueFull.WithLabelValues(p.cfg.Name).Inc()
+		m.metrics.queueFull.WithLabelValues(p.metric).Inc()
 		p.log.Warn("acquire refused: the pool's acquire queue is full", "limit", m.cfg.AcquireQueue, "variable", "QUARRY_ACQUIRE_QUEUE")
 		return Lease{}, outcomeError, fmt.Errorf("%d acquires of pool %s wait already on this gateway (QUARRY_ACQUIRE_QUEUE): %w", m.cfg.AcquireQueue, p.cfg.Name, ErrNoCapacity)
 	}
-	m.metrics.queueLength.WithLabelValues(p.cfg.Name).Set(float64(p.queue.len()))
+	m.metrics.queueLength.WithLabelValues(p.metric).Set(float64(p.queue.len()))
 	defer func() {
 		p.queue.leave(w)
-		m.metrics.queueLength.WithLabelValues(p.cfg.Name).Set(float64(p.queue.len()))
+		m.metrics.queueLength.WithLabelValues(p.metric).Set(float64(p.queue.len()))
 	}()
 	p.poke() // demand: the pool launches for it
 	var timer *time.Timer
@@ -373,7 +376,7 @@ func (m *Manager) claimRequest(p *pool, req AcquireRequest, dur time.Duration, t
 // max_total.
 func (m *Manager) coldStart(ctx context.Context, p *pool, req AcquireRequest, dur time.Duration) (l Lease, outcome string, full bool, err error) {
 	rec := m.newTaskRecord(p)
-	if err := m.store.ReserveTasks(ctx, p.cfg.Name, p.cfg.MaxTotal, []TaskRecord{rec}); err != nil {
+	if err := m.reserve(ctx, p, []TaskRecord{rec}); err != nil {
 		return Lease{}, outcomeError, errors.Is(err, ErrNoCapacity), fmt.Errorf("reserve a task: %w", err)
 	}
 	rec.State, rec.Version = TaskLaunching, 1

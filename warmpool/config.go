@@ -54,31 +54,40 @@ var (
 	memoryPattern       = regexp.MustCompile(`^([0-9]+)\s*([A-Za-z]*)$`)
 )
 
-// PoolsFile is the document of the pools file: {"pools": [...]}.
+// PoolsFile is the document of the pools file: {"pools": [...],
+// "classes": [...]} (classes are optional).
 type PoolsFile struct {
-	Pools []PoolConfig `json:"pools"`
+	Pools   []PoolConfig  `json:"pools"`
+	Classes []ClassConfig `json:"classes,omitempty"`
 }
 
 // LoadPools reads the pools file at path (YAML or JSON, at most 1 MiB) and
 // returns its pools as ParsePools does. Errors name the file.
 func LoadPools(path string) ([]PoolConfig, error) {
+	doc, err := LoadPoolsFile(path)
+	return doc.Pools, err
+}
+
+// LoadPoolsFile reads the pools file at path as LoadPools does and returns
+// its pools and classes (ParsePoolsFile).
+func LoadPoolsFile(path string) (PoolsFile, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("open pools file: %w", err)
+		return PoolsFile{}, fmt.Errorf("open pools file: %w", err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxPoolsFileBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("read pools file %s: %w", path, err)
+		return PoolsFile{}, fmt.Errorf("read pools file %s: %w", path, err)
 	}
 	if len(data) > maxPoolsFileBytes {
-		return nil, fmt.Errorf("read pools file %s: larger than %d bytes", path, maxPoolsFileBytes)
+		return PoolsFile{}, fmt.Errorf("read pools file %s: larger than %d bytes", path, maxPoolsFileBytes)
 	}
-	pools, err := ParsePools(data)
+	doc, err := ParsePoolsFile(data)
 	if err != nil {
-		return nil, fmt.Errorf("pools file %s: %w", path, err)
+		return PoolsFile{}, fmt.Errorf("pools file %s: %w", path, err)
 	}
-	return pools, nil
+	return doc, nil
 }
 
 // ParsePools parses a pools document (YAML or JSON) strictly: an unknown or
@@ -86,8 +95,17 @@ func LoadPools(path string) ([]PoolConfig, error) {
 // (WithDefaults) and validates every pool (ValidatePools). Provider is left
 // empty when the file leaves it empty: cmd/ fills in its default provider.
 func ParsePools(data []byte) ([]PoolConfig, error) {
+	doc, err := ParsePoolsFile(data)
+	return doc.Pools, err
+}
+
+// ParsePoolsFile parses a pools document as ParsePools does, with its
+// classes: each gets its defaults (ClassConfig.WithDefaults) and is
+// validated (ValidateClasses). Provider is left empty where the file
+// leaves it empty.
+func ParsePoolsFile(data []byte) (PoolsFile, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, badinput.New("pools", "the pools file is empty; it needs {\"pools\": [...]} with at least one pool")
+		return PoolsFile{}, badinput.New("pools", "the pools file is empty; it needs {\"pools\": [...]} with at least one pool")
 	}
 	var doc PoolsFile
 	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
@@ -96,16 +114,18 @@ func ParsePools(data []byte) ([]PoolConfig, error) {
 		for inner := errors.Unwrap(err); inner != nil; inner = errors.Unwrap(err) {
 			err = inner
 		}
-		return nil, fmt.Errorf("parse pools: %w", err)
+		return PoolsFile{}, fmt.Errorf("parse pools: %w", err)
 	}
-	pools := make([]PoolConfig, len(doc.Pools))
 	for i, p := range doc.Pools {
-		pools[i] = p.WithDefaults()
+		doc.Pools[i] = p.WithDefaults()
 	}
-	if err := ValidatePools(pools); err != nil {
-		return nil, err
+	for i, c := range doc.Classes {
+		doc.Classes[i] = c.WithDefaults()
 	}
-	return pools, nil
+	if err := errors.Join(ValidatePools(doc.Pools), ValidateClasses(doc.Classes, doc.Pools)); err != nil {
+		return PoolsFile{}, err
+	}
+	return doc, nil
 }
 
 // WithDefaults returns a copy of p with empty fields set to their defaults:

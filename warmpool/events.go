@@ -84,7 +84,7 @@ func (m *Manager) handleEvent(ctx context.Context, provider string, ev providers
 		return eventIgnored // only the walks can match it to a record
 	}
 	if ev.State == providers.TaskRunning {
-		if p := m.pools[ev.Pool]; p != nil && p.start.nudge(ev.Name) {
+		if p := m.pool(ev.Pool); p != nil && p.start.nudge(ev.Name) {
 			return eventHandled
 		}
 		return eventIgnored
@@ -101,7 +101,7 @@ func (m *Manager) handleEvent(ctx context.Context, provider string, ev providers
 		}
 		return eventIgnored
 	}
-	p := m.pools[rec.Pool]
+	p := m.lookupPool(ctx, rec.Pool)
 	if p == nil || rec.Provider != provider || rec.ProviderID != "" && ev.ID != "" && rec.ProviderID != ev.ID {
 		return eventIgnored // another pool's, or another task under the name
 	}
@@ -164,7 +164,7 @@ func (m *Manager) setWatching(name string, on bool) {
 // resyncProvider makes the next walk of every pool of provider name
 // describe its tasks.
 func (m *Manager) resyncProvider(name string) {
-	for _, p := range m.pools {
+	for _, p := range m.allPools() {
 		if p.cfg.Provider == name {
 			p.setResync()
 		}

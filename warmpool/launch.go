@@ -28,11 +28,15 @@ const (
 // max_total holds however many replicas refill; a refill that cannot
 // proceed counts quarry_refill_blocked_total and logs once per streak.
 func (m *Manager) refill(ctx context.Context, p *pool, c TaskCounts, holder bool) {
-	m.metrics.setTaskCounts(p.cfg.Name, c)
+	if p.od == nil {
+		m.metrics.setTaskCounts(p.cfg.Name, c)
+	}
 	waiting := p.queue.len()
 	want := waiting - c.Ready - p.localTasks()
-	if holder {
-		want = p.cfg.MinWarm + waiting - c.Ready - c.Launching
+	if holder || p.warmHere() {
+		// An on-demand pool's warm target may come from a prefetch on this
+		// replica: the counts are the store's, so replicas converge.
+		want = p.minWarm() + waiting - c.Ready - c.Launching
 	}
 	room := p.cfg.MaxTotal - c.Total()
 	n := min(want, room, m.cfg.LaunchBudget)
@@ -64,7 +68,7 @@ func (m *Manager) refill(ctx context.Context, p *pool, c TaskCounts, holder bool
 			recs[i] = m.newTaskRecord(p)
 		}
 		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-		err := m.store.ReserveTasks(sctx, p.cfg.Name, p.cfg.MaxTotal, recs)
+		err := m.reserve(sctx, p, recs)
 		cancel()
 		if err != nil {
 			p.endLaunch(0)
@@ -150,7 +154,7 @@ func (m *Manager) launch(ctx context.Context, p *pool, recs []TaskRecord) ([]Tas
 	for i, r := range recs {
 		names[i] = r.ID
 	}
-	tasks, launchErr := p.provider.Launch(ctx, p.spec, names)
+	tasks, launchErr := m.prepareAndLaunch(ctx, p, names)
 	if launchErr != nil {
 		launchErr = fmt.Errorf("launch %d task(s): %w", len(names), launchErr)
 	}
@@ -171,7 +175,7 @@ func (m *Manager) launch(ctx context.Context, p *pool, recs []TaskRecord) ([]Tas
 			continue
 		}
 		delete(byName, rec.ID)
-		m.metrics.launches.WithLabelValues(p.cfg.Name).Inc()
+		m.metrics.launches.WithLabelValues(p.metric).Inc()
 		rec.ProviderID, rec.AgentURL, rec.AgentToken = t.ID, t.AgentURL, t.AgentToken
 		rec.UpdatedAt = now
 		rec.LaunchDeadline = launchedAt(t, rec, now).Add(p.startupTimeout())
@@ -213,8 +217,12 @@ func launchedAt(t providers.Task, rec TaskRecord, now time.Time) time.Time {
 // provider's launch plus the startup timeout.
 func (m *Manager) newTaskRecord(p *pool) TaskRecord {
 	now := m.clock.Now()
+	var class string
+	if p.od != nil {
+		class = p.od.class.cfg.Name
+	}
 	return TaskRecord{
-		ID: NewTaskID(), Pool: p.cfg.Name, Provider: p.cfg.Provider, Spec: p.digest, State: TaskLaunching,
+		ID: NewTaskID(), Pool: p.cfg.Name, Provider: p.cfg.Provider, Spec: p.digest, Class: class, State: TaskLaunching,
 		CreatedAt: now, UpdatedAt: now, LaunchDeadline: now.Add(m.cfg.LaunchQueueTimeout + p.startupTimeout()),
 	}
 }
@@ -247,7 +255,7 @@ func (m *Manager) giveBack(ctx context.Context, p *pool, rec TaskRecord) {
 
 // failLaunch counts a failed launch and gives the task up.
 func (m *Manager) failLaunch(ctx context.Context, p *pool, rec TaskRecord, err error) {
-	m.metrics.launchFailures.WithLabelValues(p.cfg.Name).Inc()
+	m.metrics.launchFailures.WithLabelValues(p.metric).Inc()
 	if ctx.Err() == nil {
 		p.log.Warn("launch failed", "task", rec.ID, "err", err)
 	}

@@ -19,6 +19,8 @@ const (
 	lockPoolPrefix = "pool/"   // + pool name: the pool's reconciler, full passes and refills
 	lockReaper     = "reaper"  // ends expired leases, purges old ones
 	lockOrphans    = "orphans" // the orphan sweep
+	// lockClassPrefix (ondemand.go) + class name: a class's loop and the
+	// passes of its on-demand pools.
 )
 
 // replicaIDPattern is what a replica id may look like (the holder of locks).
@@ -160,6 +162,9 @@ func (m *Manager) unlockAll(ctx context.Context) {
 	names := []string{lockReaper, lockOrphans}
 	for _, pool := range m.names {
 		names = append(names, lockPoolPrefix+pool)
+	}
+	for _, class := range m.classNames {
+		names = append(names, lockClassPrefix+class)
 	}
 	for _, name := range names {
 		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)

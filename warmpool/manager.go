@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 
 	"github.com/quarryhq/quarry/internal/badinput"
@@ -25,7 +26,10 @@ type Deps struct {
 	// must be one of them.
 	Providers map[string]providers.Provider
 	// Pools as loaded by LoadPools, with Provider already defaulted by cmd/.
-	Pools   []PoolConfig
+	Pools []PoolConfig
+	// Classes are the pool classes of on-demand pools (LoadPoolsFile), with
+	// Provider defaulted by cmd/; none serves no image on demand.
+	Classes []ClassConfig
 	Agents  Agents
 	Logger  *slog.Logger          // nil discards logs
 	Clock   clock.Clock           // nil is clock.System
@@ -64,8 +68,22 @@ type Manager struct {
 	clock     clock.Clock
 	leaseEnv  func(leaseID, relayURL string) map[string]string
 	metrics   *metrics
-	pools     map[string]*pool // fixed after New
+	pools     map[string]*pool // the configured pools, fixed after New
 	names     []string         // pool names in configuration order
+
+	// classes are the pool classes, fixed after New; od the on-demand
+	// pools this replica has loaded (odMu guards it); loads the loads in
+	// flight, one per pool; touches the acquires not yet counted in their
+	// pool records (touchMu guards it); imageRules QUARRY_IMAGE_ALLOW's.
+	classes    map[string]*classState
+	classNames []string
+	odMu       sync.RWMutex
+	od         map[string]*pool
+	loads      singleflight.Group
+	touchMu    sync.Mutex
+	touches    map[string]touch
+	imageRules []imageRule
+	prefetchQ  chan prefetchJob // images waiting for a prefetch worker
 
 	// orphans is where the orphan sweep's cycle is; only the sweep
 	// goroutine uses it.
@@ -117,8 +135,12 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	case deps.Agents == nil:
 		return nil, errors.New("warm pool: Deps.Agents is nil")
 	}
-	if err := ValidatePools(deps.Pools); err != nil {
+	if err := errors.Join(ValidatePools(deps.Pools), ValidateClasses(deps.Classes, deps.Pools)); err != nil {
 		return nil, fmt.Errorf("warm pool: %w", err)
+	}
+	rules, err := parseImageRules(cfg.ImageAllow)
+	if err != nil {
+		return nil, fmt.Errorf("warm pool config: %w", err)
 	}
 	log := deps.Logger
 	if log == nil {
@@ -152,6 +174,10 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		pools[pc.Name] = newPool(pc, prov, log, cfg)
 		names = append(names, pc.Name)
 	}
+	classes, classNames, err := newClasses(deps.Classes, provs)
+	if err != nil {
+		return nil, err
+	}
 	limits := make(map[string]*rate.Limiter, len(provs))
 	for name := range provs {
 		limits[name] = newDescribeLimit(cfg)
@@ -163,6 +189,8 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		describeLimits: limits, watchers: map[string]bool{},
 		locks: lockSet{held: map[string]bool{}, failing: map[string]bool{}}, cache: newLeaseCache(cfg.LeaseCacheTTL), bg: bg, cancel: cancel,
 		extraProvider: deps.ExtraProvider, extras: map[string]providers.Provider{}, extraFailed: map[string]extraFailure{}, extraLimits: map[string]*rate.Limiter{}, reported: map[string]bool{},
+		classes: classes, classNames: classNames, od: map[string]*pool{}, touches: map[string]touch{}, imageRules: rules,
+		prefetchQ: make(chan prefetchJob, cfg.PrefetchQueue),
 	}, nil
 }
 
@@ -206,6 +234,21 @@ func (m *Manager) Start(ctx context.Context) error {
 		p := m.pools[name]
 		m.goBackground(CallerReconcile, func(ctx context.Context) { m.reconcileLoop(ctx, p) })
 	}
+	for _, name := range m.classNames {
+		cs := m.classes[name]
+		m.goBackground(CallerReconcile, func(ctx context.Context) { m.classLoop(ctx, cs) })
+	}
+	for _, p := range m.allPools() { // on-demand pools loaded before Start
+		if p.od != nil {
+			m.startPoolLoop(p)
+		}
+	}
+	if len(m.classNames) > 0 {
+		m.goBackground(CallerAcquire, m.touchLoop)
+		for range m.cfg.PrefetchConcurrency {
+			m.goBackground(CallerAcquire, m.prefetchWorker)
+		}
+	}
 	for _, name := range m.providersInUse() {
 		if w, ok := m.providers[name].(providers.Watcher); ok {
 			m.goBackground(CallerEvents, func(ctx context.Context) { m.watchEvents(ctx, name, w) })
@@ -231,6 +274,9 @@ func (m *Manager) providersInUse() []string {
 	inUse := map[string]bool{}
 	for _, p := range m.pools {
 		inUse[p.cfg.Provider] = true
+	}
+	for _, cs := range m.classes {
+		inUse[cs.cfg.Provider] = true
 	}
 	return slices.Sorted(maps.Keys(inUse))
 }

@@ -107,6 +107,32 @@ type Config struct {
 	// dropped at once when this replica ends or renews the lease). Default
 	// 1 s; a negative value disables the cache. At most 1 min.
 	LeaseCacheTTL time.Duration `envconfig:"QUARRY_LEASE_CACHE_TTL"`
+	// ImageAllow are the rules of which images each API key may ask for
+	// (on top of its class's images patterns): PATTERN (every key) or
+	// OWNER=PATTERN (the key whose owner id is OWNER); empty: the classes'
+	// patterns alone decide. Comma-separated in the variable.
+	ImageAllow []string `envconfig:"QUARRY_IMAGE_ALLOW"`
+	// ImagePrepareTimeout bounds the preparation of an on-demand pool's
+	// image (a pull; a task definition's registration) that acquires wait
+	// on (default 15 min); each acquire still waits at most its own
+	// timeout.
+	ImagePrepareTimeout time.Duration `envconfig:"QUARRY_IMAGE_PREPARE_TIMEOUT"`
+	// PoolPage is how many pool records a class pass reads (default 100):
+	// a class of N on-demand pools is tended every N/PoolPage passes.
+	PoolPage int `envconfig:"QUARRY_POOL_PAGE"`
+	// MaxOnDemandPools bounds the on-demand pools one replica holds in
+	// memory (default 10000); past it, a new pool is refused with no
+	// capacity.
+	MaxOnDemandPools int `envconfig:"QUARRY_MAX_ONDEMAND_POOLS"`
+	// PrefetchQueue bounds the images of prefetches waiting for their
+	// preparation (default 10000); PrefetchConcurrency is how many are
+	// prepared at once (default 8; a provider bounds its own pulls too).
+	PrefetchQueue       int `envconfig:"QUARRY_PREFETCH_QUEUE"`
+	PrefetchConcurrency int `envconfig:"QUARRY_PREFETCH_CONCURRENCY"`
+	// PoolTouchInterval is how often a replica writes the acquires it
+	// counted per on-demand pool into their records (default 5 s): their
+	// last use and rate, which the class's warm policy and idle end read.
+	PoolTouchInterval time.Duration `envconfig:"QUARRY_POOL_TOUCH_INTERVAL"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -151,6 +177,12 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.AcquireQueue, 10000)
 	defaults.Set(&c.EventQueue, 4096)
 	defaults.Set(&c.OrphanBudget, 2000)
+	defaults.Set(&c.ImagePrepareTimeout, 15*time.Minute)
+	defaults.Set(&c.PoolPage, 100)
+	defaults.Set(&c.MaxOnDemandPools, 10000)
+	defaults.Set(&c.PrefetchQueue, 10000)
+	defaults.Set(&c.PrefetchConcurrency, 8)
+	defaults.Set(&c.PoolTouchInterval, 5*time.Second)
 	return c
 }
 
@@ -176,12 +208,16 @@ func (c Config) Validate() error {
 	positive("LOCK_TTL", c.LockTTL)
 	positive("LAUNCH_QUEUE_TIMEOUT", c.LaunchQueueTimeout)
 	positive("SWEEP_INTERVAL", c.SweepInterval)
+	positive("IMAGE_PREPARE_TIMEOUT", c.ImagePrepareTimeout)
+	positive("POOL_TOUCH_INTERVAL", c.PoolTouchInterval)
 	for _, n := range []struct {
 		name string
 		v    int
 	}{
 		{"LAUNCH_CHUNK", c.LaunchChunk}, {"LAUNCH_BUDGET", c.LaunchBudget}, {"LAUNCH_CONCURRENCY", c.LaunchConcurrency},
 		{"SWEEP_BUDGET", c.SweepBudget}, {"ACQUIRE_QUEUE", c.AcquireQueue}, {"EVENT_QUEUE", c.EventQueue}, {"ORPHAN_BUDGET", c.OrphanBudget},
+		{"POOL_PAGE", c.PoolPage}, {"MAX_ONDEMAND_POOLS", c.MaxOnDemandPools},
+		{"PREFETCH_QUEUE", c.PrefetchQueue}, {"PREFETCH_CONCURRENCY", c.PrefetchConcurrency},
 	} {
 		if n.v < 1 {
 			errs = append(errs, fmt.Errorf("QUARRY_%s: %d; at least 1", n.name, n.v))

@@ -39,6 +39,8 @@ type env struct {
 	reg    *prometheus.Registry
 	cfg    warmpool.Config
 	pools  []warmpool.PoolConfig
+	// classes are the pool classes of on-demand pools.
+	classes []warmpool.ClassConfig
 	// wrap, when set, wraps the store the manager uses (not e.store).
 	wrap func(warmpool.Store) warmpool.Store
 	// provider, when set, is the provider "fake" the manager uses (e.prov
@@ -100,7 +102,7 @@ func (e *env) start() {
 		prov = e.provider
 	}
 	m, err := warmpool.New(e.cfg, warmpool.Deps{
-		Store: store, Providers: map[string]providers.Provider{"fake": prov}, Pools: e.pools,
+		Store: store, Providers: map[string]providers.Provider{"fake": prov}, Pools: e.pools, Classes: e.classes,
 		Agents: e.agents, Clock: e.clock, Metrics: e.reg, Logger: e.logger,
 	})
 	require.NoError(t, err)

@@ -18,25 +18,31 @@ const (
 // metrics are the manager's Prometheus collectors. They always exist; they
 // are registered only when Deps.Metrics is set.
 type metrics struct {
-	acquires       *prometheus.CounterVec
-	acquireSeconds *prometheus.HistogramVec
-	tasks          *prometheus.GaugeVec
-	launches       *prometheus.CounterVec
-	launchFailures *prometheus.CounterVec
-	reaped         prometheus.Counter
-	orphans        *prometheus.CounterVec
-	lockAttempts   *prometheus.CounterVec
-	lockHeld       *prometheus.GaugeVec
-	lockedPasses   *prometheus.CounterVec
-	refillBlocked  *prometheus.CounterVec
-	queueFull      *prometheus.CounterVec
-	queueLength    *prometheus.GaugeVec
-	passSeconds    *prometheus.HistogramVec
-	walked         *prometheus.CounterVec
-	describes      *prometheus.CounterVec
-	taskEvents     *prometheus.CounterVec
-	orphanWalked   prometheus.Counter
-	staleTasks     *prometheus.CounterVec
+	acquires        *prometheus.CounterVec
+	acquireSeconds  *prometheus.HistogramVec
+	tasks           *prometheus.GaugeVec
+	launches        *prometheus.CounterVec
+	launchFailures  *prometheus.CounterVec
+	reaped          prometheus.Counter
+	orphans         *prometheus.CounterVec
+	lockAttempts    *prometheus.CounterVec
+	lockHeld        *prometheus.GaugeVec
+	lockedPasses    *prometheus.CounterVec
+	refillBlocked   *prometheus.CounterVec
+	queueFull       *prometheus.CounterVec
+	queueLength     *prometheus.GaugeVec
+	passSeconds     *prometheus.HistogramVec
+	walked          *prometheus.CounterVec
+	describes       *prometheus.CounterVec
+	taskEvents      *prometheus.CounterVec
+	orphanWalked    prometheus.Counter
+	staleTasks      *prometheus.CounterVec
+	prepareSeconds  *prometheus.HistogramVec
+	odPools         *prometheus.GaugeVec
+	odEnded         *prometheus.CounterVec
+	classTasks      *prometheus.GaugeVec
+	prefetchQueue   prometheus.Gauge
+	prefetchRefused prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -119,6 +125,31 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "quarry_stale_tasks_total",
 			Help: "Tasks found launched for another configuration of their pool (another provider, image, resources, env or options), by pool and what was done (retired: a ready one was stopped; leased: a lease holds one, which keeps working until it ends; unstoppable: its provider is not configured, so it is left running and reported).",
 		}, []string{"pool", "action"}),
+		prepareSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "quarry_image_prepare_duration_seconds",
+			Help:    "Time to prepare an on-demand pool's image (a pull, a task definition's registration; cheap when ready), by class and outcome (ready, failed).",
+			Buckets: []float64{.001, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900},
+		}, []string{"class", "outcome"}),
+		odPools: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quarry_ondemand_pools_loaded",
+			Help: "On-demand pools this gateway holds in memory, by class (QUARRY_MAX_ONDEMAND_POOLS bounds them).",
+		}, []string{"class"}),
+		odEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "quarry_ondemand_pools_ended_total",
+			Help: "On-demand pools ended by this gateway, by class and how (idle: no acquire for idle_seconds; deleted: its record went after retention_seconds).",
+		}, []string{"class", "how"}),
+		classTasks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "quarry_class_tasks",
+			Help: "Tasks of a class's on-demand pools together (what its max_total bounds), as last read by the class loop.",
+		}, []string{"class"}),
+		prefetchQueue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "quarry_prefetch_queue_length",
+			Help: "Images of prefetches waiting on this gateway for their preparation (QUARRY_PREFETCH_QUEUE bounds them).",
+		}),
+		prefetchRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "quarry_prefetch_refused_total",
+			Help: "Images of prefetches refused because QUARRY_PREFETCH_QUEUE images waited already.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -127,6 +158,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.acquires, m.acquireSeconds, m.tasks, m.launches, m.launchFailures, m.reaped, m.orphans,
 		m.lockAttempts, m.lockHeld, m.lockedPasses, m.refillBlocked, m.queueFull, m.queueLength, m.passSeconds,
 		m.walked, m.describes, m.taskEvents, m.orphanWalked, m.staleTasks,
+		m.prepareSeconds, m.odPools, m.odEnded, m.classTasks, m.prefetchQueue, m.prefetchRefused,
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -59,8 +59,8 @@ func (m *Manager) sweepOrphans(ctx context.Context) {
 			if r.ProviderID != "" {
 				o.known[r.ProviderID] = true
 			}
-			if m.pools[r.Pool] == nil {
-				winddown = append(winddown, r)
+			if m.pools[r.Pool] == nil && (r.Class == "" || m.classes[r.Class] == nil) {
+				winddown = append(winddown, r) // an on-demand pool's task is its class loop's
 			}
 		}
 		budget -= max(len(page.Tasks), 1)

@@ -20,10 +20,19 @@ type pool struct {
 	digest   string // cfg.SpecDigest(): the tasks this pool hands out
 	relayURL string // providers.SandboxRelay's answer for spec ("": the gateway's own address)
 	log      *slog.Logger
-	wake     chan struct{} // buffered 1: wakes the reconciler
-	changed  notifier      // a task became ready or a slot was freed
-	queue    *acquireQueue // acquires of this replica waiting for a task
-	start    *starter      // launched tasks of this replica, until ready
+	// metric is the pool label of its metrics: its name, or "class/<class>"
+	// for an on-demand pool (thousands of pools would be thousands of series).
+	metric string
+	// lock gates its passes (its own, or its class's for an on-demand
+	// pool), and interval is how often its periodic pass runs.
+	lock     string
+	interval time.Duration
+	// od is the on-demand pool's state; nil for a configured pool.
+	od      *odState
+	wake    chan struct{} // buffered 1: wakes the reconciler
+	changed notifier      // a task became ready or a slot was freed
+	queue   *acquireQueue // acquires of this replica waiting for a task
+	start   *starter      // launched tasks of this replica, until ready
 
 	mu         sync.Mutex
 	coldStarts map[string]bool         // launching tasks an Acquire of this replica will claim
@@ -56,14 +65,19 @@ type healthState struct {
 	cycle    int       // the last walk that saw the task ready
 }
 
-func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger, mcfg Config) *pool {
+// poolSpec is what the provider launches the tasks of pool cfg with; class
+// is the class of an on-demand pool ("" for a configured one).
+func poolSpec(cfg PoolConfig, class string) providers.Spec {
 	// The provider attaches the quarry.* labels itself (the gateway id from
 	// its own config); the spec carries only the pool's own labels.
-	labels := maps.Clone(cfg.Labels)
-	spec := providers.Spec{
+	return providers.Spec{
 		Pool: cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMB: int(cfg.Memory), DiskMB: int(cfg.Disk),
-		Env: maps.Clone(cfg.Env), Labels: labels, Options: cfg.ProviderOptions(),
+		Env: maps.Clone(cfg.Env), Labels: maps.Clone(cfg.Labels), Options: cfg.ProviderOptions(), Class: class,
 	}
+}
+
+func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger, mcfg Config) *pool {
+	spec := poolSpec(cfg, "")
 	var relayURL string
 	if r, ok := prov.(providers.SandboxRelay); ok {
 		relayURL = r.SandboxRelayURL(spec)
@@ -75,6 +89,9 @@ func newPool(cfg PoolConfig, prov providers.Provider, log *slog.Logger, mcfg Con
 		digest:     cfg.SpecDigest(),
 		relayURL:   relayURL,
 		log:        log.With("pool", cfg.Name),
+		metric:     cfg.Name,
+		lock:       lockPoolPrefix + cfg.Name,
+		interval:   mcfg.ReconcileInterval,
 		wake:       make(chan struct{}, 1),
 		coldStarts: map[string]bool{},
 		health:     map[string]*healthState{},
@@ -149,7 +166,7 @@ func (p *pool) blocked(m *Manager, reason string, want int, args ...any) {
 	p.blockedBy = reason
 	p.mu.Unlock()
 	if reason != "" {
-		m.metrics.refillBlocked.WithLabelValues(p.cfg.Name, reason).Inc()
+		m.metrics.refillBlocked.WithLabelValues(p.metric, reason).Inc()
 	}
 	if reason == was {
 		return

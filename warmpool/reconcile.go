@@ -35,18 +35,34 @@ const (
 // only refills, at most every refillGap: on the holder for min_warm and its
 // waiting acquires, on another replica for its waiting acquires alone
 // (which needs no lock: ReserveTasks keeps max_total).
+//
+// An on-demand pool's passes are gated on its class's lock, which the
+// class loop takes and renews (classLoop): its loop only looks whether this
+// replica holds it, runs every p.interval, and ends when the pool is
+// unloaded (p.od.quit).
 func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
-	lock := lockPoolPrefix + p.cfg.Name
-	pass := m.locked(lock, m.cfg.ReconcileInterval, func(ctx context.Context) { m.reconcile(ctx, p) })
-	t := time.NewTicker(m.cfg.ReconcileInterval)
+	lock := p.lock
+	pass := m.locked(lock, p.interval, func(ctx context.Context) { m.reconcile(ctx, p) })
+	takeLock := func(ctx context.Context) bool { return m.holdLock(ctx, lock, p.interval) }
+	var quit <-chan struct{}
+	if p.od != nil {
+		pass = func(ctx context.Context) {
+			if m.holds(lock) {
+				m.reconcile(ctx, p)
+			}
+		}
+		takeLock = func(context.Context) bool { return true }
+		quit = p.od.quit
+	}
+	t := time.NewTicker(p.interval)
 	defer t.Stop()
 	pass(ctx)
 	lastRefill := time.Now()
 	var putOff <-chan time.Time // a wake-up's refill, put off until refillGap has passed
 	refill := func() {
 		putOff, lastRefill = nil, time.Now()
-		holder := m.holds(lock) && m.holdLock(ctx, lock, m.cfg.ReconcileInterval)
-		if holder || p.queue.len() > 0 {
+		holder := m.holds(lock) && takeLock(ctx)
+		if holder || p.queue.len() > 0 || p.warmHere() {
 			m.countAndRefill(ctx, p, holder)
 		}
 	}
@@ -54,7 +70,12 @@ func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-quit:
+			return
 		case <-t.C:
+			if p.od != nil && m.unloadIdle(p) {
+				return
+			}
 			pass(ctx)
 			if m.holds(lock) { // the pass refilled
 				putOff, lastRefill = nil, time.Now()
@@ -64,7 +85,7 @@ func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
 			switch wait := time.Until(lastRefill.Add(refillGap)); {
 			case waiting > p.localTasks():
 				refill() // acquires wait that nothing launches for yet: no gap
-			case putOff != nil || !m.holds(lock) && waiting == 0:
+			case putOff != nil || !m.holds(lock) && waiting == 0 && !p.warmHere():
 				// A refill is due already, or nothing here to refill for.
 			case wait > 0:
 				putOff = time.After(wait)
@@ -85,8 +106,8 @@ func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
 // logged; the next pass tries again.
 func (m *Manager) reconcile(ctx context.Context, p *pool) {
 	start := time.Now()
-	defer func() { m.metrics.passSeconds.WithLabelValues(p.cfg.Name).Observe(time.Since(start).Seconds()) }()
-	ctx, renew, done := m.renewing(ctx, lockPoolPrefix+p.cfg.Name, m.cfg.ReconcileInterval)
+	defer func() { m.metrics.passSeconds.WithLabelValues(p.metric).Observe(time.Since(start).Seconds()) }()
+	ctx, renew, done := m.renewing(ctx, p.lock, p.interval)
 	defer done()
 	m.walkPage(ctx, p, renew)
 	if renew() {
@@ -134,7 +155,7 @@ func (m *Manager) walkPage(ctx context.Context, p *pool, renew func() bool) {
 			}
 			return // the next pass goes on from the same place
 		}
-		m.metrics.walked.WithLabelValues(p.cfg.Name).Add(float64(len(page.Tasks)))
+		m.metrics.walked.WithLabelValues(p.metric).Add(float64(len(page.Tasks)))
 		m.visit(ctx, p, page.Tasks, w.describe, w.cycle)
 		budget -= max(len(page.Tasks), 1)
 		if w.cursor = page.Next; w.cursor == "" {
@@ -170,7 +191,7 @@ func (m *Manager) visit(ctx context.Context, p *pool, recs []TaskRecord, describ
 			}
 			if r, ok := m.transition(ctx, p, t, TaskStopping, "it did not become ready before its launch deadline"); ok {
 				p.log.Warn("launch deadline passed; stopping the task", "task", t.ID)
-				m.metrics.launchFailures.WithLabelValues(p.cfg.Name).Inc()
+				m.metrics.launchFailures.WithLabelValues(p.metric).Inc()
 				if r.ProviderID == "" {
 					unlaunched = append(unlaunched, r)
 				} else {
@@ -184,7 +205,7 @@ func (m *Manager) visit(ctx context.Context, p *pool, recs []TaskRecord, describ
 				m.noteStaleLease(p, t)
 			default:
 				if r, ok := m.transition(ctx, p, t, TaskStopping, ReasonStaleSpec); ok {
-					m.metrics.staleTasks.WithLabelValues(p.cfg.Name, "retired").Inc()
+					m.metrics.staleTasks.WithLabelValues(p.metric, "retired").Inc()
 					p.log.Info("retiring a ready task launched for another configuration of the pool", "task", t.ID,
 						"provider", t.Provider, "spec", t.Spec, "pool_spec", p.digest)
 					stop = append(stop, r)

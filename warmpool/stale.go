@@ -42,7 +42,7 @@ func (m *Manager) retireStale(p *pool, recs []TaskRecord) {
 	if len(recs) == 0 {
 		return
 	}
-	m.metrics.staleTasks.WithLabelValues(p.cfg.Name, "retired").Add(float64(len(recs)))
+	m.metrics.staleTasks.WithLabelValues(p.metric, "retired").Add(float64(len(recs)))
 	p.log.Info("retiring ready tasks launched for another configuration of the pool", "tasks", len(recs),
 		"provider", recs[0].Provider, "spec", recs[0].Spec, "pool_spec", p.digest)
 	m.goBackground(CallerReconcile, func(ctx context.Context) { m.stopAll(ctx, recs) })

@@ -109,7 +109,7 @@ func (m *Manager) stopTask(ctx context.Context, rec TaskRecord, reason string) e
 	if err := m.store.DeleteTask(sctx, rec); err != nil {
 		return fmt.Errorf("delete task %s: %w", rec.ID, err)
 	}
-	if p := m.pools[rec.Pool]; p != nil {
+	if p := m.pool(rec.Pool); p != nil {
 		m.freed(p, rec.ID)
 	}
 	return nil

@@ -1,0 +1,281 @@
+package warmpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/providers"
+)
+
+// Bounds of a prefetch.
+const (
+	maxPrefetchImages = 1000
+	// PrefetchQueued and PrefetchReady are the states of an accepted image
+	// in a prefetch's answer; PrefetchRefused one that was not accepted.
+	PrefetchQueued  = "queued"
+	PrefetchReady   = "ready"
+	PrefetchRefused = "refused"
+)
+
+// PrefetchRequest announces images that acquires will ask for soon, so
+// that their preparation (a pull, a task definition) starts now.
+type PrefetchRequest struct {
+	Images []string
+	// Class, CPU, Memory and Disk are those of the acquires to come, as in
+	// ImageRequest.
+	Class  string
+	CPU    float64
+	Memory MiB
+	Disk   DiskMiB
+	// Warm ready tasks are kept in each image's pool until its class's warm
+	// window has passed (0: none beyond the warm policy).
+	Warm  int
+	Owner string
+}
+
+// PrefetchResult is one image of a prefetch: its pool and whether it was
+// accepted.
+type PrefetchResult struct {
+	Image string // as asked
+	Pool  string // its on-demand pool ("" when refused)
+	State string // PrefetchQueued, PrefetchReady or PrefetchRefused
+	// Err says why it was refused (State PrefetchRefused): the error an
+	// acquire of it would get.
+	Err error
+}
+
+// prefetchJob is one image's preparation waiting for a prefetch worker.
+type prefetchJob struct {
+	cs   *classState
+	cfg  PoolConfig
+	warm int
+}
+
+// Prefetch checks each image as ImagePool does and starts the preparation
+// of those it accepts in the background (Config.PrefetchQueue bounds the
+// images waiting; a full queue refuses the rest with ErrNoCapacity), and
+// answers at once. An image refused is reported in its result; the call
+// fails only for a malformed request (no image, too many, a bad warm).
+// Where the loops do not run (Lambda) the preparations run before it
+// answers, bounded by ctx.
+func (m *Manager) Prefetch(ctx context.Context, req PrefetchRequest) ([]PrefetchResult, error) {
+	switch {
+	case len(req.Images) == 0:
+		return nil, badinput.New("images", "is required: the images the next acquires will ask for")
+	case len(req.Images) > maxPrefetchImages:
+		return nil, badinput.New("images", "has %d images; at most %d in one prefetch", len(req.Images), maxPrefetchImages)
+	case req.Warm < 0 || req.Warm > maxWarm:
+		return nil, badinput.New("warm", "is %d; it must be between 0 and %d", req.Warm, maxWarm)
+	}
+	out := make([]PrefetchResult, len(req.Images))
+	seen := map[string]bool{}
+	for i, image := range req.Images {
+		out[i].Image = image
+		cs, cfg, err := m.resolve(ImageRequest{Image: image, Class: req.Class, CPU: req.CPU, Memory: req.Memory, Disk: req.Disk, Owner: req.Owner})
+		if err != nil {
+			out[i].State, out[i].Err = PrefetchRefused, err
+			continue
+		}
+		out[i].Pool = cfg.Name
+		if p := m.odPool(cfg.Name); p != nil && p.od.active() && req.Warm == 0 {
+			out[i].State = PrefetchReady
+			continue
+		}
+		out[i].State = PrefetchQueued
+		if seen[cfg.Name] {
+			continue
+		}
+		seen[cfg.Name] = true
+		job := prefetchJob{cs: cs, cfg: cfg, warm: min(req.Warm, cfg.MaxTotal)}
+		if !m.loopsRun() {
+			if err := m.runPrefetch(ctx, job); err != nil {
+				out[i].State, out[i].Err = PrefetchRefused, err
+			} else {
+				out[i].State = PrefetchReady
+			}
+			continue
+		}
+		select {
+		case m.prefetchQ <- job:
+			m.metrics.prefetchQueue.Set(float64(len(m.prefetchQ)))
+		default:
+			out[i].State = PrefetchRefused
+			out[i].Err = fmt.Errorf("%d images wait for their preparation already (QUARRY_PREFETCH_QUEUE); prefetch this one later: %w", cap(m.prefetchQ), ErrNoCapacity)
+			m.metrics.prefetchRefused.Inc()
+		}
+	}
+	return out, nil
+}
+
+// prefetchWorker prepares the queued images until ctx ends.
+func (m *Manager) prefetchWorker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case job := <-m.prefetchQ:
+			m.metrics.prefetchQueue.Set(float64(len(m.prefetchQ)))
+			if err := m.runPrefetch(ctx, job); err != nil && ctx.Err() == nil {
+				m.log.Warn("prefetch: the image could not be prepared", "image", job.cfg.Image, "class", job.cs.cfg.Name, "err", err)
+			}
+		}
+	}
+}
+
+// runPrefetch makes a prefetched image's pool (its image prepared) and
+// gives it its warm floor: this replica launches for it at once, and the
+// class loop keeps it until the class's warm window has passed.
+func (m *Manager) runPrefetch(ctx context.Context, job prefetchJob) error {
+	p, err := m.loadPool(ctx, job.cs, job.cfg, true)
+	if err != nil || job.warm == 0 {
+		return err
+	}
+	until := m.clock.Now().Add(time.Duration(job.cs.cfg.WarmWindowSeconds) * time.Second)
+	for attempt := 0; attempt < loadAttempts; attempt++ {
+		rec := p.od.record()
+		rec.WarmFloor, rec.WarmUntil = job.warm, until
+		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+		out, err := m.store.UpdatePool(sctx, rec)
+		if errors.Is(err, ErrConflict) {
+			out, err = m.store.GetPool(sctx, rec.Name)
+			cancel()
+			if err == nil {
+				p.od.setRecord(out)
+			}
+			continue
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("record the warm floor of pool %s: %w", p.cfg.Name, err)
+		}
+		p.od.setRecord(out)
+		if p.od.raiseWarm(job.warm) {
+			p.poke()
+		}
+		return nil
+	}
+	return fmt.Errorf("record the warm floor of pool %s: lost %d races in a row: %w", p.cfg.Name, loadAttempts, ErrConflict)
+}
+
+// raiseWarm raises the pool's warm target to at least n and reports
+// whether it grew.
+func (o *odState) raiseWarm(n int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if n <= o.warm {
+		return false
+	}
+	o.warm = n
+	return true
+}
+
+// ImageStatus is one image of an on-demand pool, or one a provider is
+// preparing or failed to prepare, as GET /v1/images reports it.
+type ImageStatus struct {
+	Image     string
+	Class     string
+	Pool      string // "" while no pool exists for it (its first preparation)
+	CPU       float64
+	MemoryMiB int
+	DiskMiB   int
+	// PoolState is the pool record's state ("" without a pool).
+	PoolState PoolState
+	// Image is its state on the provider (pulling, ready, failed), with
+	// Reason, progress and size when the provider reports them; a pool
+	// whose provider does not report its image is ready.
+	State                 providers.ImageState
+	Reason                string
+	BytesDone, BytesTotal int64
+	SizeBytes             int64
+	Digest                string
+	CreatedAt, LastUsed   time.Time
+	Acquires              int64
+	Warm                  int
+}
+
+// ImagePage is one page of Images.
+type ImagePage struct {
+	Images []ImageStatus
+	// Next is the cursor of the next page, "" after the last one.
+	Next string
+}
+
+// Images returns one page (at most limit) of the on-demand pools' images
+// after cursor, each with its provider's view of the image (one
+// ImageCache.Images call per provider of a class); the first page also
+// lists the images providers are preparing or failed to prepare that no
+// pool of the page holds. Its work grows with the page and the providers'
+// images, not with tasks.
+func (m *Manager) Images(ctx context.Context, cursor string, limit int) (ImagePage, error) {
+	ctx = ContextWithCaller(ctx, CallerPools)
+	page, err := m.store.ListPoolsPage(ctx, "", cursor, limit)
+	if err != nil {
+		return ImagePage{}, fmt.Errorf("list on-demand pools: %w", err)
+	}
+	infos := map[string]providers.ImageInfo{} // by image reference
+	var loose []providers.ImageInfo
+	asked := map[string]bool{}
+	for _, name := range m.classNames {
+		cs := m.classes[name]
+		ic, ok := cs.provider.(providers.ImageCache)
+		if !ok || asked[cs.cfg.Provider] {
+			continue
+		}
+		asked[cs.cfg.Provider] = true
+		pctx, cancel := context.WithTimeout(ctx, m.cfg.ProviderTimeout)
+		list, err := ic.Images(pctx)
+		cancel()
+		if err != nil {
+			return ImagePage{}, fmt.Errorf("list the images of provider %s: %w", cs.cfg.Provider, err)
+		}
+		for _, info := range list {
+			infos[info.Image] = info
+			loose = append(loose, info)
+		}
+	}
+	out := ImagePage{Next: page.Next}
+	held := map[string]bool{}
+	for _, rec := range page.Pools {
+		st := ImageStatus{
+			Image: rec.Image, Class: rec.Class, Pool: rec.Name, CPU: rec.CPU, MemoryMiB: rec.MemoryMiB, DiskMiB: rec.DiskMiB,
+			PoolState: rec.State, State: providers.ImageReady, Digest: rec.Digest, CreatedAt: rec.CreatedAt, LastUsed: rec.LastUsed,
+			Acquires: rec.Acquires,
+		}
+		if p := m.odPool(rec.Name); p != nil {
+			st.Warm = p.minWarm()
+		}
+		if info, ok := infos[rec.Image]; ok {
+			mergeImageInfo(&st, info)
+		}
+		held[rec.Image] = true
+		out.Images = append(out.Images, st)
+	}
+	if cursor == "" {
+		for _, info := range loose {
+			if held[info.Image] || info.State == providers.ImageReady {
+				continue
+			}
+			st := ImageStatus{Image: info.Image, State: info.State}
+			mergeImageInfo(&st, info)
+			out.Images = append(out.Images, st)
+		}
+	}
+	return out, nil
+}
+
+// mergeImageInfo adds a provider's view of an image to its status.
+func mergeImageInfo(st *ImageStatus, info providers.ImageInfo) {
+	if info.State != "" {
+		st.State = info.State
+	}
+	st.Reason, st.BytesDone, st.BytesTotal, st.SizeBytes = info.Reason, info.BytesDone, info.BytesTotal, info.SizeBytes
+	if info.Digest != "" {
+		st.Digest = info.Digest
+	}
+	if info.LastUsed.After(st.LastUsed) {
+		st.LastUsed = info.LastUsed
+	}
+}

@@ -1,0 +1,408 @@
+package warmpool_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/providers"
+	"github.com/quarryhq/quarry/warmpool"
+	"github.com/quarryhq/quarry/warmpool/boltstore"
+)
+
+// imageProvider is a fakeProvider that prepares images
+// (providers.ImagePreparer) and keeps them (providers.ImageCache):
+// Prepare, when set, decides a preparation; prepares counts them by image.
+type imageProvider struct {
+	*fakeProvider
+
+	imu      sync.Mutex
+	Prepare  func(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error)
+	prepares map[string]int
+	forgets  []string // refs ForgetImage was called with
+}
+
+var (
+	_ providers.ImagePreparer = (*imageProvider)(nil)
+	_ providers.ImageCache    = (*imageProvider)(nil)
+)
+
+func newImageProvider(prov *fakeProvider) *imageProvider {
+	return &imageProvider{fakeProvider: prov, prepares: map[string]int{}}
+}
+
+func (p *imageProvider) PrepareImage(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error) {
+	p.imu.Lock()
+	p.prepares[spec.Image]++
+	fn := p.Prepare
+	p.imu.Unlock()
+	if fn != nil {
+		return fn(ctx, spec)
+	}
+	return providers.ImageInfo{Image: spec.Image, State: providers.ImageReady, Digest: "sha256:d-" + spec.Image, Ref: "ref-" + spec.Image}, nil
+}
+
+func (p *imageProvider) Images(context.Context) ([]providers.ImageInfo, error) {
+	p.imu.Lock()
+	defer p.imu.Unlock()
+	var out []providers.ImageInfo
+	for image := range p.prepares {
+		out = append(out, providers.ImageInfo{Image: image, State: providers.ImageReady, SizeBytes: 42})
+	}
+	return out, nil
+}
+
+func (p *imageProvider) ForgetImage(_ context.Context, _ providers.Spec, ref string) error {
+	p.imu.Lock()
+	defer p.imu.Unlock()
+	p.forgets = append(p.forgets, ref)
+	return nil
+}
+
+func (p *imageProvider) setPrepare(fn func(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error)) {
+	p.imu.Lock()
+	defer p.imu.Unlock()
+	p.Prepare = fn
+}
+
+func (p *imageProvider) prepareCount(image string) int {
+	p.imu.Lock()
+	defer p.imu.Unlock()
+	return p.prepares[image]
+}
+
+func (p *imageProvider) forgotten() []string {
+	p.imu.Lock()
+	defer p.imu.Unlock()
+	return append([]string(nil), p.forgets...)
+}
+
+func testClass(maxTotal int) warmpool.ClassConfig {
+	zero := 0
+	return warmpool.ClassConfig{
+		Name: "default", Provider: "fake", MaxTotal: maxTotal, MaxCPU: 4, MaxMemory: 4096, WarmMax: &zero,
+		Images: []string{"registry.test/**", "python:*"},
+	}.WithDefaults()
+}
+
+// newImageEnv is a manager with one configured pool ("default", none warm)
+// and the classes given, on an imageProvider.
+func newImageEnv(t *testing.T, cfg warmpool.Config, classes ...warmpool.ClassConfig) (*env, *imageProvider) {
+	t.Helper()
+	var ip *imageProvider
+	e := newEnvSetup(t, cfg, func(e *env) {
+		ip = newImageProvider(e.prov)
+		e.provider = ip
+		e.classes = classes
+	}, testPool(0, 4))
+	return e, ip
+}
+
+func (e *env) imagePool(image string) string {
+	e.t.Helper()
+	name, err := e.m.ImagePool(e.t.Context(), warmpool.ImageRequest{Image: image, Owner: "alice"})
+	require.NoError(e.t, err)
+	return name
+}
+
+func (e *env) acquireFrom(pool, owner string) warmpool.Lease {
+	e.t.Helper()
+	l, _, err := e.m.Acquire(e.t.Context(), warmpool.AcquireRequest{Pool: pool, Owner: owner})
+	require.NoError(e.t, err)
+	return l
+}
+
+func (e *env) poolRecord(name string) warmpool.PoolRecord {
+	e.t.Helper()
+	rec, err := e.store.GetPool(e.t.Context(), name)
+	require.NoError(e.t, err)
+	return rec
+}
+
+func TestImagePool_OnePoolPerImagePreparedOnce(t *testing.T) {
+	e, ip := newImageEnv(t, fastConfig(), testClass(8))
+	gate := make(chan struct{})
+	ip.setPrepare(func(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error) {
+		<-gate // every caller is waiting when the preparation ends
+		return providers.ImageInfo{Image: spec.Image, State: providers.ImageReady, Digest: "sha256:abc"}, nil
+	})
+	const callers = 12
+	names := make([]string, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := e.m.ImagePool(context.Background(), warmpool.ImageRequest{Image: "registry.test/swe/task-1:v1", Owner: "alice"})
+			assert.NoError(t, err)
+			names[i] = n
+		}()
+	}
+	require.Eventually(t, func() bool { return ip.prepareCount("registry.test/swe/task-1:v1") == 1 }, waitFor, tick)
+	close(gate)
+	wg.Wait()
+	for _, n := range names {
+		assert.Equal(t, names[0], n, "one pool for one image")
+	}
+	assert.Equal(t, 1, ip.prepareCount("registry.test/swe/task-1:v1"), "one preparation for every caller")
+	ref, err := warmpool.ParseImageRef("registry.test/swe/task-1:v1")
+	require.NoError(t, err)
+	assert.Equal(t, warmpool.OnDemandPoolName("default", ref, 1, 1024, 0), names[0], "named from the class, image and resources")
+
+	rec := e.poolRecord(names[0])
+	assert.Equal(t, warmpool.PoolActive, rec.State)
+	assert.Equal(t, "default", rec.Class)
+	assert.Equal(t, "registry.test/swe/task-1:v1", rec.Image)
+	assert.Equal(t, "sha256:abc", rec.Digest)
+
+	l := e.acquireFrom(names[0], "alice")
+	assert.Equal(t, names[0], l.Pool)
+	task, ok := e.taskRecord(l.TaskID)
+	require.True(t, ok)
+	assert.Equal(t, "default", task.Class, "the task counts in its class")
+	pt := e.providerTask(l.TaskID)
+	assert.Equal(t, names[0], pt.Pool)
+
+	other := e.imagePool("python:3.11")
+	assert.NotEqual(t, names[0], other, "another image, another pool")
+	bigger, err := e.m.ImagePool(t.Context(), warmpool.ImageRequest{Image: "registry.test/swe/task-1:v1", CPU: 2, Owner: "alice"})
+	require.NoError(t, err)
+	assert.NotEqual(t, names[0], bigger, "other resources, another pool")
+}
+
+func TestImagePool_Refusals(t *testing.T) {
+	cfg := fastConfig()
+	cfg.ImageAllow = []string{"registry.test/**", "0123456789abcdef0123456789abcdef=python:3.12"}
+	process := warmpool.ClassConfig{Name: "host", Provider: "process", MaxTotal: 4, Images: []string{"local/**"}}.WithDefaults()
+	var ip *imageProvider
+	e := newEnvSetup(t, cfg, func(e *env) {
+		ip = newImageProvider(e.prov)
+		e.provider = ip
+		e.classes = []warmpool.ClassConfig{testClass(8)}
+	}, testPool(0, 4))
+	// Again with a class on a provider without images (the process one's
+	// place: a fake that does not prepare images).
+	require.NoError(t, e.m.Close(t.Context()))
+	require.NoError(t, e.store.Close())
+	e.classes = append(e.classes, process)
+	e.start2(map[string]providers.Provider{"fake": ip, "process": e.prov})
+
+	for _, tc := range []struct {
+		name   string
+		req    warmpool.ImageRequest
+		bad    string // a *badinput.Error naming this field
+		denied string // an *ImageNotAllowedError saying this
+	}{
+		{name: "malformed", req: warmpool.ImageRequest{Image: "UPPER/Case"}, bad: "image"},
+		{name: "empty", req: warmpool.ImageRequest{Image: ""}, bad: "image"},
+		{name: "no class serves it", req: warmpool.ImageRequest{Image: "quay.io/x/y:1"}, denied: "no class serves it"},
+		{name: "the named class does not serve it", req: warmpool.ImageRequest{Image: "python:3.11", Class: "host"}, denied: `class "host" serves only images matching local/**`},
+		{name: "unknown class", req: warmpool.ImageRequest{Image: "python:3.11", Class: "gpu"}, bad: "class"},
+		{name: "a provider without images", req: warmpool.ImageRequest{Image: "local/a:1", Class: "host"}, bad: "image"},
+		{name: "cpu over the class's", req: warmpool.ImageRequest{Image: "registry.test/a:1", CPU: 8}, bad: "cpu"},
+		{name: "memory over the class's", req: warmpool.ImageRequest{Image: "registry.test/a:1", Memory: 8192}, bad: "memory"},
+		{name: "disk where the class sets none", req: warmpool.ImageRequest{Image: "registry.test/a:1", Disk: 100}, bad: "disk"},
+		{name: "QUARRY_IMAGE_ALLOW has no rule for this key", req: warmpool.ImageRequest{Image: "python:3.11", Owner: "ffffffffffffffffffffffffffffffff"}, denied: "QUARRY_IMAGE_ALLOW"},
+		{name: "another key's rule", req: warmpool.ImageRequest{Image: "python:3.12", Owner: "ffffffffffffffffffffffffffffffff"}, denied: "QUARRY_IMAGE_ALLOW"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.m.ImagePool(t.Context(), tc.req)
+			require.Error(t, err)
+			if tc.bad != "" {
+				var be *badinput.Error
+				require.ErrorAs(t, err, &be)
+				assert.Equal(t, tc.bad, be.Field)
+			} else {
+				var de *warmpool.ImageNotAllowedError
+				require.ErrorAs(t, err, &de)
+				assert.Contains(t, de.Error(), tc.denied)
+			}
+		})
+	}
+	_, err := e.m.ImagePool(t.Context(), warmpool.ImageRequest{Image: "python:3.12", Owner: "0123456789abcdef0123456789abcdef"})
+	require.NoError(t, err, "the key's own rule")
+	page, err := e.store.ListPoolsPage(t.Context(), "", "", 100)
+	require.NoError(t, err)
+	assert.Len(t, page.Pools, 1, "no refused request made a pool")
+}
+
+// start2 starts the env's manager again with these providers.
+func (e *env) start2(provs map[string]providers.Provider) {
+	e.t.Helper()
+	var err error
+	e.store, err = boltstore.Open(e.path, boltstore.Options{})
+	require.NoError(e.t, err)
+	e.m, err = warmpool.New(e.cfg, warmpool.Deps{Store: e.store, Providers: provs, Pools: e.pools, Classes: e.classes,
+		Agents: e.agents, Clock: e.clock})
+	require.NoError(e.t, err)
+	require.NoError(e.t, e.m.Start(e.t.Context()))
+}
+
+func TestImagePool_APreparationThatFailsLeavesNothing(t *testing.T) {
+	e, ip := newImageEnv(t, fastConfig(), testClass(8))
+	for _, kind := range []providers.ImageErrorKind{providers.ImageNotFound, providers.ImageDenied, providers.ImageUnreachable} {
+		t.Run(string(kind), func(t *testing.T) {
+			ip.setPrepare(func(_ context.Context, spec providers.Spec) (providers.ImageInfo, error) {
+				return providers.ImageInfo{}, &providers.ImageError{Image: spec.Image, Kind: kind, Registry: "registry.test", Answer: "no"}
+			})
+			_, err := e.m.ImagePool(t.Context(), warmpool.ImageRequest{Image: "registry.test/missing:" + string(kind)})
+			var ie *providers.ImageError
+			require.ErrorAs(t, err, &ie)
+			assert.Equal(t, kind, ie.Kind)
+		})
+	}
+	page, err := e.store.ListPoolsPage(t.Context(), "", "", 100)
+	require.NoError(t, err)
+	assert.Empty(t, page.Pools, "no pool record")
+	tasks, err := e.store.ListTasks(t.Context(), "")
+	require.NoError(t, err)
+	assert.Empty(t, tasks, "no task")
+	_, _, launched, _ := e.prov.counts()
+	assert.Zero(t, launched, "nothing launched")
+}
+
+func TestOnDemand_ClassTotalBoundsEveryPool(t *testing.T) {
+	e, _ := newImageEnv(t, fastConfig(), testClass(2))
+	a, b, c := e.imagePool("registry.test/a:1"), e.imagePool("registry.test/b:1"), e.imagePool("registry.test/c:1")
+	la := e.acquireFrom(a, "alice")
+	e.acquireFrom(b, "alice")
+	got := make(chan warmpool.Lease, 1)
+	go func() {
+		l, _, err := e.m.Acquire(context.Background(), warmpool.AcquireRequest{Pool: c, Owner: "alice"})
+		assert.NoError(t, err)
+		got <- l
+	}()
+	require.Eventually(t, func() bool {
+		return e.counter("quarry_refill_blocked_total", map[string]string{"pool": "class/default", "reason": "max_total"}) > 0
+	}, waitFor, tick, "the third image waits at the class's max_total")
+	n, err := e.store.CountClass(t.Context(), "default")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	_, err = e.m.Release(t.Context(), la.ID, "alice")
+	require.NoError(t, err)
+	select {
+	case l := <-got:
+		assert.Equal(t, c, l.Pool, "a freed slot of the class serves another image")
+	case <-time.After(waitFor):
+		t.Fatal("the waiting acquire never got a sandbox")
+	}
+}
+
+func TestOnDemand_WarmPolicyIdleEndAndReturn(t *testing.T) {
+	cfg := fastConfig()
+	cfg.PoolTouchInterval = 10 * time.Millisecond
+	class := testClass(8)
+	two := 2
+	class.WarmMax, class.IdleSeconds, class.RetentionSeconds = &two, 600, 3600
+	e, ip := newImageEnv(t, cfg, class)
+	name := e.imagePool("registry.test/warm:1")
+	l := e.acquireFrom(name, "alice")
+	require.Eventually(t, func() bool { return e.poolRecord(name).Acquires == 1 }, waitFor, tick, "the acquire is counted in the record")
+	require.Eventually(t, func() bool { return e.counts(name).Ready >= 1 }, waitFor, tick, "a pool used recently keeps one warm")
+
+	_, err := e.m.Release(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	e.clock.Advance(601 * time.Second)
+	require.Eventually(t, func() bool { return e.poolRecord(name).State == warmpool.PoolEnded }, waitFor, tick, "idle past idle_seconds: the pool ends")
+	assert.Zero(t, e.counts(name).Total(), "with no task left")
+
+	again := e.imagePool("registry.test/warm:1")
+	assert.Equal(t, name, again)
+	assert.Equal(t, warmpool.PoolActive, e.poolRecord(name).State, "an acquire makes it active again")
+	e.acquireFrom(name, "bob")
+
+	// Ended again, then past its retention: the record and the image go.
+	require.NoError(t, releaseAll(e))
+	e.clock.Advance(601 * time.Second)
+	require.Eventually(t, func() bool { return e.poolRecord(name).State == warmpool.PoolEnded }, waitFor, tick)
+	e.clock.Advance(3601 * time.Second)
+	require.Eventually(t, func() bool {
+		_, err := e.store.GetPool(t.Context(), name)
+		return errors.Is(err, warmpool.ErrNotFound)
+	}, waitFor, tick, "deleted after retention_seconds")
+	assert.Contains(t, ip.forgotten(), "ref-registry.test/warm:1", "the provider released what it made")
+}
+
+func (e *env) counts(pool string) warmpool.TaskCounts {
+	e.t.Helper()
+	c, err := e.store.CountTasks(e.t.Context(), pool)
+	require.NoError(e.t, err)
+	return c
+}
+
+// releaseAll releases every active lease.
+func releaseAll(e *env) error {
+	ls, err := e.m.List(e.t.Context(), warmpool.LeaseFilter{State: warmpool.LeaseActive})
+	if err != nil {
+		return err
+	}
+	for _, l := range ls {
+		if _, err := e.m.Release(e.t.Context(), l.ID, l.Owner); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func TestPrefetch_PreparesAndWarms(t *testing.T) {
+	e, ip := newImageEnv(t, fastConfig(), testClass(8))
+	res, err := e.m.Prefetch(t.Context(), warmpool.PrefetchRequest{
+		Images: []string{"registry.test/p:1", "registry.test/q:1", "quay.io/nope:1", "registry.test/p:1"}, Warm: 2, Owner: "alice",
+	})
+	require.NoError(t, err)
+	require.Len(t, res, 4)
+	assert.Equal(t, warmpool.PrefetchQueued, res[0].State)
+	assert.Equal(t, warmpool.PrefetchQueued, res[1].State)
+	assert.Equal(t, warmpool.PrefetchRefused, res[2].State)
+	var de *warmpool.ImageNotAllowedError
+	assert.ErrorAs(t, res[2].Err, &de)
+	assert.Equal(t, res[0].Pool, res[3].Pool, "an image named twice is one pool")
+	for _, r := range res[:2] {
+		require.Eventually(t, func() bool { return e.counts(r.Pool).Ready == 2 }, waitFor, tick, "%s keeps 2 warm", r.Image)
+		rec := e.poolRecord(r.Pool)
+		assert.Equal(t, 2, rec.WarmFloor)
+	}
+	assert.GreaterOrEqual(t, ip.prepareCount("registry.test/p:1"), 1, "prepared before the pool was made (and before each launch)")
+
+	page, err := e.m.Images(t.Context(), "", 100)
+	require.NoError(t, err)
+	require.Len(t, page.Images, 2)
+	for _, im := range page.Images {
+		assert.Equal(t, providers.ImageReady, im.State)
+		assert.Equal(t, warmpool.PoolActive, im.PoolState)
+		assert.Equal(t, int64(42), im.SizeBytes, "the provider's size")
+		assert.Equal(t, 2, im.Warm)
+	}
+	_, err = e.m.Prefetch(t.Context(), warmpool.PrefetchRequest{})
+	var be *badinput.Error
+	require.ErrorAs(t, err, &be, "no image")
+	_, err = e.m.Prefetch(t.Context(), warmpool.PrefetchRequest{Images: []string{"registry.test/p:1"}, Warm: -1})
+	require.ErrorAs(t, err, &be, "a negative warm")
+}
+
+func TestOnDemand_AnotherReplicaServesThePool(t *testing.T) {
+	e, ip := newImageEnv(t, fastConfig(), testClass(8))
+	name := e.imagePool("registry.test/shared:1")
+	other, err := warmpool.New(e.cfg, warmpool.Deps{
+		Store: e.store, Providers: map[string]providers.Provider{"fake": ip}, Pools: e.pools, Classes: e.classes,
+		Agents: e.agents, Clock: e.clock,
+	})
+	require.NoError(t, err)
+	require.NoError(t, other.Start(t.Context()))
+	t.Cleanup(func() { assert.NoError(t, other.Close(context.Background())) })
+	l, _, err := other.Acquire(t.Context(), warmpool.AcquireRequest{Pool: name, Owner: "alice"})
+	require.NoError(t, err, "a replica that never saw the image acquires by the pool's name")
+	assert.Equal(t, name, l.Pool)
+	got, err := other.Get(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.Equal(t, name, got.Pool)
+	_, _, err = other.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "i-aaaaaaaaaaaaaaaaaaaaaaaa", Owner: "alice"})
+	var be *badinput.Error
+	require.ErrorAs(t, err, &be, "an on-demand name with no record is an unknown pool")
+}
