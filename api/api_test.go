@@ -65,6 +65,26 @@ var wireTests = []struct {
 	{name: "Pool/zero", v: api.Pool{},
 		json: `{"name":"","provider":"","image":"","cpu":0,"memory":0,"memory_mib":0,"min_warm":0,"max_total":0,"default_lease_seconds":0,"max_lease_seconds":0,"ready":0,"launching":0,"leased":0,"stopping":0}`},
 	{name: "PoolList", v: api.PoolList{Pools: []api.Pool{}}, json: `{"pools":[]}`},
+	{name: "PoolList/classes", v: api.PoolList{Pools: []api.Pool{}, Classes: []api.Class{{Name: "swe", Provider: "docker", Images: []string{"*"}, CPU: 1,
+		MemoryMiB: 1024, MaxCPU: 2, MaxMemoryMiB: 4096, MaxTotal: 100, MaxPerImage: 8, Tasks: 3}}},
+		json: `{"pools":[],"classes":[{"name":"swe","provider":"docker","images":["*"],"cpu":1,"memory_mib":1024,"max_cpu":2,"max_memory_mib":4096,"max_total":100,"max_per_image":8,"tasks":3}]}`},
+	{name: "CreateSandboxRequest/image", v: api.CreateSandboxRequest{Image: "python:3.11", Class: "swe", CPU: 2, Memory: 2048, Disk: 512},
+		json: `{"image":"python:3.11","class":"swe","cpu":2,"memory":2048,"disk":512}`},
+	{name: "CreateSandboxRequest/sizes with units", decodeOnly: true, v: api.CreateSandboxRequest{Image: "x", Memory: 2048, Disk: 1024 * 1024},
+		json: `{"image":"x","memory":"2Gi","disk":"1Ti"}`},
+	{name: "MiB", v: api.MiB(512), json: `512`},
+	{name: "PrefetchRequest", v: api.PrefetchRequest{Images: []string{"a:1", "b:2"}, Class: "swe", Memory: 1024, Warm: 2},
+		json: `{"images":["a:1","b:2"],"class":"swe","memory":1024,"warm":2}`},
+	{name: "PrefetchResponse", v: api.PrefetchResponse{Images: []api.PrefetchedImage{{Image: "a:1", Pool: "i-x", State: api.PrefetchQueued},
+		{Image: "quay.io/b:2", State: api.PrefetchRefused, Error: &api.ForkError{Status: 403, Code: "image_not_allowed", Message: "no"}}}},
+		json: `{"images":[{"image":"a:1","pool":"i-x","state":"queued"},{"image":"quay.io/b:2","state":"refused","error":{"status":403,"code":"image_not_allowed","message":"no"}}]}`},
+	{name: "PrefetchedImage/zero", v: api.PrefetchedImage{}, json: `{"image":"","state":""}`},
+	{name: "ImageList", v: api.ImageList{Images: []api.Image{{Image: "docker.io/library/python:3.11", Class: "swe", Pool: "i-x", CPU: 1, MemoryMiB: 1024,
+		PoolState: "active", State: api.ImagePulling, BytesDone: 10, BytesTotal: 20, Digest: "sha256:a", CreatedAt: t0, LastUsed: t0, Acquires: 3, Warm: 1}}, Next: "i-x"},
+		json: `{"images":[{"image":"docker.io/library/python:3.11","class":"swe","pool":"i-x","cpu":1,"memory_mib":1024,"pool_state":"active","state":"pulling","bytes_done":10,"bytes_total":20,"digest":"sha256:a","created_at":"2025-03-04T05:06:07.89Z","last_used":"2025-03-04T05:06:07.89Z","acquires":3,"warm":1}],"next":"i-x"}`},
+	{name: "Image/zero", v: api.Image{}, json: `{"image":"","state":""}`},
+	{name: "BuildEvent/log", v: api.BuildEvent{Log: "Step 1/2 : FROM x"}, json: `{"log":"Step 1/2 : FROM x"}`},
+	{name: "BuildEvent/done", v: api.BuildEvent{Image: "quarry-build/ab/t:1", Digest: "sha256:a", SizeBytes: 5}, json: `{"image":"quarry-build/ab/t:1","digest":"sha256:a","size_bytes":5}`},
 	{name: "ClaimedRequest", v: api.ClaimedRequest{ModelRequest: fullRequest, Body: json.RawMessage(`{"messages":[{"role":"user","content":"hi"}]}`)},
 		json: `{"id":"r1","sandbox_id":"sbx-1","pool":"default","labels":{"run":"x"},"route":"chat/completions","stream":true,"attempt":2,"received_at":"2025-03-04T05:06:07.89Z","deadline":"2025-03-04T05:16:07.89Z","body":{"messages":[{"role":"user","content":"hi"}]}}`},
 	{name: "ClaimedRequest/empty body", v: api.ClaimedRequest{ModelRequest: api.ModelRequest{Labels: map[string]string{}}, Body: json.RawMessage(`""`)},
@@ -125,7 +145,7 @@ func TestWire_JSONIsPinned(t *testing.T) {
 // TestWire_EveryTypeIsPinned fails when a type is added to the package
 // without a case above.
 func TestWire_EveryTypeIsPinned(t *testing.T) {
-	pinned := map[string]bool{"ModelRequest": true} // inside ClaimedRequest and Exchange
+	pinned := map[string]bool{"ModelRequest": true, "Class": true} // inside ClaimedRequest and Exchange; inside PoolList
 	for _, tc := range wireTests {
 		pinned[reflect.TypeOf(tc.v).Name()] = true
 	}
@@ -149,5 +169,5 @@ func TestWire_EveryTypeIsPinned(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, 20, declared, "the package's types")
+	assert.Equal(t, 28, declared, "the package's types")
 }

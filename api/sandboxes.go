@@ -40,6 +40,16 @@ type CreateSandboxRequest struct {
 	LeaseSeconds int               `json:"lease_seconds,omitempty"`
 	Env          map[string]string `json:"env,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
+	// Image, instead of Pool, asks for a sandbox of any image the operator
+	// allows: the gateway makes (or finds) an on-demand pool of it, of the
+	// class named (Class; "" is the first class that serves the image),
+	// with CPU, Memory and Disk (0: the class's; each within the class's
+	// bounds). docs/API.md, "Images on demand".
+	Image  string  `json:"image,omitempty"`
+	Class  string  `json:"class,omitempty"`
+	CPU    float64 `json:"cpu,omitempty"`
+	Memory MiB     `json:"memory,omitempty"`
+	Disk   MiB     `json:"disk,omitempty"`
 	// FromCheckpoint, when set, is a checkpoint (of this API key) that is
 	// restored into the sandbox before it is handed out; Pool "" then
 	// means the checkpoint's pool, and a pool of another image is refused.
@@ -72,7 +82,9 @@ type Pool struct {
 	Stopping            int     `json:"stopping"`
 }
 
-// PoolList is the answer of GET /v1/pools.
+// PoolList is the answer of GET /v1/pools: the configured pools, and the
+// classes of on-demand pools (GET /v1/images lists those).
 type PoolList struct {
-	Pools []Pool `json:"pools"`
+	Pools   []Pool  `json:"pools"`
+	Classes []Class `json:"classes,omitempty"`
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -96,6 +97,15 @@ func (s *ckService) on() (checkpoints.Store, error) {
 // request does not list every pool's tasks; a read holds the others
 // waiting (bounded by ManagerTimeout). An unknown pool is bad input.
 func (g *Gateway) poolImage(ctx context.Context, pool string) (string, error) {
+	if im := g.images(); im != nil && strings.HasPrefix(pool, warmpool.OnDemandPrefix) {
+		ctx, cancel := context.WithTimeout(ctx, g.cfg.ManagerTimeout)
+		defer cancel()
+		pc, err := im.Pool(ctx, pool)
+		if err != nil {
+			return "", badinput.New("pool", "unknown pool %q", pool)
+		}
+		return pc.Image, nil // an on-demand pool's image never changes
+	}
 	s := g.ck
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -50,6 +50,13 @@ type Config struct {
 	// CreateTimeout bounds a create, including a cold start (default 5m; keep
 	// it above the manager's QUARRY_ACQUIRE_TIMEOUT).
 	CreateTimeout time.Duration `envconfig:"QUARRY_CREATE_TIMEOUT"`
+	// ImageBuildKeys are the API keys that may build images
+	// (POST /v1/images/build): their owner ids (GET /v1/whoami), or "*"
+	// for every key. Empty (the default): builds are off, since a build
+	// runs the Dockerfile's commands on the engine's host.
+	ImageBuildKeys []string `envconfig:"QUARRY_IMAGE_BUILD_KEYS"`
+	// ImageBuildTimeout bounds one image build (default 30m).
+	ImageBuildTimeout time.Duration `envconfig:"QUARRY_IMAGE_BUILD_TIMEOUT"`
 	// ReadTimeout bounds reading one request's headers and JSON body
 	// (default 60s).
 	ReadTimeout time.Duration `envconfig:"QUARRY_READ_TIMEOUT"`
@@ -102,6 +109,7 @@ const (
 	DefaultMaxCommandTimeout = 24*time.Hour + DefaultTimeoutMargin
 	DefaultManagerTimeout    = 10 * time.Second
 	DefaultCreateTimeout     = 5 * time.Minute
+	DefaultImageBuildTimeout = 30 * time.Minute
 	DefaultReadTimeout       = 60 * time.Second
 	DefaultUploadTimeout     = time.Hour
 	DefaultIdleTimeout       = 2 * time.Minute
@@ -169,6 +177,7 @@ func (c Config) Validate() error {
 		{"QUARRY_MAX_COMMAND_TIMEOUT", c.MaxCommandTimeout},
 		{"QUARRY_MANAGER_TIMEOUT", c.ManagerTimeout},
 		{"QUARRY_CREATE_TIMEOUT", c.CreateTimeout},
+		{"QUARRY_IMAGE_BUILD_TIMEOUT", c.ImageBuildTimeout},
 		{"QUARRY_READ_TIMEOUT", c.ReadTimeout},
 		{"QUARRY_UPLOAD_TIMEOUT", c.UploadTimeout},
 		{"QUARRY_IDLE_TIMEOUT", c.IdleTimeout},
@@ -219,6 +228,7 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.MaxCommandTimeout, DefaultMaxCommandTimeout)
 	defaults.Set(&c.ManagerTimeout, DefaultManagerTimeout)
 	defaults.Set(&c.CreateTimeout, DefaultCreateTimeout)
+	defaults.Set(&c.ImageBuildTimeout, DefaultImageBuildTimeout)
 	defaults.Set(&c.ReadTimeout, DefaultReadTimeout)
 	defaults.Set(&c.UploadTimeout, DefaultUploadTimeout)
 	defaults.Set(&c.IdleTimeout, DefaultIdleTimeout)

@@ -348,6 +348,12 @@ func (g *Gateway) routeTable() []route {
 		{method: fiber.MethodDelete, path: sbx, auth: true, handler: g.releaseSandbox},
 		{method: fiber.MethodPost, path: sbx + "/heartbeat", auth: true, handler: g.heartbeatSandbox},
 		{method: fiber.MethodGet, path: "/v1/pools", auth: true, handler: g.listPools},
+		{method: fiber.MethodGet, path: "/v1/whoami", auth: true, handler: g.whoami},
+
+		// Images on demand (images.go).
+		{method: fiber.MethodPost, path: "/v1/images/prefetch", auth: true, handler: g.prefetchImages},
+		{method: fiber.MethodGet, path: "/v1/images", auth: true, handler: g.listImages},
+		{method: fiber.MethodPost, path: "/v1/images/build", auth: true, handler: g.buildImage},
 
 		{method: fiber.MethodPost, path: sbx + "/exec", auth: true, proxy: kindCommand},
 		{method: fiber.MethodPost, path: sbx + "/sessions", auth: true, proxy: kindJSON},

@@ -20,6 +20,7 @@ import (
 // port, ROCK's multipart upload and proxies) or none (env close).
 var rawBodyRoutes = map[string]bool{
 	"/v1/sandboxes/:id/env/close":                true,
+	"/v1/images/build":                           true, // a tar of the build's context
 	"/v1/sandboxes/:id/files":                    true,
 	"/v1/sandboxes/:id/files/archive":            true,
 	"/v1/sandboxes/:id/processes/:pid/stdin":     true,

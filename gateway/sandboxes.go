@@ -40,7 +40,7 @@ func (g *Gateway) toSandbox(l warmpool.Lease) api.Sandbox {
 
 // createFields are the JSON fields of api.CreateSandboxRequest, the body
 // of POST /v1/sandboxes.
-var createFields = []string{"pool", "lease_seconds", "env", "labels", "from_checkpoint"}
+var createFields = []string{"pool", "image", "class", "cpu", "memory", "disk", "lease_seconds", "env", "labels", "from_checkpoint"}
 
 // createSandbox handles POST /v1/sandboxes: 201 with a new sandbox, 200 when
 // the Idempotency-Key was used before by the same key. With
@@ -58,6 +58,14 @@ func (g *Gateway) createSandbox(c *fiber.Ctx) error {
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.CreateTimeout)
 	defer cancel()
+	switch {
+	case req.Image != "":
+		if req.Pool, err = g.imagePool(ctx, ownerOf(c), &req); err != nil {
+			return err
+		}
+	case req.Class != "" || req.CPU != 0 || req.Memory != 0 || req.Disk != 0:
+		return badinput.New("image", "class, cpu, memory and disk size a sandbox of an image: name the image too")
+	}
 	var ck checkpoints.Checkpoint
 	if req.FromCheckpoint != "" {
 		if ck, req.Pool, err = g.fromCheckpoint(ctx, ownerOf(c), req.FromCheckpoint, req.Pool); err != nil {
@@ -255,7 +263,11 @@ func (g *Gateway) listPools(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	out := api.PoolList{Pools: make([]api.Pool, 0, len(ps))}
+	classes, err := g.classesOf(ctx)
+	if err != nil {
+		return err
+	}
+	out := api.PoolList{Pools: make([]api.Pool, 0, len(ps)), Classes: classes}
 	for _, p := range ps {
 		out.Pools = append(out.Pools, api.Pool{
 			Name: p.Name, Provider: p.Provider, Image: p.Image, CPU: p.CPU, Memory: int(p.Memory), MemoryMiB: int(p.Memory), DiskMiB: int(p.Disk),

@@ -2,18 +2,17 @@ package warmpool
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/internal/badinput"
 )
 
@@ -51,7 +50,6 @@ var (
 	providerNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 	envKeyPattern       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	labelKeyPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`)
-	memoryPattern       = regexp.MustCompile(`^([0-9]+)\s*([A-Za-z]*)$`)
 )
 
 // PoolsFile is the document of the pools file: {"pools": [...],
@@ -303,7 +301,7 @@ func prefixErrors(prefix string, err error) []error {
 // "2GiB" (all binary units), or "1024". Anything else is an error saying
 // what is accepted.
 func (m *MiB) UnmarshalJSON(data []byte) error {
-	v, err := unmarshalMiB("memory", data)
+	v, err := api.UnmarshalMiB("memory", data)
 	if err != nil {
 		return err
 	}
@@ -314,57 +312,10 @@ func (m *MiB) UnmarshalJSON(data []byte) error {
 // UnmarshalJSON accepts what MiB.UnmarshalJSON accepts; its errors name
 // disk.
 func (d *DiskMiB) UnmarshalJSON(data []byte) error {
-	v, err := unmarshalMiB("disk", data)
+	v, err := api.UnmarshalMiB("disk", data)
 	if err != nil {
 		return err
 	}
 	*d = DiskMiB(v)
 	return nil
-}
-
-// unmarshalMiB parses a size as MiB.UnmarshalJSON documents; field names
-// the pool field in its errors.
-func unmarshalMiB(field string, data []byte) (int, error) {
-	data = bytes.TrimSpace(data)
-	if len(data) > 0 && data[0] == '"' {
-		var s string
-		if err := json.Unmarshal(data, &s); err != nil {
-			return 0, fmt.Errorf("%s: %w", field, err)
-		}
-		return parseMiB(field, s)
-	}
-	n, err := strconv.ParseInt(string(data), 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt32 {
-		return 0, fmt.Errorf("%s: %s is not a whole, non-negative number of MiB (or a string such as \"512Mi\", \"2Gi\")", field, data)
-	}
-	return int(n), nil
-}
-
-// parseMiB parses a size string (see MiB.UnmarshalJSON); field names the
-// pool field in its errors.
-func parseMiB(field, s string) (int, error) {
-	bad := fmt.Errorf("%s: %q is not a size; use MiB as a number or a string such as \"512Mi\", \"2Gi\", \"512m\", \"1g\"", field, s)
-	match := memoryPattern.FindStringSubmatch(strings.TrimSpace(s))
-	if match == nil {
-		return 0, bad
-	}
-	n, err := strconv.ParseInt(match[1], 10, 64)
-	if err != nil {
-		return 0, bad
-	}
-	var mult int64
-	switch match[2] {
-	case "", "Mi", "MiB", "M", "m", "MB":
-		mult = 1
-	case "Gi", "GiB", "G", "g", "GB":
-		mult = 1024
-	case "Ti", "TiB", "T", "t", "TB":
-		mult = 1024 * 1024
-	default:
-		return 0, bad
-	}
-	if n > math.MaxInt32/mult {
-		return 0, fmt.Errorf("%s: %q is too large", field, s)
-	}
-	return int(n * mult), nil
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/quarryhq/quarry/internal/badinput"
@@ -278,4 +281,77 @@ func mergeImageInfo(st *ImageStatus, info providers.ImageInfo) {
 	if info.LastUsed.After(st.LastUsed) {
 		st.LastUsed = info.LastUsed
 	}
+}
+
+// BuildPrefix starts the repository of every image built through the
+// gateway: "quarry-build/<owner's first 12 characters>/<name>", so that a
+// key's builds never replace another key's, nor an operator's image.
+const BuildPrefix = "quarry-build/"
+
+// buildNamePattern is what a build's name may be: a repository path and
+// an optional tag.
+var buildNamePattern = regexp.MustCompile(`^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*){0,3}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$`)
+
+// BuildRequest is an image build (BuildImage).
+type BuildRequest struct {
+	// Class names the class whose provider builds; "" is the first class
+	// whose provider builds images.
+	Class string
+	// Name is the image's NAME[:TAG] (":latest" when it has none); the
+	// image built is BuildPrefix + Owner[:12] + "/" + Name.
+	Name string
+	// Context is a tar stream of the build context; Dockerfile its path in
+	// it ("" = "Dockerfile").
+	Context    io.Reader
+	Dockerfile string
+	Owner      string
+}
+
+// BuildImage builds an image from a context with a provider that builds
+// (providers.ImageBuilder), streaming the build's log to log, and returns
+// the image built: a reference that a sandbox may name at once (its class
+// permitting). Errors: *badinput.Error for a bad name or a class that does
+// not build; *providers.BuildError for a build that ran and failed.
+func (m *Manager) BuildImage(ctx context.Context, req BuildRequest, log io.Writer) (providers.ImageInfo, error) {
+	if !buildNamePattern.MatchString(req.Name) || len(req.Name) > 200 {
+		return providers.ImageInfo{}, badinput.New("name", "%q must be a lowercase repository path (letters, digits, '.', '_', '-', up to 4 elements) with an optional :TAG", req.Name)
+	}
+	if len(req.Owner) < 12 {
+		return providers.ImageInfo{}, badinput.New("owner", "is required")
+	}
+	var builder providers.ImageBuilder
+	for _, name := range m.classNames {
+		cs := m.classes[name]
+		if req.Class != "" && name != req.Class {
+			continue
+		}
+		if b, ok := cs.provider.(providers.ImageBuilder); ok {
+			builder = b
+			break
+		}
+		if req.Class != "" {
+			return providers.ImageInfo{}, badinput.New("class", "class %q runs on the %s provider, which builds no images (the docker provider does)", name, cs.cfg.Provider)
+		}
+	}
+	if builder == nil {
+		if req.Class != "" && m.classes[req.Class] == nil {
+			return providers.ImageInfo{}, badinput.New("class", "unknown class %q (configured classes: %s)", req.Class, strings.Join(m.classNames, ", "))
+		}
+		return providers.ImageInfo{}, badinput.New("class", "no class of this gateway runs on a provider that builds images (the docker provider does)")
+	}
+	name := req.Name
+	if !strings.Contains(name[strings.LastIndex(name, "/")+1:], ":") {
+		name += ":latest"
+	}
+	tag := BuildPrefix + req.Owner[:12] + "/" + name
+	info, err := builder.BuildImage(ctx, providers.BuildRequest{
+		Context: req.Context, Dockerfile: req.Dockerfile, Tag: tag, Labels: map[string]string{"quarry.build.owner": req.Owner},
+	}, log)
+	if err != nil {
+		return info, fmt.Errorf("build image %s: %w", tag, err)
+	}
+	if info.Image == "" {
+		info.Image = tag
+	}
+	return info, nil
 }

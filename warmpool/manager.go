@@ -234,16 +234,20 @@ func (m *Manager) Start(ctx context.Context) error {
 		p := m.pools[name]
 		m.goBackground(CallerReconcile, func(ctx context.Context) { m.reconcileLoop(ctx, p) })
 	}
+	images := false // a class whose provider runs images: a class of the process provider has no pools
 	for _, name := range m.classNames {
 		cs := m.classes[name]
-		m.goBackground(CallerReconcile, func(ctx context.Context) { m.classLoop(ctx, cs) })
+		if _, ok := cs.provider.(providers.ImagePreparer); ok {
+			images = true
+			m.goBackground(CallerReconcile, func(ctx context.Context) { m.classLoop(ctx, cs) })
+		}
 	}
 	for _, p := range m.allPools() { // on-demand pools loaded before Start
 		if p.od != nil {
 			m.startPoolLoop(p)
 		}
 	}
-	if len(m.classNames) > 0 {
+	if images {
 		m.goBackground(CallerAcquire, m.touchLoop)
 		for range m.cfg.PrefetchConcurrency {
 			m.goBackground(CallerAcquire, m.prefetchWorker)

@@ -868,3 +868,13 @@ func (m *Manager) forgetPool(ctx context.Context, cs *classState, rec PoolRecord
 	m.metrics.odEnded.WithLabelValues(cs.cfg.Name, "deleted").Inc()
 	m.log.Info("on-demand pool record deleted: ended for the class's retention_seconds", "pool", rec.Name, "image", rec.Image)
 }
+
+// Pool returns the configuration of a configured pool or an on-demand one
+// (loading it: its record must be active); ErrNotFound otherwise.
+func (m *Manager) Pool(ctx context.Context, name string) (PoolConfig, error) {
+	p := m.lookupPool(ContextWithCaller(ctx, CallerPools), name)
+	if p == nil {
+		return PoolConfig{}, fmt.Errorf("pool %q: %w", name, ErrNotFound)
+	}
+	return p.cfg, nil
+}

@@ -253,10 +253,11 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, makers map[string]
 	if cfg.PreviewSecret, err = previewSecret(cfg.PreviewSecret, cfg.DataDir, cfg.Store, log); err != nil { // preview.go
 		return nil, err
 	}
-	pools, err := loadPools(cfg)
+	doc, err := loadPoolsFile(cfg)
 	if err != nil {
 		return nil, err
 	}
+	pools := doc.Pools
 	envReg, err := loadEnvs(pools)
 	if err != nil {
 		return nil, err
@@ -287,7 +288,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, makers map[string]
 			log.Error("close lease store", "err", err)
 		}
 	})
-	provs, err := makeProviders(cfg, pools, makers, log)
+	provs, err := makeProviders(cfg, providerNames(doc), makers, log)
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +318,7 @@ func build(ctx context.Context, cfg Config, log *slog.Logger, makers map[string]
 		}
 	})
 	mgr, err := warmpool.New(cfg.ManagerConfig.WithDefaults(), warmpool.Deps{
-		Store: store, Providers: provs, Pools: pools, Agents: warmpool.NewHTTPAgents(agentHTTP),
+		Store: store, Providers: provs, Pools: pools, Classes: doc.Classes, Agents: warmpool.NewHTTPAgents(agentHTTP),
 		Logger: log, Metrics: reg, LeaseEnv: relay.LeaseEnv, ExtraProvider: extraProvider(cfg, makers, log),
 	})
 	if err != nil {
@@ -453,15 +454,28 @@ func loadOrCreateKey(dir string) (key, path string, err error) {
 	return key, path, nil
 }
 
-// defaultPool is the pool served when QUARRY_POOLS_FILE is unset.
-func defaultPool() warmpool.PoolConfig {
-	return warmpool.PoolConfig{Name: "default", Image: "host", MinWarm: 2, MaxTotal: 16}.WithDefaults()
+// defaultPools is what a gateway serves when neither QUARRY_POOLS nor
+// QUARRY_POOLS_FILE is set: a pool "default" and a class "default" (every
+// image, on QUARRY_PROVIDER: the process provider answers an image with a
+// 400 naming the providers that run images).
+func defaultPools() warmpool.PoolsFile {
+	return warmpool.PoolsFile{
+		Pools:   []warmpool.PoolConfig{warmpool.PoolConfig{Name: "default", Image: "host", MinWarm: 2, MaxTotal: 16}.WithDefaults()},
+		Classes: []warmpool.ClassConfig{warmpool.ClassConfig{Name: "default", MaxTotal: 16}.WithDefaults()},
+	}
 }
 
-// loadPools reads QUARRY_POOLS or QUARRY_POOLS_FILE (or uses the built-in
-// default pool) and gives pools that name no provider QUARRY_PROVIDER.
+// loadPools is loadPoolsFile's pools.
 func loadPools(cfg Config) ([]warmpool.PoolConfig, error) {
-	pools := []warmpool.PoolConfig{defaultPool()}
+	doc, err := loadPoolsFile(cfg)
+	return doc.Pools, err
+}
+
+// loadPoolsFile reads QUARRY_POOLS or QUARRY_POOLS_FILE (or uses the
+// built-in defaultPools) and gives pools and classes that name no provider
+// QUARRY_PROVIDER.
+func loadPoolsFile(cfg Config) (warmpool.PoolsFile, error) {
+	doc := defaultPools()
 	source := "QUARRY_POOLS_FILE"
 	if cfg.Pools != "" {
 		source = "QUARRY_POOLS"
@@ -469,34 +483,53 @@ func loadPools(cfg Config) ([]warmpool.PoolConfig, error) {
 	var err error
 	switch {
 	case cfg.PoolsFile != "" && cfg.Pools != "":
-		return nil, errors.New("QUARRY_POOLS and QUARRY_POOLS_FILE: set one, not both")
+		return doc, errors.New("QUARRY_POOLS and QUARRY_POOLS_FILE: set one, not both")
 	case cfg.Pools != "":
-		if pools, err = warmpool.ParsePools([]byte(cfg.Pools)); err != nil {
-			return nil, fmt.Errorf("QUARRY_POOLS: %w", err)
-		}
-		if len(pools) == 0 {
-			return nil, errors.New("QUARRY_POOLS: defines no pool")
+		if doc, err = warmpool.ParsePoolsFile([]byte(cfg.Pools)); err != nil {
+			return doc, fmt.Errorf("QUARRY_POOLS: %w", err)
 		}
 	case cfg.PoolsFile != "":
-		if pools, err = warmpool.LoadPools(cfg.PoolsFile); err != nil {
-			return nil, fmt.Errorf("QUARRY_POOLS_FILE: %w", err)
-		}
-		if len(pools) == 0 {
-			return nil, fmt.Errorf("QUARRY_POOLS_FILE: %s defines no pool", cfg.PoolsFile)
+		if doc, err = warmpool.LoadPoolsFile(cfg.PoolsFile); err != nil {
+			return doc, fmt.Errorf("QUARRY_POOLS_FILE: %w", err)
 		}
 	}
-	for i := range pools {
-		if pools[i].Provider == "" {
-			pools[i].Provider = cfg.Provider
+	for i := range doc.Pools {
+		if doc.Pools[i].Provider == "" {
+			doc.Pools[i].Provider = cfg.Provider
 		}
-		if _, ok := providerMakers()[pools[i].Provider]; !ok {
-			return nil, fmt.Errorf("%s: pool %q: unknown provider %q (known: %s)", source, pools[i].Name, pools[i].Provider, knownProviders())
+		if _, ok := providerMakers()[doc.Pools[i].Provider]; !ok {
+			return doc, fmt.Errorf("%s: pool %q: unknown provider %q (known: %s)", source, doc.Pools[i].Name, doc.Pools[i].Provider, knownProviders())
 		}
 	}
-	if err := warmpool.ValidatePools(pools); err != nil {
-		return nil, fmt.Errorf("%s: %w", source, err)
+	for i := range doc.Classes {
+		if doc.Classes[i].Provider == "" {
+			doc.Classes[i].Provider = cfg.Provider
+		}
+		if _, ok := providerMakers()[doc.Classes[i].Provider]; !ok {
+			return doc, fmt.Errorf("%s: class %q: unknown provider %q (known: %s)", source, doc.Classes[i].Name, doc.Classes[i].Provider, knownProviders())
+		}
 	}
-	return pools, nil
+	if err := errors.Join(warmpool.ValidatePools(doc.Pools), warmpool.ValidateClasses(doc.Classes, doc.Pools)); err != nil {
+		return doc, fmt.Errorf("%s: %w", source, err)
+	}
+	return doc, nil
+}
+
+// providerNames are the providers the pools and classes of doc use, in
+// order of first use.
+func providerNames(doc warmpool.PoolsFile) []string {
+	var names []string
+	for _, p := range doc.Pools {
+		if !slices.Contains(names, p.Provider) {
+			names = append(names, p.Provider)
+		}
+	}
+	for _, c := range doc.Classes {
+		if !slices.Contains(names, c.Provider) {
+			names = append(names, c.Provider)
+		}
+	}
+	return names
 }
 
 func hasPool(pools []warmpool.PoolConfig, name string) bool {
@@ -510,18 +543,15 @@ func hasPool(pools []warmpool.PoolConfig, name string) bool {
 
 // makeProviders builds the providers the pools use with makers (by name:
 // providerMakers).
-func makeProviders(cfg Config, pools []warmpool.PoolConfig, makers map[string]providerMaker, log *slog.Logger) (map[string]providers.Provider, error) {
+func makeProviders(cfg Config, names []string, makers map[string]providerMaker, log *slog.Logger) (map[string]providers.Provider, error) {
 	out := make(map[string]providers.Provider)
-	for _, p := range pools {
-		if _, ok := out[p.Provider]; ok {
-			continue
-		}
-		prov, err := makers[p.Provider](cfg, log.With("provider", p.Provider))
+	for _, name := range names {
+		prov, err := makers[name](cfg, log.With("provider", name))
 		if err != nil {
 			closeProviders(out, log)
 			return nil, err
 		}
-		out[p.Provider] = prov
+		out[name] = prov
 	}
 	return out, nil
 }

@@ -424,6 +424,7 @@ func ofLease(subject string, err error) Class {
 		launch *providers.LaunchError
 		img    *providers.ImageError
 		build  *providers.BuildError
+		denied *warmpool.ImageNotAllowedError
 	)
 	switch {
 	case errors.As(err, &ended):
@@ -440,6 +441,8 @@ func ofLease(subject string, err error) Class {
 			Message: subject + " changed concurrently; retry"}
 	case errors.As(err, &img):
 		return ofImage(img)
+	case errors.As(err, &denied):
+		return Class{Code: CodeImageNotAllowed, Status: http.StatusForbidden, Message: denied.Error()}
 	case errors.Is(err, warmpool.ErrNoCapacity), errors.Is(err, providers.ErrNoCapacity):
 		return Class{Code: agentapi.CodeNoCapacity, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: "no sandbox available: the pool is at its max_total; retry later"}

@@ -72,6 +72,8 @@ func TestOf(t *testing.T) {
 			status: 503, code: "registry_unavailable", retryable: true, message: "did not answer (registry r): connection refused; retry later"},
 		{name: "image of another platform", err: &providers.ImageError{Image: "x", Kind: providers.ImageInvalid, Answer: "arm64 only"},
 			status: 400, code: "bad_request", message: `image "x" cannot run as a sandbox: arm64 only`},
+		{name: "image not allowed", err: fmt.Errorf("acquire: %w", &warmpool.ImageNotAllowedError{Image: "quay.io/x:1", Refused: "no class serves it"}),
+			status: 403, code: "image_not_allowed", message: `image "quay.io/x:1" is not allowed: no class serves it`},
 		{name: "build failed", err: &providers.BuildError{Tag: "t", Message: "step 2: exit code 1"}, status: 422, code: "build_failed", message: "build t: step 2: exit code 1"},
 		{name: "unknown hides details", err: errors.New("disk on fire at /var/secret"), status: 500, code: "internal", message: "internal error"},
 		{name: "agent connection limit", err: errclass.Sandbox("s", call(fasthttp.ErrNoFreeConns)), status: 503, code: "unavailable", retryable: true},
