@@ -41,8 +41,11 @@ type Spec struct {
 	// ID names the env in Make (env_id): 1 to 63 letters, digits, '.', '_',
 	// '/' or '-', starting with a letter or digit.
 	ID string `json:"id"`
-	// Pool is the warm pool its sandboxes are leased from.
-	Pool string `json:"pool"`
+	// Pool is the warm pool its sandboxes are leased from; or, instead,
+	// Image is the image they run (an on-demand pool of the gateway's
+	// classes: docs/API.md, "Images on demand"). Exactly one is set.
+	Pool  string `json:"pool,omitempty"`
+	Image string `json:"image,omitempty"`
 	// Command is the env program's argv, run inside the sandbox (argv[0] is
 	// looked up in PATH when it has no '/').
 	Command []string `json:"command"`
@@ -172,8 +175,12 @@ func (s Spec) validate(field string) error {
 	switch {
 	case !envIDPattern.MatchString(s.ID):
 		return badinput.New(field+".id", "must be 1 to 63 letters, digits, '.', '_', '/' or '-', starting with a letter or digit, got %q", s.ID)
-	case s.Pool == "":
-		return badinput.New(field+".pool", "required: the pool the env's sandboxes are leased from")
+	case s.Pool == "" && s.Image == "":
+		return badinput.New(field+".pool", "required: the pool the env's sandboxes are leased from (or image: the image they run)")
+	case s.Pool != "" && s.Image != "":
+		return badinput.New(field+".image", "name a pool or an image, not both")
+	case len(s.Image) > 512:
+		return badinput.New(field+".image", "is %d characters long; at most 512", len(s.Image))
 	case len(s.Command) == 0 || s.Command[0] == "":
 		return badinput.New(field+".command", "required: the env program's argv, e.g. [\"python3\", \"/opt/envs/game.py\"]")
 	case len(s.Command) > maxArgs:

@@ -32,7 +32,9 @@ const (
 
 // AcquireRequest asks Sandboxes for a new sandbox.
 type AcquireRequest struct {
+	// Pool, or Image: the spec's (one of them is set).
 	Pool           string
+	Image          string
 	Owner          string
 	LeaseSeconds   int
 	Env            map[string]string
@@ -130,7 +132,7 @@ func (s *Service) Make(ctx context.Context, owner, envID string, opts MakeOption
 		lease = opts.LeaseSeconds
 	}
 	id, err := s.sb.Acquire(ctx, AcquireRequest{
-		Pool: spec.Pool, Owner: owner, LeaseSeconds: lease, Env: opts.Env, Labels: labels,
+		Pool: spec.Pool, Image: spec.Image, Owner: owner, LeaseSeconds: lease, Env: opts.Env, Labels: labels,
 		IdempotencyKey: opts.IdempotencyKey, FromCheckpoint: opts.FromCheckpoint,
 	})
 	if err != nil {

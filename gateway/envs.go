@@ -59,6 +59,7 @@ var stepEnvFields = []string{"action"}
 type envInfo struct {
 	ID             string `json:"id"`
 	Pool           string `json:"pool"`
+	Image          string `json:"image,omitempty"` // an env of an image: its sandboxes' on-demand pool
 	StepTimeoutMS  int64  `json:"step_timeout_ms"`
 	ResetTimeoutMS int64  `json:"reset_timeout_ms"`
 }
@@ -88,7 +89,7 @@ func (g *Gateway) listEnvs(c *fiber.Ctx) error {
 	specs := g.envs.Registry().List()
 	out := make([]envInfo, 0, len(specs))
 	for _, s := range specs {
-		out = append(out, envInfo{ID: s.ID, Pool: s.Pool,
+		out = append(out, envInfo{ID: s.ID, Pool: s.Pool, Image: s.Image,
 			StepTimeoutMS: s.StepTimeout().Milliseconds(), ResetTimeoutMS: s.ResetTimeout().Milliseconds()})
 	}
 	return c.JSON(fiber.Map{"envs": out})
@@ -231,7 +232,14 @@ var _ envs.Sandboxes = envSandboxes{}
 // Acquire leases a sandbox as POST /v1/sandboxes does, from_checkpoint
 // included (the env's pool must run the checkpoint's image).
 func (e envSandboxes) Acquire(ctx context.Context, req envs.AcquireRequest) (string, error) {
-	cr := api.CreateSandboxRequest{Pool: req.Pool, LeaseSeconds: req.LeaseSeconds, Env: req.Env, Labels: req.Labels}
+	cr := api.CreateSandboxRequest{Pool: req.Pool, Image: req.Image, LeaseSeconds: req.LeaseSeconds, Env: req.Env, Labels: req.Labels}
+	if cr.Image != "" {
+		var err error
+		if cr.Pool, err = e.g.imagePool(ctx, req.Owner, &cr); err != nil {
+			return "", err
+		}
+		req.Pool = cr.Pool
+	}
 	if err := validateCreate(&cr); err != nil {
 		return "", err
 	}

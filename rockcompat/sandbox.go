@@ -68,6 +68,9 @@ func (s *Service) start(c *fiber.Ctx, owner string) (any, error) {
 		return nil, err
 	}
 	pool, err := s.poolFor(req.Image, pools)
+	if errors.Is(err, errNoPool) {
+		pool, err = s.imagePool(ctx, owner, req.Image, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -180,9 +183,29 @@ func (s *Service) poolFor(image string, pools []warmpool.PoolConfig) (warmpool.P
 	if image == "" || image == SDKDefaultImage {
 		return find(s.cfg.DefaultPool)
 	}
-	return warmpool.PoolConfig{}, badinput.New("image",
-		"no pool serves image %q: name a pool as the image, run a pool with that image, or map it in QUARRY_ROCK_IMAGES (pools: %s)",
-		image, strings.Join(names, ", "))
+	return warmpool.PoolConfig{}, fmt.Errorf("%w: %w", errNoPool, badinput.New("image",
+		"no pool serves image %q: name a pool as the image, run a pool with that image, map it in QUARRY_ROCK_IMAGES, or configure a pool class that serves it (pools: %s)",
+		image, strings.Join(names, ", ")))
+}
+
+// errNoPool marks poolFor's answer for an image no configured pool serves.
+var errNoPool = errors.New("no configured pool serves the image")
+
+// imagePool is the on-demand pool of an image no configured pool serves
+// (ImagePools), or noPool (poolFor's error) when the gateway serves no
+// image on demand. ROCK's resources (cpus, memory) are not asked for: the
+// SDK sends its defaults (2 CPUs, 8g) with every start, so the class's
+// sizes apply.
+func (s *Service) imagePool(ctx context.Context, owner, image string, noPool error) (warmpool.PoolConfig, error) {
+	ip, ok := s.leases.(ImagePools)
+	if !ok {
+		return warmpool.PoolConfig{}, noPool
+	}
+	name, err := ip.ImagePool(ctx, warmpool.ImageRequest{Image: image, Owner: owner})
+	if err != nil {
+		return warmpool.PoolConfig{}, err
+	}
+	return ip.Pool(ctx, name)
 }
 
 // checkSandboxID accepts 1..128 letters, digits, '.', '_' and '-'.

@@ -52,6 +52,15 @@ type KeyLookup interface {
 	ByKey(ctx context.Context, owner, key string) (warmpool.Lease, error)
 }
 
+// ImagePools is an optional Leases capability, discovered by type
+// assertion: an image no pool serves gets its on-demand pool (images on
+// demand). *warmpool.Manager implements it; without it such an image is
+// refused.
+type ImagePools interface {
+	ImagePool(ctx context.Context, req warmpool.ImageRequest) (string, error)
+	Pool(ctx context.Context, name string) (warmpool.PoolConfig, error)
+}
+
 // Config is the compatibility layer's configuration; zero fields take the
 // defaults stated on each. The gateway fills it from its own Config.
 type Config struct {

@@ -52,7 +52,7 @@ func buildEnvs(cfg EnvsConfig, pools []warmpool.PoolConfig) (*envs.Registry, err
 	}
 	known := poolNames(pools)
 	for _, s := range reg.List() {
-		if !known[s.Pool] {
+		if s.Pool != "" && !known[s.Pool] { // an env of an image is checked when it is made
 			return nil, fmt.Errorf("env registry: env %q uses pool %q, which is not in the pools file", s.ID, s.Pool)
 		}
 	}
