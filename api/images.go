@@ -25,7 +25,10 @@ const (
 
 // PrefetchedImage is one image of a prefetch's answer.
 type PrefetchedImage struct {
-	Image string     `json:"image"`
+	Image string `json:"image"`
+	// Ref is the image's normalized reference (docker.io/library/python:3.11),
+	// as GET /v1/images names it; Pool its on-demand pool.
+	Ref   string     `json:"ref,omitempty"`
 	Pool  string     `json:"pool,omitempty"`
 	State string     `json:"state"`
 	Error *ForkError `json:"error,omitempty"` // the status, code and message an acquire of it would get

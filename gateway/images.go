@@ -90,7 +90,7 @@ func (g *Gateway) prefetchImages(c *fiber.Ctx) error {
 	}
 	out := api.PrefetchResponse{Images: make([]api.PrefetchedImage, len(res))}
 	for i, r := range res {
-		out.Images[i] = api.PrefetchedImage{Image: r.Image, Pool: r.Pool, State: r.State}
+		out.Images[i] = api.PrefetchedImage{Image: r.Image, Ref: r.Ref, Pool: r.Pool, State: r.State}
 		if r.Err != nil {
 			a := errclass.Of(r.Err)
 			out.Images[i].Error = &api.ForkError{Status: a.Status, Code: a.Code, Message: a.Message}

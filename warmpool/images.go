@@ -43,6 +43,7 @@ type PrefetchRequest struct {
 // accepted.
 type PrefetchResult struct {
 	Image string // as asked
+	Ref   string // normalized ("" when refused)
 	Pool  string // its on-demand pool ("" when refused)
 	State string // PrefetchQueued, PrefetchReady or PrefetchRefused
 	// Err says why it was refused (State PrefetchRefused): the error an
@@ -82,7 +83,7 @@ func (m *Manager) Prefetch(ctx context.Context, req PrefetchRequest) ([]Prefetch
 			out[i].State, out[i].Err = PrefetchRefused, err
 			continue
 		}
-		out[i].Pool = cfg.Name
+		out[i].Pool, out[i].Ref = cfg.Name, cfg.Image
 		if p := m.odPool(cfg.Name); p != nil && p.od.active() && req.Warm == 0 {
 			out[i].State = PrefetchReady
 			continue

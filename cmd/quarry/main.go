@@ -78,6 +78,7 @@ func groups() []group {
 	return []group{
 		{"sandbox", []string{"sandboxes", "sb"}, "work with sandboxes: lease, run, copy, restore, fork, preview URLs", sandboxCommands()},
 		{"checkpoint", []string{"checkpoints", "ckp"}, "checkpoints of sandboxes' paths", checkpointCommands()},
+		{"image", []string{"images"}, "images on demand: prefetch, list, build", imageCommands()},
 		{"pools", nil, "", []command{poolsCommand()}},
 		{"tables", nil, "the DynamoDB lease store's tables", tablesCommands()},
 	}

@@ -20,8 +20,8 @@ import (
 // sandboxCommands are the subcommands of `quarry sandbox`.
 func sandboxCommands() []command {
 	return []command{
-		{"create", "quarry sandbox create [--pool default] [--lease-seconds N] [--env K=V]… [--label K=V]… [--from-checkpoint CKP] [--idempotency-key K] [--json]",
-			"lease a sandbox and print its id", runCreate},
+		{"create", "quarry sandbox create [--pool default | --image IMAGE [--class C] [--cpu N] [--memory SIZE] [--disk SIZE]] [--lease-seconds N] [--env K=V]… [--label K=V]… [--from-checkpoint CKP] [--idempotency-key K] [--json]",
+			"lease a sandbox (of a pool, or of any image the operator allows) and print its id", runCreate},
 		{"ls", "quarry sandbox ls [--all | --state S] [--pool P] [--label K=V]… [--json]", "list your active sandboxes (--all: ended ones too)", runList},
 		{"get", "quarry sandbox get [--json] ID", "show one sandbox", runGet},
 		{"heartbeat", "quarry sandbox heartbeat [--json] ID", "renew a sandbox's lease", runHeartbeat},
@@ -107,16 +107,18 @@ func runCreate(ctx context.Context, c *cli, args []string) error {
 	fs.Var(labels, "label", "K=V label of the sandbox (repeatable)")
 	key := fs.String("idempotency-key", "", "retrying with the same key returns the same sandbox")
 	from := fs.String("from-checkpoint", "", "restore this checkpoint into the sandbox before it is handed out (--pool defaults to the checkpoint's)")
+	image := fs.String("image", "", "a sandbox of this image (an on-demand pool of a class) instead of a pool")
+	class, cpu, memory, disk := resourceFlags(fs)
 	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
 	_, cl, err := c.start(fs, args, 0, 0)
 	if err != nil {
 		return err
 	}
-	if *from != "" && !flagSet(fs, "pool") {
-		*pool = "" // the checkpoint's pool
+	if (*from != "" || *image != "") && !flagSet(fs, "pool") {
+		*pool = "" // the checkpoint's pool, or the image's
 	}
-	sb, err := cl.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: *pool, LeaseSeconds: *lease,
-		Env: env, Labels: labels, IdempotencyKey: *key, FromCheckpoint: *from})
+	sb, err := cl.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: *pool, Image: *image, Class: *class, CPU: *cpu, Memory: *memory, Disk: *disk,
+		LeaseSeconds: *lease, Env: env, Labels: labels, IdempotencyKey: *key, FromCheckpoint: *from})
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
