@@ -3,12 +3,14 @@ package warmpool_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/providers"
@@ -405,4 +407,79 @@ func TestOnDemand_AnotherReplicaServesThePool(t *testing.T) {
 	_, _, err = other.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "i-aaaaaaaaaaaaaaaaaaaaaaaa", Owner: "alice"})
 	var be *badinput.Error
 	require.ErrorAs(t, err, &be, "an on-demand name with no record is an unknown pool")
+}
+
+// callCounter counts a store's lock attempts by lock name and its task
+// counter reads.
+type callCounter struct {
+	warmpool.Store
+	mu     sync.Mutex
+	locks  map[string]int
+	counts int
+}
+
+func (s *callCounter) TryLock(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error) {
+	s.mu.Lock()
+	s.locks[name]++
+	s.mu.Unlock()
+	return s.Store.TryLock(ctx, name, holder, ttl, now)
+}
+
+func (s *callCounter) CountTasks(ctx context.Context, pool string) (warmpool.TaskCounts, error) {
+	s.mu.Lock()
+	s.counts++
+	s.mu.Unlock()
+	return s.Store.CountTasks(ctx, pool)
+}
+
+func (s *callCounter) snapshot() (map[string]int, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range s.locks {
+		out[k] = v
+	}
+	return out, s.counts
+}
+
+// Thousands of on-demand pools cost their class one lock, and each pool a
+// counter read per sweep interval: no lock of their own, no walk while they
+// have no task.
+func TestOnDemand_ThousandsOfPoolsShareTheirClassLock(t *testing.T) {
+	const pools = 2000
+	cfg := fastConfig()
+	cfg.SweepInterval = time.Hour // each pool's periodic pass: once, at its load
+	cfg.PoolPage = 100
+	var counter *callCounter
+	e := newEnvSetup(t, cfg, func(e *env) {
+		ip := newImageProvider(e.prov)
+		e.provider = ip
+		e.classes = []warmpool.ClassConfig{testClass(10000)}
+		e.wrap = func(s warmpool.Store) warmpool.Store { counter = &callCounter{Store: s, locks: map[string]int{}}; return counter }
+	}, testPool(0, 4))
+	now := e.clock.Now()
+	var g errgroup.Group
+	g.SetLimit(32) // the embedded store commits concurrent writes together
+	for i := range pools {
+		g.Go(func() error {
+			ref, err := warmpool.ParseImageRef(fmt.Sprintf("registry.test/task-%d:v1", i))
+			if err != nil {
+				return err
+			}
+			_, err = e.store.CreatePool(context.Background(), warmpool.PoolRecord{Name: warmpool.OnDemandPoolName("default", ref, 1, 1024, 0),
+				Class: "default", Image: ref.String(), CPU: 1, MemoryMiB: 1024, CreatedAt: now, LastUsed: now})
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+	require.Eventually(t, func() bool {
+		return e.counter("quarry_ondemand_pools_loaded", map[string]string{"class": "default"}) == pools
+	}, waitFor, tick, "the class loop loads every active pool, a page per pass")
+	locks, reads := counter.snapshot()
+	passes := locks["class/default"]
+	assert.GreaterOrEqual(t, passes, pools/100, "a page of 100 records per class pass")
+	for name := range locks {
+		assert.NotContains(t, name, "pool/i-", "an on-demand pool takes no lock of its own")
+	}
+	assert.LessOrEqual(t, reads, pools+2*passes, "a counter read per pool (its first pass), no more")
 }

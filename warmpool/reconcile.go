@@ -109,6 +109,17 @@ func (m *Manager) reconcile(ctx context.Context, p *pool) {
 	defer func() { m.metrics.passSeconds.WithLabelValues(p.metric).Observe(time.Since(start).Seconds()) }()
 	ctx, renew, done := m.renewing(ctx, p.lock, p.interval)
 	defer done()
+	if p.od != nil && !p.walk.active {
+		// An on-demand pool between walks: one counter read says whether
+		// there is anything to walk (most of a class's pools have no task).
+		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+		c, err := m.store.CountTasks(sctx, p.cfg.Name)
+		cancel()
+		if err == nil && c.Total() == 0 {
+			m.refill(ctx, p, c, true)
+			return
+		}
+	}
 	m.walkPage(ctx, p, renew)
 	if renew() {
 		m.countAndRefill(ctx, p, true)
