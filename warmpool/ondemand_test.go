@@ -455,7 +455,10 @@ func TestOnDemand_ThousandsOfPoolsShareTheirClassLock(t *testing.T) {
 		ip := newImageProvider(e.prov)
 		e.provider = ip
 		e.classes = []warmpool.ClassConfig{testClass(10000)}
-		e.wrap = func(s warmpool.Store) warmpool.Store { counter = &callCounter{Store: s, locks: map[string]int{}}; return counter }
+		e.wrap = func(s warmpool.Store) warmpool.Store {
+			counter = &callCounter{Store: s, locks: map[string]int{}}
+			return counter
+		}
 	}, testPool(0, 4))
 	now := e.clock.Now()
 	var g errgroup.Group
