@@ -33,6 +33,7 @@ var _ API = (*dynamodb.Client)(nil)
 // store makes (table management is not the store's).
 const (
 	opGetItem            = "GetItem"
+	opPutItem            = "PutItem"
 	opUpdateItem         = "UpdateItem"
 	opDeleteItem         = "DeleteItem"
 	opQuery              = "Query"
@@ -47,7 +48,7 @@ type callCounter map[string]*atomic.Int64
 
 func newCallCounter() callCounter {
 	c := callCounter{}
-	for _, op := range []string{opGetItem, opUpdateItem, opDeleteItem, opQuery, opScan, opBatchGetItem, opTransactWriteItems} {
+	for _, op := range []string{opGetItem, opPutItem, opUpdateItem, opDeleteItem, opQuery, opScan, opBatchGetItem, opTransactWriteItems} {
 		c[op] = new(atomic.Int64)
 	}
 	return c
@@ -79,6 +80,10 @@ func call[In, Out any](ctx context.Context, d *ddb, op string, fn func(context.C
 
 func (d *ddb) getItem(ctx context.Context, in *dynamodb.GetItemInput) (*dynamodb.GetItemOutput, error) {
 	return call(ctx, d, opGetItem, d.api.GetItem, in)
+}
+
+func (d *ddb) putItem(ctx context.Context, in *dynamodb.PutItemInput) (*dynamodb.PutItemOutput, error) {
+	return call(ctx, d, opPutItem, d.api.PutItem, in)
 }
 
 func (d *ddb) updateItem(ctx context.Context, in *dynamodb.UpdateItemInput) (*dynamodb.UpdateItemOutput, error) {

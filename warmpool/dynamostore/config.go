@@ -22,8 +22,9 @@ const (
 	DefaultMaxAttempts     = 5
 )
 
-// maxShards bounds Config.Shards: a ReserveTasks transaction may touch
-// every capacity shard besides its task records, within DynamoDB's 100
+// maxShards bounds Config.Shards: a stamp writes every shard of a counter
+// in one transaction, and a reservation touches a pool's and a class's
+// shards besides its task records (MaxReserve), within DynamoDB's 100
 // items per transaction.
 const maxShards = 64
 

@@ -47,5 +47,5 @@ func TestConfig_Defaults(t *testing.T) {
 	assert.Equal(t, 8, c.Shards)
 	assert.Len(t, Config{Region: "eu-west-1"}.SDKOptions(), 2)
 	assert.Len(t, Config{}.SDKOptions(), 1)
-	assert.Equal(t, 92, MaxReserve(8))
+	assert.Equal(t, 83, MaxReserve(8))
 }

@@ -4,10 +4,15 @@
 //
 // Every ownership decision is a conditional write: claiming a ready task
 // (its version and state must still match), reserving capacity (the pool's
-// sharded counters must stay within max_total), renewing (only the holder,
-// only before expiry), ending and expiring a lease. Where two items change
-// together (task and lease, task and capacity counter) the write is one
-// TransactWriteItems. Lease validity is decided by conditions on the
+// sharded counters must stay within max_total, and for an on-demand pool
+// its record must be active and its class's counters within the class's
+// total), renewing (only the holder, only before expiry), ending and
+// expiring a lease, ending an on-demand pool (only while none of its tasks
+// is counted). Where two items change together (task and lease, task and
+// capacity counter, pool record and counters) the write is one
+// TransactWriteItems. tasks.go holds the task records and the sharded
+// counters, pools.go the on-demand pools' records (warmpool.PoolStore),
+// claim.go and leases.go the leases. Lease validity is decided by conditions on the
 // stored expiry; DynamoDB's TTL attribute only collects garbage, and reads
 // treat an item whose TTL has passed as gone.
 //

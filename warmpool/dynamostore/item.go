@@ -44,16 +44,33 @@ const (
 	fHolder         = "holder"
 	fProviderTaskID = "provider_task_id"
 	fSpec           = "spec"
+	fClass          = "class"
+	fName           = "name"
+	fImage          = "image"
+	fCPU            = "cpu"
+	fMemoryMiB      = "memory_mib"
+	fDiskMiB        = "disk_mib"
+	fDigest         = "digest"
+	fRef            = "ref"
+	fLastUsed       = "last_used"
+	fAcquires       = "acquires"
+	fWarmFloor      = "warm_floor"
+	fWarmUntil      = "warm_until"
 )
 
 // taskFields are the attributes UpdateTask writes (SET when the record has
-// a value, REMOVE when not); id, pool and spec never change.
+// a value, REMOVE when not); id, pool, spec and class never change.
 var taskFields = []string{fProvider, fProviderID, fState, fAgentURL, fAgentToken, fLeaseID, fGeneration,
 	fReason, fCreatedAt, fUpdatedAt, fLaunchDeadline, fVersion}
 
 func avS(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
 func avN(v int64) types.AttributeValue {
 	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+}
+
+// avF encodes a float as a plain decimal (no exponent).
+func avF(v float64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatFloat(v, 'f', -1, 64)}
 }
 
 // avTime encodes t as Unix nanoseconds.
@@ -65,6 +82,13 @@ func key(pk string) item { return item{attrPK: avS(pk)} }
 func putS(it item, name, v string) {
 	if v != "" {
 		it[name] = avS(v)
+	}
+}
+
+// putN sets a number attribute unless it is zero.
+func putN(it item, name string, v int64) {
+	if v != 0 {
+		it[name] = avN(v)
 	}
 }
 
@@ -92,6 +116,7 @@ func taskAttrs(rec warmpool.TaskRecord) item {
 	putS(it, fProvider, rec.Provider)
 	putS(it, fProviderID, rec.ProviderID)
 	putS(it, fSpec, rec.Spec)
+	putS(it, fClass, rec.Class)
 	putS(it, fAgentURL, rec.AgentURL)
 	putS(it, fAgentToken, rec.AgentToken)
 	putS(it, fLeaseID, rec.LeaseID)
@@ -103,12 +128,16 @@ func taskAttrs(rec warmpool.TaskRecord) item {
 }
 
 // taskItem is the whole stored item of a new task record counted in
-// capacity shard cshard.
-func taskItem(rec warmpool.TaskRecord, shards, cshard int) item {
+// capacity shard cshard of its pool and, for a task of a class, in shard
+// gshard of its class's counter (-1: none).
+func taskItem(rec warmpool.TaskRecord, shards, cshard, gshard int) item {
 	it := taskAttrs(rec)
 	it[attrPK] = avS(taskPK(rec.ID))
 	it[attrPoolPK] = avS(shardKey(rec.Pool, shardOf(rec.ID, shards)))
 	it[attrCShard] = avN(int64(cshard))
+	if gshard >= 0 {
+		it[attrGShard] = avN(int64(gshard))
+	}
 	return it
 }
 
@@ -152,6 +181,22 @@ func (d *decoder) n(name string) int64 {
 	}
 }
 
+func (d *decoder) f(name string) float64 {
+	switch v := d.it[name].(type) {
+	case nil:
+		return 0
+	case *types.AttributeValueMemberN:
+		f, err := strconv.ParseFloat(v.Value, 64)
+		if err != nil {
+			d.fail(name, "%q is not a number", v.Value)
+		}
+		return f
+	default:
+		d.fail(name, "want a number, got %T", v)
+		return 0
+	}
+}
+
 func (d *decoder) time(name string) time.Time {
 	if _, ok := d.it[name]; !ok {
 		return time.Time{}
@@ -184,7 +229,7 @@ func decodeTask(it item) (warmpool.TaskRecord, error) {
 	d := decoder{it: it}
 	rec := warmpool.TaskRecord{
 		ID: d.s(fID), Pool: d.s(fPool), Provider: d.s(fProvider), ProviderID: d.s(fProviderID), Spec: d.s(fSpec),
-		State: warmpool.TaskState(d.s(fState)), AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken),
+		Class: d.s(fClass), State: warmpool.TaskState(d.s(fState)), AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken),
 		LeaseID: d.s(fLeaseID), Generation: d.n(fGeneration), Reason: d.s(fReason),
 		CreatedAt: d.time(fCreatedAt), UpdatedAt: d.time(fUpdatedAt), LaunchDeadline: d.time(fLaunchDeadline),
 		Version: d.n(fVersion),
@@ -194,9 +239,12 @@ func decodeTask(it item) (warmpool.TaskRecord, error) {
 
 // done returns the first decoding error, or a missing id, as an error of
 // the record kind id.
-func (d *decoder) done(kind, id string) error {
+func (d *decoder) done(kind, id string) error { return d.doneAttr(kind, fID, id) }
+
+// doneAttr is done for a record whose id is attribute attr.
+func (d *decoder) doneAttr(kind, attr, id string) error {
 	if d.err == nil && id == "" {
-		d.fail(fID, "missing")
+		d.fail(attr, "missing")
 	}
 	if d.err != nil {
 		return fmt.Errorf("decode %s %s: %w", kind, id, d.err)
@@ -294,4 +342,50 @@ func pkOf(it item) string {
 		return v.Value
 	}
 	return ""
+}
+
+// poolFields are the attributes UpdatePool writes from its record (SET
+// when it has a value, REMOVE when not); name and class never change, and
+// state, last_used, acquires and version have rules of their own.
+var poolFields = []string{fImage, fCPU, fMemoryMiB, fDiskMiB, fDigest, fRef, fCreatedAt, fEndedAt, fWarmFloor, fWarmUntil}
+
+// poolAttrs encodes the contract fields of rec.
+func poolAttrs(rec warmpool.PoolRecord) item {
+	it := item{fName: avS(rec.Name), fClass: avS(rec.Class), fImage: avS(rec.Image), fState: avS(string(rec.State)),
+		fAcquires: avN(rec.Acquires), fVersion: avN(rec.Version)}
+	if rec.CPU != 0 {
+		it[fCPU] = avF(rec.CPU)
+	}
+	putN(it, fMemoryMiB, int64(rec.MemoryMiB))
+	putN(it, fDiskMiB, int64(rec.DiskMiB))
+	putS(it, fDigest, rec.Digest)
+	putS(it, fRef, rec.Ref)
+	putTime(it, fCreatedAt, rec.CreatedAt)
+	putTime(it, fLastUsed, rec.LastUsed)
+	putTime(it, fEndedAt, rec.EndedAt)
+	putN(it, fWarmFloor, int64(rec.WarmFloor))
+	putTime(it, fWarmUntil, rec.WarmUntil)
+	return it
+}
+
+// poolItem is the whole stored item of pool record rec: its attributes
+// and its key in tasks-by-pool (its class's shard of its name), by which
+// ListPoolsPage finds a class's records.
+func poolItem(rec warmpool.PoolRecord, shards int) item {
+	it := poolAttrs(rec)
+	it[attrPK] = avS(poolPK(rec.Name))
+	it[attrPoolPK] = avS(poolIndexKey(rec.Class, shardOf(rec.Name, shards)))
+	return it
+}
+
+func decodePool(it item) (warmpool.PoolRecord, error) {
+	d := decoder{it: it}
+	rec := warmpool.PoolRecord{
+		Name: d.s(fName), Class: d.s(fClass), Image: d.s(fImage), CPU: d.f(fCPU),
+		MemoryMiB: int(d.n(fMemoryMiB)), DiskMiB: int(d.n(fDiskMiB)), Digest: d.s(fDigest), Ref: d.s(fRef),
+		State: warmpool.PoolState(d.s(fState)), CreatedAt: d.time(fCreatedAt), LastUsed: d.time(fLastUsed),
+		EndedAt: d.time(fEndedAt), Acquires: d.n(fAcquires), WarmFloor: int(d.n(fWarmFloor)),
+		WarmUntil: d.time(fWarmUntil), Version: d.n(fVersion),
+	}
+	return rec, d.doneAttr("pool", fName, rec.Name)
 }

@@ -27,7 +27,7 @@ func TestTaskItem_RoundTrip(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			it := taskItem(tc.rec, 8, 3)
+			it := taskItem(tc.rec, 8, 3, -1)
 			assert.Equal(t, avS("task#"+tc.rec.ID), it[attrPK])
 			assert.Equal(t, avS(shardKey("p", shardOf(tc.rec.ID, 8))), it[attrPoolPK])
 			assert.Equal(t, avN(3), it[attrCShard])

@@ -7,19 +7,22 @@ import (
 )
 
 // Key and index attribute names. Every item of both tables has the string
-// partition key attrPK, prefixed by its kind (task#, cap#, meta#, lease#,
-// idem#, lock#). Index attributes are present only on the items an index
-// should hold (sparse indexes).
+// partition key attrPK, prefixed by its kind (task#, cap#, pool#, ccap#,
+// meta#, lease#, idem#, lock#, env#). Index attributes are present only on
+// the items an index should hold (sparse indexes).
 const (
 	attrPK = "pk"
 
 	// Tasks table indexes.
-	attrPoolPK  = "pool_pk"  // index tasks-by-pool: "<pool>#<shard of id>"; every task
+	attrPoolPK  = "pool_pk"  // index tasks-by-pool: "<pool>#<shard of id>" on every task; "@<class>#<shard of name>" on every pool record
 	attrReadyPK = "ready_pk" // index ready-tasks: "<pool>#<shard of id>"; ready tasks only
 	attrReadySK = "ready_sk" // a random number drawn when the task becomes ready
 	attrCapN    = "n"        // capacity counter item: tasks counted in this shard
+	attrRoom    = "room"     // capacity counter item: how many more this shard may count
+	attrCapMax  = "max"      // capacity counter item: the total (max_total, a class's) its room was stamped for
 	attrCountP  = "c_"       // + state: capacity counter item: tasks in that state whose id hashes to this shard
 	attrCShard  = "cshard"   // task: the capacity shard that counts it
+	attrGShard  = "gshard"   // task of a class: the shard of its class's counter that counts it
 	attrShards  = "shards"   // schema item: Config.Shards the tables were made with
 
 	// Leases table indexes.
@@ -43,6 +46,8 @@ const (
 const (
 	prefixTask  = "task#"
 	prefixCap   = "cap#"
+	prefixPool  = "pool#"
+	prefixCCap  = "ccap#"
 	prefixLease = "lease#"
 	prefixIdem  = "idem#"
 	prefixLock  = "lock#"
@@ -54,6 +59,18 @@ func taskPK(id string) string   { return prefixTask + id }
 func leasePK(id string) string  { return prefixLease + id }
 func lockPK(name string) string { return prefixLock + name }
 func envPK(id string) string    { return prefixEnv + id }
+func poolPK(name string) string { return prefixPool + name }
+
+// classCapPK is the key of shard shard of class's task counter (the tasks
+// of every pool of the class).
+func classCapPK(class string, shard int) string { return prefixCCap + shardKey(class, shard) }
+
+// poolIndexKey is a pool record's key in tasks-by-pool: its class's shard
+// shard, after '@', which no pool name starts with (warmpool's pool names
+// are lowercase letters, digits and '-'), so that a class's records never
+// share a partition with a pool's tasks; readers of the index check the
+// kind of every key anyway.
+func poolIndexKey(class string, shard int) string { return "@" + shardKey(class, shard) }
 
 // capPK is the key of shard shard of pool's capacity counter.
 func capPK(pool string, shard int) string { return prefixCap + shardKey(pool, shard) }

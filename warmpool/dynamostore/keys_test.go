@@ -129,3 +129,49 @@ func TestAssignShards(t *testing.T) {
 		})
 	}
 }
+
+func TestPoolKeys_ApartFromTasks(t *testing.T) {
+	tests := []struct {
+		name string
+		a, b string
+	}{
+		{name: "a class's index key vs a pool's", a: poolIndexKey("c", 1), b: shardKey("c", 1)},
+		{name: "a class's counter vs a pool's", a: classCapPK("c", 1), b: capPK("c", 1)},
+		{name: "a pool record vs a task", a: poolPK("x"), b: taskPK("x")},
+		{name: "class with # vs shard digits", a: classCapPK("a#1", 2), b: classCapPK("a", 12)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.NotEqual(t, tc.a, tc.b)
+		})
+	}
+	assert.Equal(t, []string{"task#a", "task#b"}, ofKind([]string{"task#a", "pool#p", "task#b"}, prefixTask))
+	assert.Empty(t, ofKind([]string{"pool#p"}, prefixTask))
+}
+
+func TestMaxReserve_FitsOneTransaction(t *testing.T) {
+	tests := []struct {
+		name   string
+		shards int
+		want   int
+	}{
+		{name: "one shard", shards: 1, want: 97},
+		{name: "the default", shards: 8, want: 83},
+		{name: "the most", shards: maxShards, want: 24},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, MaxReserve(tc.shards))
+		})
+	}
+	// A class reservation of k records touches at most k records, two
+	// pool shards per record, the pool's record and one class shard per
+	// record; k = MaxReserve fits, one more would not.
+	worst := func(k, shards int) int { return k + min(shards, 2*k) + 1 + min(shards, k) }
+	for shards := 1; shards <= maxShards; shards++ {
+		k := MaxReserve(shards)
+		require.Positive(t, k, "%d shards", shards)
+		assert.LessOrEqual(t, worst(k, shards), maxTransactItems, "%d shards", shards)
+		assert.Greater(t, worst(k+1, shards), maxTransactItems, "%d shards", shards)
+	}
+}
