@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -215,9 +216,9 @@ type ImagePage struct {
 // images, not with tasks.
 func (m *Manager) Images(ctx context.Context, cursor string, limit int) (ImagePage, error) {
 	ctx = ContextWithCaller(ctx, CallerPools)
-	page, err := m.store.ListPoolsPage(ctx, "", cursor, limit)
+	page, err := m.poolsPage(ctx, cursor, limit)
 	if err != nil {
-		return ImagePage{}, fmt.Errorf("list on-demand pools: %w", err)
+		return ImagePage{}, err
 	}
 	infos := map[string]providers.ImageInfo{} // by image reference
 	var loose []providers.ImageInfo
@@ -355,4 +356,35 @@ func (m *Manager) BuildImage(ctx context.Context, req BuildRequest, log io.Write
 		info.Image = tag
 	}
 	return info, nil
+}
+
+// poolsPage returns a page of the on-demand pools of every configured
+// class, class by class (ListPoolsPage of one class: never a walk of the
+// whole store), with a cursor "<class index>/<the class's cursor>".
+func (m *Manager) poolsPage(ctx context.Context, cursor string, limit int) (PoolPage, error) {
+	i, inner := 0, ""
+	if cursor != "" {
+		n, rest, ok := strings.Cut(cursor, "/")
+		idx, err := strconv.Atoi(n)
+		if !ok || err != nil || idx < 0 || idx >= len(m.classNames) {
+			return PoolPage{}, badinput.New("cursor", "must be the next of an earlier answer")
+		}
+		i, inner = idx, rest
+	}
+	var out PoolPage
+	for ; i < len(m.classNames) && len(out.Pools) < limit; i, inner = i+1, "" {
+		page, err := m.store.ListPoolsPage(ctx, m.classNames[i], inner, limit-len(out.Pools))
+		if err != nil {
+			return PoolPage{}, fmt.Errorf("list the on-demand pools of class %s: %w", m.classNames[i], err)
+		}
+		out.Pools = append(out.Pools, page.Pools...)
+		if page.Next != "" {
+			out.Next = strconv.Itoa(i) + "/" + page.Next
+			return out, nil
+		}
+	}
+	if i < len(m.classNames) && len(out.Pools) >= limit {
+		out.Next = strconv.Itoa(i) + "/"
+	}
+	return out, nil
 }

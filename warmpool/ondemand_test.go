@@ -486,3 +486,35 @@ func TestOnDemand_ThousandsOfPoolsShareTheirClassLock(t *testing.T) {
 	}
 	assert.LessOrEqual(t, reads, pools+2*passes, "a counter read per pool (its first pass), no more")
 }
+
+func TestImages_PagesClassByClass(t *testing.T) {
+	a, b := testClass(8), testClass(8)
+	a.Name, a.Images = "a", []string{"registry.test/a/**"}
+	b.Name, b.Images = "b", []string{"registry.test/b/**"}
+	e, _ := newImageEnv(t, fastConfig(), a, b)
+	want := map[string]bool{}
+	for _, image := range []string{"registry.test/a/1", "registry.test/a/2", "registry.test/a/3", "registry.test/b/1", "registry.test/b/2"} {
+		want[e.imagePool(image)] = true
+	}
+	seen := map[string]int{}
+	cursor := ""
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 10)
+		page, err := e.m.Images(t.Context(), cursor, 2)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, len(page.Images), 2, "at most limit pools")
+		for _, im := range page.Images {
+			seen[im.Pool]++
+		}
+		if cursor = page.Next; cursor == "" {
+			break
+		}
+	}
+	assert.Len(t, seen, len(want))
+	for pool := range want {
+		assert.Equal(t, 1, seen[pool], pool)
+	}
+	_, err := e.m.Images(t.Context(), "7/x", 2)
+	var be *badinput.Error
+	require.ErrorAs(t, err, &be, "a cursor of no class")
+}
