@@ -3,6 +3,7 @@ package ecs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -112,4 +113,48 @@ func TestProvider_SharedRate_TwoReplicasStayWithinTheAccountsRate(t *testing.T) 
 		assert.LessOrEqual(t, float64(tasks), float64(shared.TaskBurst)+shared.TaskRate+slack, "tasks in the second from call %d", i)
 	}
 	assert.GreaterOrEqual(t, elapsed.Seconds(), float64(replicas*each-shared.TaskBurst)/shared.TaskRate*0.9, "the shared launch rate bounds both together")
+}
+
+// Two replicas, each with its own DynamoDB limiter on the register rate's
+// item of the emulator, prepare new images at once against one ECS account
+// (the fake, which refuses registrations beyond its bucket). Together they
+// stay within the rate: ECS refuses none, and the admissions of both,
+// counted on the limiters' clocks, keep one bucket.
+func TestProvider_SharedRegisterRate_TwoReplicasStayWithinTheAccountsRate(t *testing.T) {
+	testenv.AWS(t)
+	db, table := emulatorTable(t)
+	shared := ddbrate.Config{Table: table, Key: ddbrate.RegisterKey, CallRate: 20, CallBurst: 3}
+	const slack = 2 // calls that arrive later than their admission may bunch (see above)
+	f := newFake()
+	f.registers = rate.NewLimiter(rate.Limit(shared.CallRate), shared.CallBurst+slack)
+
+	const replicas, each = 2, 10
+	recs := make([]*admissions, replicas)
+	var wg sync.WaitGroup
+	for i := range replicas {
+		l, err := ddbrate.New(db, shared)
+		require.NoError(t, err)
+		recs[i] = &admissions{l: l}
+		p, err := New(testConfig(), f, Deps{Register: recs[i]})
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, p.Close(context.Background())) })
+		for j := range each {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := p.PrepareImage(testCtx(t), onDemandSpec("default", fmt.Sprintf("registry.example/r%d/task-%d:1", i, j)))
+				assert.NoError(t, err)
+			}()
+		}
+	}
+	wg.Wait()
+	registered, _, refused := f.registerStats()
+	assert.Equal(t, replicas*each, registered)
+	assert.Zero(t, refused, "ECS refused no registration: the replicas shared its rate")
+	var at []time.Time
+	for _, r := range recs {
+		at = append(at, r.times()...)
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	checkAdmissions(t, at, shared.CallRate, shared.CallBurst)
 }
