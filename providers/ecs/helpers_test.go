@@ -32,45 +32,76 @@ type admitter interface {
 
 // admissions is a RateLimiter that records, for each call its limiter
 // admitted, the time of the admission on the limiter's clock (not when
-// the caller ran after its wait: a loaded machine runs goroutines late).
+// the caller ran after its wait: a loaded machine runs goroutines late)
+// and its n.
 type admissions struct {
-	l  admitter
-	mu sync.Mutex
-	at []time.Time
+	l   admitter
+	mu  sync.Mutex
+	got []admission
+}
+
+// admission is one call a limiter admitted: when (on its clock) and its n.
+type admission struct {
+	at time.Time
+	n  int
 }
 
 func (a *admissions) Wait(ctx context.Context, n int) error {
 	at, err := a.l.Admit(ctx, n)
 	if err == nil {
 		a.mu.Lock()
-		a.at = append(a.at, at)
+		a.got = append(a.got, admission{at, n})
 		a.mu.Unlock()
 	}
 	return err
 }
 
-// times returns the admissions in order.
-func (a *admissions) times() []time.Time {
+// all returns the admissions in time order.
+func (a *admissions) all() []admission {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return slices.SortedFunc(slices.Values(a.at), time.Time.Compare)
+	return slices.SortedFunc(slices.Values(a.got), func(x, y admission) int { return x.at.Compare(y.at) })
 }
 
-// checkAdmissions asserts that the admissions at (in order) keep a bucket
-// of burst refilled at rate a second: in every window from an admission at
-// most burst + rate × its length, and all of them spread over at least
-// (len(at) − burst) / rate.
+// times returns the admissions' times in order.
+func (a *admissions) times() []time.Time {
+	var out []time.Time
+	for _, ad := range a.all() {
+		out = append(out, ad.at)
+	}
+	return out
+}
+
+// checkAdmissions asserts that calls admitted at (in order) keep a bucket
+// of burst refilled at rate a second (checkBucket, one token a call).
 func checkAdmissions(t *testing.T, at []time.Time, rate float64, burst int) {
 	t.Helper()
+	adm := make([]admission, len(at))
 	for i := range at {
-		for j := i; j < len(at); j++ {
-			w := at[j].Sub(at[i]).Seconds()
-			require.LessOrEqual(t, float64(j-i+1), float64(burst)+rate*w+1e-6,
-				"%d admissions within %.3fs of admission %d: more than the bucket allows", j-i+1, w, i)
-		}
+		adm[i] = admission{at: at[i], n: 1}
 	}
-	if len(at) > burst {
-		span := at[len(at)-1].Sub(at[0]).Seconds()
-		assert.GreaterOrEqual(t, span, float64(len(at)-burst)/rate-1e-6, "%d admissions in %.3fs", len(at), span)
+	checkBucket(t, adm, func(admission) int { return 1 }, rate, burst)
+}
+
+// checkBucket asserts that admissions (in time order), each taking
+// tokens(a), keep a bucket of burst refilled at rate a second: in every
+// window from an admission at most burst + rate × its length, and all of
+// them spread over at least (their tokens − burst) / rate.
+func checkBucket(t *testing.T, adm []admission, tokens func(admission) int, rate float64, burst int) {
+	t.Helper()
+	total := 0
+	for i := range adm {
+		n := 0
+		for j := i; j < len(adm); j++ {
+			n += tokens(adm[j])
+			w := adm[j].at.Sub(adm[i].at).Seconds()
+			require.LessOrEqual(t, float64(n), float64(burst)+rate*w+1e-6,
+				"%d tokens admitted within %.3fs of admission %d: more than the bucket allows", n, w, i)
+		}
+		total += tokens(adm[i])
+	}
+	if total > burst {
+		span := adm[len(adm)-1].at.Sub(adm[0].at).Seconds()
+		assert.GreaterOrEqual(t, span, float64(total-burst)/rate-1e-6, "%d tokens in %.3fs", total, span)
 	}
 }

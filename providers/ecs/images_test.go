@@ -92,10 +92,12 @@ func TestProvider_PrepareImage_SuppliedTaskDefinitionNeedsNothing(t *testing.T) 
 	assert.ErrorIs(t, err, providers.ErrInvalidSpec, "a spec the provider cannot serve")
 }
 
-// A burst of new images is registered within the register rate: ECS (the
-// fake, which refuses calls beyond its bucket) refuses none, and the
+// A burst of new images is registered within the register rate: the
 // admissions, counted on the limiter's clock, never exceed the bucket and
-// take at least (images − burst) / rate.
+// take at least (images − burst) / rate, and each image is registered
+// once. The fake refuses calls beyond its bucket (retried); its refusals
+// are logged, not asserted: a call leaves after its admission, when its
+// goroutine runs, so on a loaded machine two may arrive together.
 func TestProvider_PrepareImage_StaysWithinTheRegisterRate(t *testing.T) {
 	const (
 		rateHz = 50.0 // AWS: 1/s; scaled up so that the test is quick
@@ -121,7 +123,7 @@ func TestProvider_PrepareImage_StaysWithinTheRegisterRate(t *testing.T) {
 	wg.Wait()
 	registered, _, refused := f.registerStats()
 	assert.Equal(t, images, registered)
-	assert.Zero(t, refused, "ECS refused no registration")
+	t.Logf("%d registrations; the fake refused %d", registered, refused)
 	at := rec.times()
 	require.Len(t, at, images, "one admission per registration (the look-ups have a bucket of their own)")
 	checkAdmissions(t, at, rateHz, burst)
