@@ -5,9 +5,13 @@
 // (hclwrite), the module and the example load without diagnostics
 // (terraform-config-inspect) with every variable and output described, the
 // DynamoDB tables are exactly those the Go stores create
-// (dynamostore.TableDefinitions, dynamobroker.TableDefinition), and every
-// QUARRY_* variable the module sets is one the docs describe.
+// (dynamostore.TableDefinitions, dynamobroker.TableDefinition), every
+// QUARRY_* variable the module sets is one the docs describe, the family
+// prefix the gateway may register task definitions in is one the ECS
+// provider renders (and no pool's Terraform family starts with it), and the
+// ECR pull-through cache is optional.
 //
 // It must not be imported; its tests may import only the stores' schema
-// (warmpool/dynamostore, modelservice/dynamobroker).
+// (warmpool/dynamostore, modelservice/dynamobroker, checkpoints/s3store)
+// and the ECS provider's renderer (providers/ecs).
 package infra

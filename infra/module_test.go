@@ -29,6 +29,8 @@ import (
 
 	"github.com/quarryhq/quarry/checkpoints/s3store"
 	"github.com/quarryhq/quarry/modelservice/dynamobroker"
+	"github.com/quarryhq/quarry/providers"
+	"github.com/quarryhq/quarry/providers/ecs"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
 )
 
@@ -154,19 +156,27 @@ var toString = function.New(&function.Spec{
 	},
 })
 
-// resources returns the module's resource blocks of a type by name.
-func resources(t *testing.T, typ string) map[string]*hclsyntax.Block {
+// blocks returns the module's top-level blocks, file by file.
+func blocks(t *testing.T) []*hclsyntax.Block {
 	t.Helper()
-	out := map[string]*hclsyntax.Block{}
+	var out []*hclsyntax.Block
 	for _, file := range tfFiles(t, "modules/quarry") {
 		src, err := os.ReadFile(file)
 		require.NoError(t, err)
 		f, diags := hclsyntax.ParseConfig(src, file, hcl.InitialPos)
 		require.False(t, diags.HasErrors(), diags.Error())
-		for _, b := range f.Body.(*hclsyntax.Body).Blocks {
-			if b.Type == "resource" && len(b.Labels) == 2 && b.Labels[0] == typ {
-				out[b.Labels[1]] = b
-			}
+		out = append(out, f.Body.(*hclsyntax.Body).Blocks...)
+	}
+	return out
+}
+
+// resources returns the module's resource blocks of a type by name.
+func resources(t *testing.T, typ string) map[string]*hclsyntax.Block {
+	t.Helper()
+	out := map[string]*hclsyntax.Block{}
+	for _, b := range blocks(t) {
+		if b.Type == "resource" && len(b.Labels) == 2 && b.Labels[0] == typ {
+			out[b.Labels[1]] = b
 		}
 	}
 	return out
@@ -384,4 +394,96 @@ func TestModule_TaskEventsRouteMatchesTheProvider(t *testing.T) {
 	locals, err := os.ReadFile("modules/quarry/locals.tf")
 	require.NoError(t, err)
 	assert.Regexp(t, `QUARRY_ECS_EVENTS_QUEUE_URL\s*=\s*aws_sqs_queue\.task_events\[0\]\.url`, string(locals))
+}
+
+// localExpr returns the expression of local name in the module.
+func localExpr(t *testing.T, name string) hclsyntax.Expression {
+	t.Helper()
+	for _, b := range blocks(t) {
+		if a, ok := b.Body.Attributes[name]; ok && b.Type == "locals" {
+			return a.Expr
+		}
+	}
+	require.Failf(t, "no such local", "local.%s", name)
+	return nil
+}
+
+// The gateway registers task definitions (images on demand) only in
+// families of its own prefix, which the ECS provider accepts and renders,
+// and which Terraform's pool task definitions never start with; IAM lets
+// it register, tag at registration, deregister and run those only, and the
+// module tells the gateway the prefix and what to render with.
+func TestModule_GatewayRegistersOnlyItsOwnFamilies(t *testing.T) {
+	ctx := evalContext(t)
+	v, diags := localExpr(t, "family_prefix").Value(ctx)
+	require.False(t, diags.HasErrors(), diags.Error())
+	prefix := v.AsString()
+	assert.Equal(t, "quarry_", prefix, "with the default name")
+
+	cfg := ecs.Config{Cluster: "quarry", Subnets: []string{"subnet-0123456789abcdef0"}, TokenKey: []byte(strings.Repeat("k", 32)),
+		TokenKeySecretARN: "arn:aws:secretsmanager:us-east-1:123456789012:secret:k", ExecutionRoleARN: "arn:aws:iam::123456789012:role/x",
+		AgentImage: "agent:1", FamilyPrefix: prefix}
+	td, err := ecs.RenderTaskDefinition(cfg, providers.Spec{Pool: "i-abcdefghijklmnopqrstuvwx", Image: "python:3.11", Class: "default"})
+	require.NoError(t, err, "the provider takes the module's prefix")
+	family := aws.ToString(td.Family)
+	assert.True(t, strings.HasPrefix(family, prefix), family)
+	for _, pool := range []string{"default", "spot", "i-x", "quarry"} { // pool names are [a-z0-9-]: no '_'
+		assert.False(t, strings.HasPrefix("quarry-"+pool, prefix), "Terraform's task definition of pool %s (\"<name>-<pool>\") is not the gateway's to deregister", pool)
+	}
+
+	iam, err := os.ReadFile("modules/quarry/iam.tf")
+	require.NoError(t, err)
+	for _, want := range []string{
+		`own_task_definitions = "arn:\$\{local\.partition\}:ecs:\$\{local\.region\}:\$\{local\.account\}:task-definition/\$\{local\.family_prefix\}\*"`,
+		`(?s)sid\s*=\s*"RegisterAndDeregisterItsOwnTaskDefinitions"\s*actions\s*=\s*\["ecs:RegisterTaskDefinition", "ecs:DeregisterTaskDefinition"\]\s*resources\s*=\s*\[local\.own_task_definitions\]`,
+		`(?s)sid\s*=\s*"TagItsTaskDefinitionsAtRegistration"\s*actions\s*=\s*\["ecs:TagResource"\]\s*resources\s*=\s*\[local\.own_task_definitions\]\s*condition \{\s*test\s*=\s*"StringEquals"\s*variable\s*=\s*"ecs:CreateAction"\s*values\s*=\s*\["RegisterTaskDefinition"\]`,
+		`(?s)sid\s*=\s*"RunPoolTasksOnThisCluster".*var\.on_demand_images \? \[local\.own_task_definitions\]`,
+		`(?s)sid\s*=\s*"PassOnlyTheSandboxRoles"\s*actions\s*=\s*\["iam:PassRole"\]\s*resources\s*=\s*local\.passed_roles`,
+	} {
+		assert.Regexp(t, want, string(iam))
+	}
+	assert.NotRegexp(t, `"ecs:(Register|Deregister)TaskDefinition"[^\]]*\]\s*resources\s*=\s*\["\*"\]`, string(iam), "never on every family")
+	locals, err := os.ReadFile("modules/quarry/locals.tf")
+	require.NoError(t, err)
+	for _, want := range []string{
+		`QUARRY_ECS_FAMILY_PREFIX\s*=\s*local\.family_prefix`,
+		`QUARRY_ECS_EXECUTION_ROLE_ARN\s*=\s*aws_iam_role\.sandbox_execution\.arn`,
+		`QUARRY_ECS_AGENT_IMAGE\s*=\s*var\.agent_image`,
+	} {
+		assert.Regexp(t, want, string(locals))
+	}
+	onDemand := ctx.Variables["var"].GetAttr("on_demand_images")
+	assert.True(t, onDemand.True(), "on by default: any allowed image works")
+}
+
+// The ECR pull-through cache is optional (no rule by default), one rule per
+// prefix the user names, and the sandboxes' execution role may create and
+// fill repositories under those prefixes only.
+func TestModule_PullThroughCacheIsOptional(t *testing.T) {
+	ctx := evalContext(t)
+	rules := ctx.Variables["var"].GetAttr("pull_through_cache_rules")
+	assert.Zero(t, rules.LengthInt(), "none by default")
+
+	got := resources(t, "aws_ecr_pull_through_cache_rule")
+	require.Contains(t, got, "this")
+	forEach := got["this"].Body.Attributes["for_each"]
+	require.NotNil(t, forEach)
+	assert.Equal(t, "var.pull_through_cache_rules", exprText(t, forEach))
+
+	ecr, err := os.ReadFile("modules/quarry/ecr.tf")
+	require.NoError(t, err)
+	assert.Regexp(t, `(?s)actions\s*=\s*\["ecr:CreateRepository", "ecr:BatchImportUpstreamImage"\].*repository/\$\{prefix\}/\*`, string(ecr))
+	assert.Regexp(t, `count\s*=\s*length\(var\.pull_through_cache_rules\) > 0 \? 1 : 0`, string(ecr), "no policy without a rule")
+	policies := resources(t, "aws_iam_role_policy")
+	require.Contains(t, policies, "sandbox_execution_pull_through")
+	assert.Equal(t, "aws_iam_role.sandbox_execution.id", exprText(t, policies["sandbox_execution_pull_through"].Body.Attributes["role"]))
+}
+
+// exprText returns the source of an attribute's expression.
+func exprText(t *testing.T, a *hclsyntax.Attribute) string {
+	t.Helper()
+	r := a.Expr.Range()
+	src, err := os.ReadFile(r.Filename)
+	require.NoError(t, err)
+	return string(r.SliceBytes(src))
 }

@@ -22,11 +22,16 @@ const (
 	DefaultRunTaskBurst     = 20
 	DefaultLaunchRate       = 20.0
 	DefaultLaunchBurst      = 100
-	DefaultAddrBase         = 100
-	DefaultAddrBlocks       = 4
-	DefaultAgentPort        = 8000
-	DefaultRegion           = "us-east-1"
-	DefaultAccountID        = "123456789012"
+	// DefaultRegisterRate and DefaultRegisterBurst are AWS's published
+	// rate of RegisterTaskDefinition (1/s, burst 20); the simulator puts
+	// DeregisterTaskDefinition in the same bucket.
+	DefaultRegisterRate  = 1.0
+	DefaultRegisterBurst = 20
+	DefaultAddrBase      = 100
+	DefaultAddrBlocks    = 4
+	DefaultAgentPort     = 8000
+	DefaultRegion        = "us-east-1"
+	DefaultAccountID     = "123456789012"
 	// MaxTasksPerCall, MaxDescribeIDs and MaxListPage are ECS's limits:
 	// tasks one RunTask starts, ids one DescribeTasks takes, ARNs one
 	// ListTasks page holds.
@@ -78,6 +83,23 @@ type Config struct {
 	// LaunchRefusal is RefuseWithException (the default) or
 	// RefuseWithFailures.
 	LaunchRefusal string
+	// RegisterRate and RegisterBurst are the bucket of
+	// RegisterTaskDefinition and DeregisterTaskDefinition calls (1/s, burst
+	// 20; over it ThrottlingException "Rate exceeded").
+	RegisterRate  float64
+	RegisterBurst int
+	// PullRate is how fast a task pulls its image, in bytes per simulated
+	// second: a task runs after its start time plus its image's size /
+	// PullRate (simulated). 0 (the default): pulls add nothing to the
+	// start time (30–90 s, which holds a small image's pull).
+	PullRate float64
+	// Images is the simulated registry: image reference (as the task
+	// definition's sandbox container names it) → size in bytes. An image
+	// it does not hold is sized by DefaultImageSize, or, with
+	// StrictRegistry, does not exist: its tasks stop while starting with
+	// CannotPullContainerError "… not found", as on Fargate.
+	Images         map[string]int64
+	StrictRegistry bool
 	// AddrBase is the second octet of the first block of task addresses
 	// (127.AddrBase.0.0/16, default 100) and AddrBlocks how many
 	// consecutive blocks there are (default 4: 256,000 addresses).
@@ -130,6 +152,8 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.LaunchRate, DefaultLaunchRate)
 	defaults.Set(&c.LaunchBurst, DefaultLaunchBurst)
 	defaults.Set(&c.LaunchRefusal, RefuseWithException)
+	defaults.Set(&c.RegisterRate, DefaultRegisterRate)
+	defaults.Set(&c.RegisterBurst, DefaultRegisterBurst)
 	defaults.Set(&c.AddrBase, DefaultAddrBase)
 	defaults.Set(&c.AddrBlocks, DefaultAddrBlocks)
 	defaults.Set(&c.AgentPort, DefaultAgentPort)
@@ -162,6 +186,17 @@ func (c Config) Validate() error {
 	}
 	if c.LaunchRate <= 0 || c.LaunchBurst < MaxTasksPerCall {
 		bad("LaunchRate, LaunchBurst: rate must be positive and burst at least %d, got %g/s burst %d", MaxTasksPerCall, c.LaunchRate, c.LaunchBurst)
+	}
+	if c.RegisterRate <= 0 || c.RegisterBurst < 1 {
+		bad("RegisterRate, RegisterBurst: must be positive, got %g/s burst %d", c.RegisterRate, c.RegisterBurst)
+	}
+	if c.PullRate < 0 {
+		bad("PullRate: must be 0 (no pull time) or positive, got %g", c.PullRate)
+	}
+	for image, size := range c.Images {
+		if size < 0 {
+			bad("Images[%q]: a size is at least 0, got %d", image, size)
+		}
 	}
 	if c.LaunchRefusal != RefuseWithException && c.LaunchRefusal != RefuseWithFailures {
 		bad("LaunchRefusal: want %q or %q, got %q", RefuseWithException, RefuseWithFailures, c.LaunchRefusal)

@@ -8,8 +8,8 @@
 // on a loopback address, so the AWS SDK and providers/ecs run unchanged
 // (AWS_ENDPOINT_URL_ECS). It serves exactly what providers/ecs calls:
 // RunTask, StopTask, DescribeTasks, TagResource, ListTasks,
-// RegisterTaskDefinition and DescribeTaskDefinition, with the fields the
-// provider sends and reads; a parameter it does not simulate is refused
+// RegisterTaskDefinition, DescribeTaskDefinition and
+// DeregisterTaskDefinition, with the fields the provider sends and reads; a parameter it does not simulate is refused
 // with InvalidParameterException naming it, never ignored. Request
 // signatures are not checked.
 //
@@ -23,7 +23,21 @@
 //     "Rate exceeded", or, with Config.LaunchRefusal "failures", starts what
 //     it covers and reports the rest in failures); DescribeTasks at most 100
 //     ids; ListTasks pages of at most 100; 50 tags per task; StopTask
-//     reasons of at most 255 characters;
+//     reasons of at most 255 characters; RegisterTaskDefinition from a
+//     bucket of 20 refilled at 1 a second (AWS's published rate;
+//     DeregisterTaskDefinition takes from the same bucket, a choice of the
+//     simulator), over it ThrottlingException "Rate exceeded";
+//   - task definitions: revisions per family; DeregisterTaskDefinition of
+//     a revision makes it INACTIVE (RunTask refuses it; the family then
+//     describes its latest ACTIVE revision, or none);
+//   - images (images.go): a task pulls its sandbox container's image after
+//     its placement and runs after its drawn start time plus size /
+//     Config.PullRate (0 by default: no pull time). An image's size comes
+//     from the simulated registry table (Config.Images) or, when absent
+//     there, DefaultImageSize (64 MiB to 2 GiB, a function of its name);
+//     with Config.StrictRegistry an image absent from the table does not
+//     exist: its task stops while starting with CannotPullContainerError
+//     "… not found";
 //   - task lifecycle: PROVISIONING at RunTask; PENDING, with its ENI
 //     attachment and private IPv4 address, after a third of its start
 //     time; RUNNING after its start time, drawn uniformly from 30–90 s
@@ -39,9 +53,9 @@
 //   - counts: requests, errors and throttles by operation, tasks by state
 //     and refusals by limit (Stats, GET /ecssim/stats).
 //
-// Every duration (start and stop times, the retention) is multiplied by
-// Config.TimeScale and every rate (the RunTask and launch buckets' refill)
-// divided by it: the simulated world runs 1/TimeScale times faster than
+// Every duration (start and stop times, the retention, pulls) is
+// multiplied by Config.TimeScale and every rate (the RunTask, launch and
+// register buckets' refill, the pull rate) divided by it: the simulated world runs 1/TimeScale times faster than
 // the wall clock, and stays consistent. Bucket sizes and per-call limits are
 // counts, not scaled. docs/ARCHITECTURE.md ("The fleet simulation") gives
 // the whole rule, for the gateways' settings too.
@@ -62,10 +76,13 @@
 // Known gaps: one account and region; clusters exist when named (no
 // ClusterNotFoundException); no container instances, services, task sets,
 // capacity shortages, Spot interruptions or quotas on running tasks or
-// vCPUs; no API rate limits besides RunTask's (DescribeTasks, ListTasks,
-// TagResource and StopTask are never throttled); overrides are echoed, not
-// applied; images are not pulled (a task never fails to start unless its
-// agent cannot come up).
+// vCPUs; no API rate limits besides RunTask's and the task definitions'
+// (DescribeTasks, ListTasks, TagResource, StopTask and
+// DescribeTaskDefinition are never throttled); overrides are echoed, not
+// applied; pulls take time but are not shared or cached, and fail only
+// for an image a strict registry does not hold (no denied or unreachable
+// registries); a task never fails to start otherwise unless its agent
+// cannot come up.
 //
 // It imports no other Quarry package but execagent/agentapi and
 // internal/defaults.

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
 	"sort"
@@ -111,6 +112,9 @@ func (s *Server) runTask(body []byte) (any, *apiError) {
 	def := s.resolve(in.TaskDefinition)
 	if def == nil {
 		return nil, clientError(codeClient, "TaskDefinition not found.")
+	}
+	if def.inactive {
+		return nil, clientError(codeClient, "TaskDefinition is inactive")
 	}
 	if !s.calls.AllowN(now, 1) {
 		s.refused.callRate.Add(1)
@@ -238,7 +242,13 @@ func (s *Server) newTask(in runTaskInput, def *taskDef, cluster, capacity string
 	s.launched.Add(1)
 	t.startDur = s.draw(s.cfg.StartMin, s.cfg.StartMax)
 	s.schedule(t, evPending, t.startDur/3)
-	s.schedule(t, evRunning, t.startDur)
+	size, ok := s.cfg.imageSize(def.image)
+	if !ok {
+		s.schedule(t, evPullFailed, t.startDur/3+s.cfg.wall(pullFailDelay))
+		return t, nil
+	}
+	s.pulled.Add(size)
+	s.schedule(t, evRunning, t.startDur+s.cfg.pullTime(size))
 	return t, nil
 }
 
@@ -540,18 +550,20 @@ func matchesDesired(t *task, desired string) bool {
 }
 
 // resolve returns the task definition ref names (ARN, family:revision or
-// family: the latest revision), or nil. Called under s.mu.
+// family: the latest ACTIVE revision), or nil. Called under s.mu.
 func (s *Server) resolve(ref string) *taskDef {
 	if strings.HasPrefix(ref, "arn:") {
 		return s.defByArn[ref]
 	}
 	family, rev, hasRev := strings.Cut(ref, ":")
 	revs := s.defs[family]
-	if len(revs) == 0 {
-		return nil
-	}
 	if !hasRev {
-		return revs[len(revs)-1]
+		for i := len(revs) - 1; i >= 0; i-- {
+			if !revs[i].inactive {
+				return revs[i]
+			}
+		}
+		return nil
 	}
 	n, err := strconv.Atoi(rev)
 	if err != nil || n < 1 || n > len(revs) {
@@ -578,15 +590,20 @@ func (s *Server) registerTaskDefinition(body []byte) (any, *apiError) {
 		return nil, clientError(codeClient, "Family contains invalid characters or is longer than 255 characters: %q", family)
 	}
 	var containers []struct {
-		Name string `json:"name"`
+		Name  string `json:"name"`
+		Image string `json:"image"`
 	}
 	if err := json.Unmarshal(in["containerDefinitions"], &containers); err != nil || len(containers) == 0 {
 		return nil, clientError(codeClient, "Container list cannot be empty.")
 	}
 	names := make([]string, 0, len(containers))
+	image := containers[0].Image
 	for _, c := range containers {
 		if c.Name == "" {
 			return nil, clientError(codeClient, "Container.name should not be null or empty.")
+		}
+		if c.Name == sandboxContainer {
+			image = c.Image
 		}
 		names = append(names, c.Name)
 	}
@@ -611,16 +628,18 @@ func (s *Server) registerTaskDefinition(body []byte) (any, *apiError) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.allowRegister("RegisterTaskDefinition"); err != nil {
+		return nil, err
+	}
 	rev := len(s.defs[family]) + 1
 	arn := fmt.Sprintf("arn:aws:ecs:%s:%s:task-definition/%s:%d", s.cfg.Region, s.cfg.AccountID, family, rev)
-	def := &taskDef{family: family, revision: rev, arn: arn, cpu: str("cpu"), memory: str("memory"), containers: names, tags: tags,
+	def := &taskDef{family: family, revision: rev, arn: arn, cpu: str("cpu"), memory: str("memory"), containers: names, image: image, tags: tags,
 		body: map[string]json.RawMessage{}}
 	for k, v := range in {
 		if k != "tags" {
 			def.body[k] = v
 		}
 	}
-	mustRaw := func(v any) json.RawMessage { b, _ := json.Marshal(v); return b }
 	def.body["taskDefinitionArn"] = mustRaw(arn)
 	def.body["revision"] = mustRaw(rev)
 	def.body["status"] = mustRaw("ACTIVE")
@@ -629,6 +648,57 @@ func (s *Server) registerTaskDefinition(body []byte) (any, *apiError) {
 	s.defs[family] = append(s.defs[family], def)
 	s.defByArn[arn] = def
 	return taskDefOutput{TaskDefinition: def.body, Tags: tagsOrEmpty(tags)}, nil
+}
+
+// mustRaw is v as JSON (plain data: it cannot fail).
+func mustRaw(v any) json.RawMessage { b, _ := json.Marshal(v); return b }
+
+// allowRegister takes a token of the register bucket, or answers the
+// call's throttle. Called under s.mu.
+func (s *Server) allowRegister(op string) *apiError {
+	if s.registers.Allow() {
+		return nil
+	}
+	s.refused.registerRate.Add(1)
+	s.logRefusal("register_calls", op+" refused: the register bucket is empty (ThrottlingException, simulated)",
+		"rate_per_s", s.cfg.RegisterRate, "burst", s.cfg.RegisterBurst)
+	return clientError(codeThrottling, "Rate exceeded")
+}
+
+type deregisterTaskDefinitionInput struct {
+	TaskDefinition string `json:"taskDefinition"`
+}
+
+// deregisterTaskDefinition marks a revision INACTIVE (a family without a
+// revision is refused, as ECS refuses it): RunTask refuses it from then,
+// DescribeTaskDefinition of its ARN shows it INACTIVE, and of its family
+// the latest revision still ACTIVE. Deregistering an INACTIVE revision
+// again answers it as it is (what ECS answers then is not documented).
+func (s *Server) deregisterTaskDefinition(body []byte) (any, *apiError) {
+	var in deregisterTaskDefinitionInput
+	if err := decode(body, &in); err != nil {
+		return nil, err
+	}
+	if !strings.HasPrefix(in.TaskDefinition, "arn:") && !strings.Contains(in.TaskDefinition, ":") {
+		return nil, invalidParam("You must specify a revision: family:revision or the full ARN, got %q", in.TaskDefinition)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.allowRegister("DeregisterTaskDefinition"); err != nil {
+		return nil, err
+	}
+	def := s.resolve(in.TaskDefinition)
+	if def == nil {
+		return nil, clientError(codeClient, "The specified task definition does not exist.")
+	}
+	if !def.inactive {
+		// A new body: answers encoded outside the lock may hold the old one.
+		b := maps.Clone(def.body)
+		b["status"] = mustRaw("INACTIVE")
+		b["deregisteredAt"] = mustRaw(epoch(time.Now()))
+		def.inactive, def.body = true, b
+	}
+	return taskDefOutput{TaskDefinition: def.body, Tags: tagsOrEmpty(def.tags)}, nil
 }
 
 type taskDefOutput struct {

@@ -61,6 +61,7 @@ type Server struct {
 	events    eventHeap
 	evSeq     uint64
 	calls     *rate.Limiter
+	registers *rate.Limiter            // RegisterTaskDefinition and DeregisterTaskDefinition calls
 	launches  map[string]*rate.Limiter // by capacity provider
 	byStatus  map[string]int           // tasks by lastStatus, forgotten ones excluded
 	logged    map[string]time.Time     // when each refusal was last logged
@@ -69,6 +70,8 @@ type Server struct {
 	refused  refusals
 	launched atomic.Int64
 	failed   atomic.Int64
+	pulled   atomic.Int64 // bytes of the images tasks pulled
+	pullFail atomic.Int64 // tasks whose image the registry does not hold
 	maxRun   int
 
 	wake     chan struct{}
@@ -89,11 +92,11 @@ type clientToken struct {
 
 type opCounters struct{ requests, errors, throttled atomic.Int64 }
 
-type refusals struct{ callRate, launchRate atomic.Int64 }
+type refusals struct{ callRate, launchRate, registerRate atomic.Int64 }
 
 // operationNames are the operations served.
 var operationNames = []string{"RunTask", "StopTask", "DescribeTasks", "TagResource", "ListTasks",
-	"RegisterTaskDefinition", "DescribeTaskDefinition"}
+	"RegisterTaskDefinition", "DescribeTaskDefinition", "DeregisterTaskDefinition"}
 
 // New returns a simulator with no tasks and starts its lifecycle
 // goroutine (Close stops it). It fails when cfg is invalid.
@@ -109,11 +112,12 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		tasks: map[string]*task{}, defs: map[string][]*taskDef{}, defByArn: map[string]*taskDef{},
-		tokens:   map[string]clientToken{},
-		addrs:    addrs{base: cfg.AddrBase, size: cfg.AddrBlocks * addrsPerBlock},
-		calls:    rate.NewLimiter(rate.Limit(cfg.wallRate(cfg.RunTaskRate)), cfg.RunTaskBurst),
-		launches: map[string]*rate.Limiter{},
-		byStatus: map[string]int{}, logged: map[string]time.Time{}, ops: map[string]*opCounters{},
+		tokens:    map[string]clientToken{},
+		addrs:     addrs{base: cfg.AddrBase, size: cfg.AddrBlocks * addrsPerBlock},
+		calls:     rate.NewLimiter(rate.Limit(cfg.wallRate(cfg.RunTaskRate)), cfg.RunTaskBurst),
+		registers: rate.NewLimiter(rate.Limit(cfg.wallRate(cfg.RegisterRate)), cfg.RegisterBurst),
+		launches:  map[string]*rate.Limiter{},
+		byStatus:  map[string]int{}, logged: map[string]time.Time{}, ops: map[string]*opCounters{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{}),
 	}
 	for _, c := range []string{capacityFargate, capacitySpot} {
@@ -246,13 +250,14 @@ const (
 
 // handlers by operation.
 var handlers = map[string]func(*Server, []byte) (any, *apiError){
-	"RunTask":                (*Server).runTask,
-	"StopTask":               (*Server).stopTask,
-	"DescribeTasks":          (*Server).describeTasks,
-	"TagResource":            (*Server).tagResource,
-	"ListTasks":              (*Server).listTasks,
-	"RegisterTaskDefinition": (*Server).registerTaskDefinition,
-	"DescribeTaskDefinition": (*Server).describeTaskDefinition,
+	"RunTask":                  (*Server).runTask,
+	"StopTask":                 (*Server).stopTask,
+	"DescribeTasks":            (*Server).describeTasks,
+	"TagResource":              (*Server).tagResource,
+	"ListTasks":                (*Server).listTasks,
+	"RegisterTaskDefinition":   (*Server).registerTaskDefinition,
+	"DescribeTaskDefinition":   (*Server).describeTaskDefinition,
+	"DeregisterTaskDefinition": (*Server).deregisterTaskDefinition,
 }
 
 // handle answers one request: its status, body and error code ("" on
@@ -423,6 +428,22 @@ func (s *Server) apply(e event) {
 		s.notify(ch)
 	case evRunning:
 		s.run(t)
+	case evPullFailed:
+		s.mu.Lock()
+		if t.last != statusPending || t.desired != statusRunning {
+			s.mu.Unlock()
+			return
+		}
+		s.pullFail.Add(1)
+		s.failed.Add(1)
+		t.desired, t.stopCode = statusStopped, stopFailedToStart
+		t.stoppedReason = truncate(pullNotFound(t.def.image), MaxStopReason)
+		t.stoppingAt = time.Now()
+		s.setStatus(t, statusDeprovisioning)
+		s.schedule(t, evStopped, s.draw(s.cfg.StopMin, s.cfg.StopMax))
+		ch := s.change(t)
+		s.mu.Unlock()
+		s.notify(ch)
 	case evDeprovision:
 		s.mu.Lock()
 		if t.last == statusStopped || t.last == statusDeprovisioning {
@@ -561,9 +582,19 @@ type Stats struct {
 	Launched      int64 `json:"launched"`
 	FailedToStart int64 `json:"failed_to_start"`
 	// RefusedCallRate and RefusedLaunchRate count RunTask calls refused
-	// by the call bucket and by the launch bucket.
-	RefusedCallRate   int64 `json:"refused_call_rate"`
-	RefusedLaunchRate int64 `json:"refused_launch_rate"`
+	// by the call bucket and by the launch bucket; RefusedRegisterRate the
+	// RegisterTaskDefinition and DeregisterTaskDefinition calls refused by
+	// theirs.
+	RefusedCallRate     int64 `json:"refused_call_rate"`
+	RefusedLaunchRate   int64 `json:"refused_launch_rate"`
+	RefusedRegisterRate int64 `json:"refused_register_rate"`
+	// TaskDefinitions counts the revisions registered; PulledBytes the
+	// bytes of the images tasks pulled (each task pulls its image);
+	// PullNotFound the tasks that stopped because the registry does not
+	// hold their image.
+	TaskDefinitions int   `json:"task_definitions"`
+	PulledBytes     int64 `json:"pulled_bytes"`
+	PullNotFound    int64 `json:"pull_not_found"`
 }
 
 // OpStats counts one operation's requests.
@@ -577,7 +608,8 @@ type OpStats struct {
 func (s *Server) Stats() Stats {
 	st := Stats{Simulated: true, TimeScale: s.cfg.TimeScale, Operations: map[string]OpStats{}, Tasks: map[string]int{},
 		Launched: s.launched.Load(), FailedToStart: s.failed.Load(),
-		RefusedCallRate: s.refused.callRate.Load(), RefusedLaunchRate: s.refused.launchRate.Load()}
+		RefusedCallRate: s.refused.callRate.Load(), RefusedLaunchRate: s.refused.launchRate.Load(),
+		RefusedRegisterRate: s.refused.registerRate.Load(), PulledBytes: s.pulled.Load(), PullNotFound: s.pullFail.Load()}
 	for name, c := range s.ops {
 		st.Operations[name] = OpStats{Requests: c.requests.Load(), Errors: c.errors.Load(), Throttled: c.throttled.Load()}
 	}
@@ -588,6 +620,7 @@ func (s *Server) Stats() Stats {
 		}
 	}
 	st.MaxRunning = s.maxRun
+	st.TaskDefinitions = len(s.defByArn)
 	s.mu.Unlock()
 	return st
 }

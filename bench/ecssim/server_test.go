@@ -91,17 +91,7 @@ func farm(t *testing.T) *agentsim.Farm {
 
 func register(t *testing.T, c *ecs.Client, family string) string {
 	t.Helper()
-	out, err := c.RegisterTaskDefinition(context.Background(), &ecs.RegisterTaskDefinitionInput{
-		Family: aws.String(family), NetworkMode: types.NetworkModeAwsvpc, Cpu: aws.String("256"), Memory: aws.String("512"),
-		RequiresCompatibilities: []types.Compatibility{types.CompatibilityFargate},
-		ContainerDefinitions: []types.ContainerDefinition{
-			{Name: aws.String("quarry-agent-init"), Image: aws.String("busybox"), Essential: aws.Bool(false)},
-			{Name: aws.String("sandbox"), Image: aws.String("python:3.12")},
-		},
-		Tags: []types.Tag{{Key: aws.String("quarry.pool"), Value: aws.String(family)}},
-	})
-	require.NoError(t, err)
-	return aws.ToString(out.TaskDefinition.TaskDefinitionArn)
+	return registerImage(t, c, family, "python:3.12")
 }
 
 func runInput(def string, count int) *ecs.RunTaskInput {
@@ -523,4 +513,173 @@ func tagMap(tags []types.Tag) map[string]string {
 		m[aws.ToString(t.Key)] = aws.ToString(t.Value)
 	}
 	return m
+}
+
+// registerImage registers family with its sandbox container running image.
+func registerImage(t *testing.T, c *ecs.Client, family, image string) string {
+	t.Helper()
+	out, err := c.RegisterTaskDefinition(context.Background(), &ecs.RegisterTaskDefinitionInput{
+		Family: aws.String(family), NetworkMode: types.NetworkModeAwsvpc, Cpu: aws.String("256"), Memory: aws.String("512"),
+		RequiresCompatibilities: []types.Compatibility{types.CompatibilityFargate},
+		ContainerDefinitions: []types.ContainerDefinition{
+			{Name: aws.String("quarry-agent-init"), Image: aws.String("busybox"), Essential: aws.Bool(false)},
+			{Name: aws.String("sandbox"), Image: aws.String(image)},
+		},
+		Tags: []types.Tag{{Key: aws.String("quarry.pool"), Value: aws.String(family)}},
+	})
+	require.NoError(t, err)
+	return aws.ToString(out.TaskDefinition.TaskDefinitionArn)
+}
+
+// RegisterTaskDefinition and DeregisterTaskDefinition share a bucket of
+// AWS's figures (1/s, burst 20); over it ThrottlingException.
+func TestTaskDefinitions_RegisterBucketThrottles(t *testing.T) {
+	// A refill too slow to matter while the burst is spent.
+	sim, c := start(t, Config{RegisterRate: 0.001, RegisterBurst: 3})
+	ctx := context.Background()
+	arn := register(t, c, "fam-a")
+	register(t, c, "fam-b")
+	_, err := c.DeregisterTaskDefinition(ctx, &ecs.DeregisterTaskDefinitionInput{TaskDefinition: aws.String(arn)})
+	require.NoError(t, err, "the third call of the burst")
+	_, err = c.RegisterTaskDefinition(ctx, &ecs.RegisterTaskDefinitionInput{Family: aws.String("fam-c"), NetworkMode: types.NetworkModeAwsvpc,
+		Cpu: aws.String("256"), Memory: aws.String("512"), RequiresCompatibilities: []types.Compatibility{types.CompatibilityFargate},
+		ContainerDefinitions: []types.ContainerDefinition{{Name: aws.String("sandbox"), Image: aws.String("python:3.12")}}})
+	code, msg := apiCode(err)
+	assert.Equal(t, "ThrottlingException", code)
+	assert.Equal(t, "Rate exceeded", msg)
+	_, err = c.DeregisterTaskDefinition(ctx, &ecs.DeregisterTaskDefinitionInput{TaskDefinition: aws.String("fam-b:1")})
+	code, _ = apiCode(err)
+	assert.Equal(t, "ThrottlingException", code, "deregistrations share the bucket")
+	_, err = c.DescribeTaskDefinition(ctx, &ecs.DescribeTaskDefinitionInput{TaskDefinition: aws.String("fam-b")})
+	require.NoError(t, err, "look-ups are not in it")
+	st := sim.Stats()
+	assert.Equal(t, int64(2), st.RefusedRegisterRate)
+	assert.Equal(t, int64(1), st.Operations["RegisterTaskDefinition"].Throttled)
+	assert.Equal(t, int64(1), st.Operations["DeregisterTaskDefinition"].Throttled)
+	assert.Equal(t, 2, st.TaskDefinitions)
+	assert.True(t, st.Simulated)
+}
+
+// A deregistered revision is INACTIVE: RunTask refuses it, its ARN still
+// describes it, its family describes the latest ACTIVE revision, and a
+// family with none describes nothing.
+func TestTaskDefinitions_Deregister(t *testing.T) {
+	_, c := start(t, Config{})
+	ctx := context.Background()
+	first := register(t, c, "quarry-i-x-0123")
+	second := register(t, c, "quarry-i-x-0123")
+	out, err := c.DeregisterTaskDefinition(ctx, &ecs.DeregisterTaskDefinitionInput{TaskDefinition: aws.String(second)})
+	require.NoError(t, err)
+	assert.Equal(t, types.TaskDefinitionStatusInactive, out.TaskDefinition.Status)
+	again, err := c.DeregisterTaskDefinition(ctx, &ecs.DeregisterTaskDefinitionInput{TaskDefinition: aws.String("quarry-i-x-0123:2")})
+	require.NoError(t, err, "again: answered as it is")
+	assert.Equal(t, types.TaskDefinitionStatusInactive, again.TaskDefinition.Status)
+
+	d, err := c.DescribeTaskDefinition(ctx, &ecs.DescribeTaskDefinitionInput{TaskDefinition: aws.String(second)})
+	require.NoError(t, err)
+	assert.Equal(t, types.TaskDefinitionStatusInactive, d.TaskDefinition.Status)
+	d, err = c.DescribeTaskDefinition(ctx, &ecs.DescribeTaskDefinitionInput{TaskDefinition: aws.String("quarry-i-x-0123")})
+	require.NoError(t, err)
+	assert.Equal(t, first, aws.ToString(d.TaskDefinition.TaskDefinitionArn), "the family's latest ACTIVE revision")
+	_, err = c.RunTask(ctx, runInput(second, 1))
+	code, msg := apiCode(err)
+	assert.Equal(t, "ClientException", code)
+	assert.Equal(t, "TaskDefinition is inactive", msg)
+
+	_, err = c.DeregisterTaskDefinition(ctx, &ecs.DeregisterTaskDefinitionInput{TaskDefinition: aws.String(first)})
+	require.NoError(t, err)
+	_, err = c.DescribeTaskDefinition(ctx, &ecs.DescribeTaskDefinitionInput{TaskDefinition: aws.String("quarry-i-x-0123")})
+	code, msg = apiCode(err)
+	assert.Equal(t, "ClientException", code)
+	assert.Equal(t, "Unable to describe task definition.", msg, "no ACTIVE revision left")
+
+	_, err = c.DeregisterTaskDefinition(ctx, &ecs.DeregisterTaskDefinitionInput{TaskDefinition: aws.String("quarry-i-x-0123")})
+	code, _ = apiCode(err)
+	assert.Equal(t, "InvalidParameterException", code, "a revision is required")
+	_, err = c.DeregisterTaskDefinition(ctx, &ecs.DeregisterTaskDefinitionInput{TaskDefinition: aws.String("nope:1")})
+	code, msg = apiCode(err)
+	assert.Equal(t, "ClientException", code)
+	assert.Contains(t, msg, "does not exist")
+}
+
+// A task's start is its placement and drawn start time plus its image's
+// pull, size / PullRate: an image of the registry table, or one sized by
+// its name. Checked on the simulator's schedule (no wall-clock timing),
+// then the task runs.
+func TestTask_StartIncludesItsImagesPull(t *testing.T) {
+	const (
+		startTime = 30 * time.Second
+		pullRate  = 100 << 20 // bytes per simulated second
+		scale     = 0.001
+	)
+	sim, c := start(t, Config{TimeScale: scale, StartMin: startTime, StartMax: startTime, PullRate: pullRate,
+		Images: map[string]int64{"registry.example/big:1": 3000 << 20}})
+	ctx := context.Background()
+	for image, size := range map[string]int64{"registry.example/big:1": 3000 << 20, "registry.example/unlisted:1": DefaultImageSize("registry.example/unlisted:1")} {
+		def := registerImage(t, c, "fam-"+fmt.Sprint(size), image)
+		out, err := c.RunTask(ctx, runInput(def, 1))
+		require.NoError(t, err)
+		arn := aws.ToString(out.Tasks[0].TaskArn)
+
+		sim.mu.Lock()
+		tk := sim.tasks[taskID(arn)]
+		var runsAt time.Time
+		for _, e := range sim.events {
+			if e.t == tk && e.kind == evRunning {
+				runsAt = e.at
+			}
+		}
+		created := tk.createdAt
+		sim.mu.Unlock()
+		require.False(t, runsAt.IsZero(), "its start is scheduled")
+		pull := time.Duration(float64(size) / pullRate * float64(time.Second))
+		want := time.Duration(float64(startTime+pull) * scale)
+		took := runsAt.Sub(created)
+		assert.GreaterOrEqual(t, took, want, "%s: start %s + pull of %d MiB %s (simulated)", image, startTime, size>>20, pull)
+		assert.Less(t, took, want+50*time.Millisecond, "%s: scheduled when RunTask answered, not later", image)
+
+		require.Eventually(t, func() bool {
+			d, err := c.DescribeTasks(ctx, &ecs.DescribeTasksInput{Cluster: aws.String("quarry"), Tasks: []string{arn}})
+			require.NoError(t, err)
+			return aws.ToString(d.Tasks[0].LastStatus) == "RUNNING"
+		}, 10*time.Second, time.Millisecond)
+	}
+	assert.Equal(t, int64(3000<<20)+DefaultImageSize("registry.example/unlisted:1"), sim.Stats().PulledBytes)
+}
+
+func TestDefaultImageSize_IsDeterministicAndBounded(t *testing.T) {
+	seen := map[int64]bool{}
+	for i := range 1000 {
+		image := fmt.Sprintf("registry.example/swe/task-%d:latest", i)
+		size := DefaultImageSize(image)
+		assert.Equal(t, size, DefaultImageSize(image), "the same image, the same size")
+		assert.GreaterOrEqual(t, size, int64(64<<20))
+		assert.Less(t, size, int64(2<<30))
+		seen[size] = true
+	}
+	assert.Greater(t, len(seen), 990, "sizes spread over images")
+}
+
+// With a strict registry, a task of an image it does not hold stops while
+// starting with Fargate's CannotPullContainerError "… not found".
+func TestTask_ImageTheRegistryDoesNotHoldFailsToStart(t *testing.T) {
+	sim, c := start(t, Config{TimeScale: 0.001, StrictRegistry: true, Images: map[string]int64{"registry.example/there:1": 1 << 20}})
+	ctx := context.Background()
+	def := registerImage(t, c, "fam", "registry.example/missing:1")
+	out, err := c.RunTask(ctx, runInput(def, 1))
+	require.NoError(t, err, "ECS cannot tell before the task pulls")
+	arn := aws.ToString(out.Tasks[0].TaskArn)
+	var tk types.Task
+	require.Eventually(t, func() bool {
+		d, err := c.DescribeTasks(ctx, &ecs.DescribeTasksInput{Cluster: aws.String("quarry"), Tasks: []string{arn}})
+		require.NoError(t, err)
+		tk = d.Tasks[0]
+		return aws.ToString(tk.LastStatus) == "STOPPED"
+	}, 10*time.Second, time.Millisecond)
+	assert.Equal(t, types.TaskStopCodeTaskFailedToStart, tk.StopCode)
+	assert.Equal(t, "CannotPullContainerError: pull image manifest has been retried 5 time(s): failed to resolve ref registry.example/missing:1: registry.example/missing:1: not found",
+		aws.ToString(tk.StoppedReason))
+	st := sim.Stats()
+	assert.Equal(t, int64(1), st.PullNotFound)
+	assert.Zero(t, st.PulledBytes)
 }

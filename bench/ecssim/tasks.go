@@ -70,6 +70,8 @@ type taskDef struct {
 	cpu        string
 	memory     string
 	containers []string
+	image      string                     // the sandbox container's (the one a task pulls)
+	inactive   bool                       // deregistered
 	body       map[string]json.RawMessage // as registered, plus what ECS adds
 	tags       []wireTag
 }
@@ -258,6 +260,7 @@ const (
 	evDeprovision                  // stopping: → DEPROVISIONING
 	evStopped                      // → STOPPED (address freed)
 	evForget                       // a stopped task is no longer describable
+	evPullFailed                   // PENDING → stopping: the registry does not hold the image
 )
 
 type event struct {

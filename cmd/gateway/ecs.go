@@ -75,35 +75,43 @@ func makeECSProvider(cfg Config, log *slog.Logger) (providers.Provider, error) {
 	if env.EventsQueueURL != "" {
 		deps.SQS = sqs.NewFromConfig(awsCfg)
 	}
-	if deps.Rate, err = sharedRunTaskRate(ctx, cfg, env.Config, log); err != nil {
+	if deps.Rate, deps.Register, err = sharedRates(ctx, cfg, env.Config, log); err != nil {
 		return nil, err
 	}
 	return newECSProvider(env, awsCfg.Region, awsecs.NewFromConfig(awsCfg), deps)
 }
 
-// sharedRunTaskRate returns the RunTask rate every replica shares when the
-// lease store is DynamoDB (ddbrate: one item of the leases table, at the
-// QUARRY_ECS_RUN_TASK_* and QUARRY_ECS_LAUNCH_* rates), or nil (the
-// provider's in-process buckets: the embedded store has one replica).
-func sharedRunTaskRate(ctx context.Context, cfg Config, c ecs.Config, log *slog.Logger) (ecs.RateLimiter, error) {
+// sharedRates returns the ECS rates every replica shares when the lease
+// store is DynamoDB (ddbrate: items of the leases table): RunTask's, at the
+// QUARRY_ECS_RUN_TASK_* and QUARRY_ECS_LAUNCH_* rates, and
+// RegisterTaskDefinition's (calls only), at QUARRY_ECS_REGISTER_*; or nils
+// (the provider's in-process buckets: the embedded store has one replica).
+func sharedRates(ctx context.Context, cfg Config, c ecs.Config, log *slog.Logger) (run, register ecs.RateLimiter, err error) {
 	if cfg.Store != "dynamodb" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	awsCfg, err := loadAWS(ctx, cfg.DynamoConfig)
 	if err != nil {
-		return nil, fmt.Errorf("ecs provider: shared run task rate: %w", err)
+		return nil, nil, fmt.Errorf("ecs provider: shared rates: %w", err)
 	}
 	c = c.WithDefaults()
+	db := dynamodb.NewFromConfig(awsCfg)
 	table := cmp.Or(cfg.LeasesTable, dynamostore.DefaultLeasesTable)
-	l, err := ddbrate.New(dynamodb.NewFromConfig(awsCfg), ddbrate.Config{
+	runs, err := ddbrate.New(db, ddbrate.Config{
 		Table: table, CallRate: c.RunTaskRate, CallBurst: c.RunTaskBurst, TaskRate: c.LaunchRate, TaskBurst: c.LaunchBurst,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("QUARRY_ECS_RUN_TASK_*, QUARRY_ECS_LAUNCH_*: %w", err)
+		return nil, nil, fmt.Errorf("QUARRY_ECS_RUN_TASK_*, QUARRY_ECS_LAUNCH_*: %w", err)
 	}
-	log.Info("ecs provider: the RunTask rate is shared by every replica", "table", table,
-		"run_task_rate", c.RunTaskRate, "launch_rate", c.LaunchRate)
-	return l, nil
+	registers, err := ddbrate.New(db, ddbrate.Config{
+		Table: table, Key: ddbrate.RegisterKey, CallRate: c.RegisterRate, CallBurst: c.RegisterBurst,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("QUARRY_ECS_REGISTER_*: %w", err)
+	}
+	log.Info("ecs provider: the RunTask and RegisterTaskDefinition rates are shared by every replica", "table", table,
+		"run_task_rate", c.RunTaskRate, "launch_rate", c.LaunchRate, "register_rate", c.RegisterRate)
+	return runs, registers, nil
 }
 
 // secretReader is the part of the Secrets Manager client the gateway uses.

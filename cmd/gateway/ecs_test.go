@@ -38,6 +38,8 @@ func TestMakeECSProvider_ReadsQuarryECSVariables(t *testing.T) {
 	p, err := makeECSProvider(Config{}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	assert.IsType(t, &ecs.Provider{}, p)
+	assert.Implements(t, (*providers.ImagePreparer)(nil), p, "images on demand: task definitions registered on first use")
+	assert.Implements(t, (*providers.ImageCache)(nil), p)
 }
 
 // With an events queue the provider learns task states from ECS's events
@@ -61,20 +63,24 @@ func TestMakeECSProvider_EventsQueueMakesAWatcher(t *testing.T) {
 	assert.ErrorContains(t, err, "EventsQueueURL")
 }
 
-// With the DynamoDB store the replicas share the RunTask rate (an item of
-// the leases table); with the embedded store (one replica) the provider
-// keeps its own buckets.
-func TestSharedRunTaskRate_WithTheDynamoDBStore(t *testing.T) {
+// With the DynamoDB store the replicas share the RunTask and
+// RegisterTaskDefinition rates (items of the leases table); with the
+// embedded store (one replica) the provider keeps its own buckets.
+func TestSharedRates_WithTheDynamoDBStore(t *testing.T) {
 	setECSEnv(t)
 	log := slog.New(slog.DiscardHandler)
-	rl, err := sharedRunTaskRate(context.Background(), Config{Store: "embedded"}, ecs.Config{}, log)
+	run, register, err := sharedRates(context.Background(), Config{Store: "embedded"}, ecs.Config{}, log)
 	require.NoError(t, err)
-	assert.Nil(t, rl)
-	rl, err = sharedRunTaskRate(context.Background(), Config{Store: "dynamodb"}, ecs.Config{}, log)
+	assert.Nil(t, run)
+	assert.Nil(t, register)
+	run, register, err = sharedRates(context.Background(), Config{Store: "dynamodb"}, ecs.Config{}, log)
 	require.NoError(t, err)
-	assert.IsType(t, &ddbrate.Limiter{}, rl)
-	_, err = sharedRunTaskRate(context.Background(), Config{Store: "dynamodb"}, ecs.Config{RunTaskRate: -1}, log)
+	assert.IsType(t, &ddbrate.Limiter{}, run)
+	assert.IsType(t, &ddbrate.Limiter{}, register)
+	_, _, err = sharedRates(context.Background(), Config{Store: "dynamodb"}, ecs.Config{RunTaskRate: -1}, log)
 	assert.ErrorContains(t, err, "QUARRY_ECS_RUN_TASK_")
+	_, _, err = sharedRates(context.Background(), Config{Store: "dynamodb"}, ecs.Config{RegisterRate: -1}, log)
+	assert.ErrorContains(t, err, "QUARRY_ECS_REGISTER_")
 	t.Setenv("QUARRY_STORE", "dynamodb")
 	p, err := makeECSProvider(Config{Store: "dynamodb"}, log)
 	require.NoError(t, err)
@@ -107,6 +113,8 @@ func TestMakeECSProvider_BadValueNamesTheVariable(t *testing.T) {
 		{"short key", "QUARRY_ECS_TOKEN_KEY", "abcd", "QUARRY_ECS_TOKEN_KEY"},
 		{"bad strategy", "QUARRY_ECS_CAPACITY_PROVIDER", "FARGATE:many", "CapacityProvider"},
 		{"bad duration", "QUARRY_ECS_START_TIMEOUT", "soon", "QUARRY_ECS"},
+		{"bad register rate", "QUARRY_ECS_REGISTER_RATE", "-1", "RegisterRate"},
+		{"bad family prefix", "QUARRY_ECS_FAMILY_PREFIX", "quarry/", "FamilyPrefix"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

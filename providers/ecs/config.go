@@ -45,6 +45,15 @@ const (
 	// tasks' watcher, Describe, List, Stop and the events' look-ups.
 	DefaultDescribeRate  = 20
 	DefaultDescribeBurst = 40
+	// DefaultRegisterRate and DefaultRegisterBurst are RegisterTaskDefinition
+	// (and DeregisterTaskDefinition) calls per second: AWS's published rate
+	// for RegisterTaskDefinition, a bucket of 20 refilled at 1 a second
+	// (docs/ECS.md, "Limits").
+	DefaultRegisterRate  = 1
+	DefaultRegisterBurst = 20
+	// DefaultFamilyPrefix starts the family of every task definition the
+	// provider registers ("quarry-<pool>-<hash>").
+	DefaultFamilyPrefix = "quarry-"
 	// DefaultEventsWait is how long one ReceiveMessage of the events
 	// queue waits for a message (SQS's longest long poll).
 	DefaultEventsWait   = 20 * time.Second
@@ -131,9 +140,20 @@ type Config struct {
 	LaunchBurst  int     `envconfig:"QUARRY_ECS_LAUNCH_BURST"`
 	TagRate      float64 `envconfig:"QUARRY_ECS_TAG_RATE"`
 	TagBurst     int     `envconfig:"QUARRY_ECS_TAG_BURST"`
-	// DescribeRate/DescribeBurst bound DescribeTasks calls per second.
+	// DescribeRate/DescribeBurst bound DescribeTasks calls per second (and,
+	// in a bucket of their own, DescribeTaskDefinition's look-ups).
 	DescribeRate  float64 `envconfig:"QUARRY_ECS_DESCRIBE_RATE"`
 	DescribeBurst int     `envconfig:"QUARRY_ECS_DESCRIBE_BURST"`
+	// RegisterRate/RegisterBurst bound RegisterTaskDefinition and
+	// DeregisterTaskDefinition calls per second (account-wide: shared by
+	// every replica with the DynamoDB store).
+	RegisterRate  float64 `envconfig:"QUARRY_ECS_REGISTER_RATE"`
+	RegisterBurst int     `envconfig:"QUARRY_ECS_REGISTER_BURST"`
+	// FamilyPrefix starts the family of every task definition the provider
+	// registers (FamilyPrefix + pool + "-" + hash): IAM may limit the
+	// gateway's registrations to it, and ForgetImage deregisters nothing
+	// outside it. Letters, digits, '-' and '_', at most 40.
+	FamilyPrefix string `envconfig:"QUARRY_ECS_FAMILY_PREFIX"`
 	// MaxAttempts bounds the tries of a throttled call (ThrottlingException,
 	// or InvalidParameterException "Rate exceeded"), with jittered
 	// exponential backoff from RetryBase up to RetryMax between them.
@@ -162,6 +182,8 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.LaunchBurst, DefaultLaunchBurst)
 	defaults.Set(&c.TagBurst, DefaultTagBurst)
 	defaults.Set(&c.DescribeBurst, DefaultDescribeBurst)
+	defaults.Set(&c.RegisterBurst, DefaultRegisterBurst)
+	defaults.Set(&c.FamilyPrefix, DefaultFamilyPrefix)
 	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
 	defaults.Set(&c.MaxQueued, DefaultMaxQueued)
 	defaults.Set(&c.StartTimeout, DefaultStartTimeout)
@@ -173,6 +195,7 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.LaunchRate, DefaultLaunchRate)
 	defaults.Set(&c.TagRate, DefaultTagRate)
 	defaults.Set(&c.DescribeRate, DefaultDescribeRate)
+	defaults.Set(&c.RegisterRate, DefaultRegisterRate)
 	if c.MaxStarting == 0 && c.LaunchRate > 0 {
 		c.MaxStarting = c.LaunchBurst + int(math.Ceil(c.LaunchRate*DefaultSlowStart.Seconds()))
 	}
@@ -183,6 +206,7 @@ func (c Config) WithDefaults() Config {
 var (
 	subnetPattern = regexp.MustCompile(`^subnet-[0-9a-f]{8,17}$`)
 	sgPattern     = regexp.MustCompile(`^sg-[0-9a-f]{8,17}$`)
+	prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,40}$`)
 )
 
 // Validate reports every invalid field of c (after defaults), each error
@@ -244,6 +268,12 @@ func (c Config) Validate() error {
 	}
 	if c.DescribeRate <= 0 || c.DescribeBurst < 1 {
 		bad("DescribeRate", "rate and burst must be positive, got %g/s burst %d", c.DescribeRate, c.DescribeBurst)
+	}
+	if c.RegisterRate <= 0 || c.RegisterBurst < 1 {
+		bad("RegisterRate", "rate and burst must be positive, got %g/s burst %d", c.RegisterRate, c.RegisterBurst)
+	}
+	if !prefixPattern.MatchString(c.FamilyPrefix) {
+		bad("FamilyPrefix", "want 1 to 40 letters, digits, '-' or '_', got %q", c.FamilyPrefix)
 	}
 	if c.MaxAttempts < 1 {
 		bad("MaxAttempts", "must be at least 1, got %d", c.MaxAttempts)

@@ -22,6 +22,20 @@
 // 100 until each runs with a private IP, stops (it is reported with ECS's
 // stopped reason) or passes its deadline (it is stopped).
 //
+// Images on demand (images.go, imagetable.go, pullerrors.go): the
+// provider is a providers.ImagePreparer and a providers.ImageCache.
+// PrepareImage finds or registers a pool's task definition (once per
+// family however many wait; RegisterTaskDefinition and
+// DeregisterTaskDefinition within a rate of their own, Deps.Register: AWS's
+// 1/s, burst 20, shared by every replica through ddbrate with the DynamoDB
+// store; the look-ups within a DescribeTaskDefinition bucket of their own)
+// and remembers it in a bounded table, which Images reports; ForgetImage
+// deregisters an on-demand pool's (Spec.Class set), never a configured
+// pool's. An on-demand pool's tasks and task definitions carry
+// providers.LabelClass. ECS checks an image only when a task pulls it:
+// pullFailure reads a task's stopped reason (CannotPullContainerError, …)
+// as an *providers.ImageError (not_found, denied, unreachable, invalid).
+//
 // NewWatching makes a provider that also implements providers.Watcher:
 // it drains an SQS queue that an EventBridge rule fills with the cluster's
 // "ECS Task State Change" events (Config.EventsQueueURL) and delivers the

@@ -22,16 +22,27 @@ func apiError(err error) (code, msg string) {
 
 // isThrottled: ECS asked us to slow down. Besides the usual throttling codes,
 // RunTask reports its launch-rate limit as InvalidParameterException (or
-// ClientException) with the message "Rate exceeded".
+// ClientException) with the message "Rate exceeded", and
+// RegisterTaskDefinition two registrations of one family at once (two
+// replicas) as ClientException "Too many concurrent attempts to create a
+// new revision of the specified family".
 func isThrottled(err error) bool {
 	code, msg := apiError(err)
 	switch code {
 	case "ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded":
 		return true
 	case "InvalidParameterException", "ClientException":
-		return strings.Contains(strings.ToLower(msg), "rate exceeded")
+		msg = strings.ToLower(msg)
+		return strings.Contains(msg, "rate exceeded") || strings.Contains(msg, "too many concurrent attempts")
 	}
 	return false
+}
+
+// isInactive: the task definition is INACTIVE already (a second
+// DeregisterTaskDefinition).
+func isInactive(err error) bool {
+	code, msg := apiError(err)
+	return (code == "ClientException" || code == "InvalidParameterException") && strings.Contains(strings.ToLower(msg), "inactive")
 }
 
 // isNotFound: the task or task definition does not exist.
@@ -41,7 +52,8 @@ func isNotFound(err error) bool {
 		return false
 	}
 	msg = strings.ToLower(msg)
-	return strings.Contains(msg, "not found") || strings.Contains(msg, "unable to describe task definition")
+	return strings.Contains(msg, "not found") || strings.Contains(msg, "unable to describe task definition") ||
+		strings.Contains(msg, "does not exist")
 }
 
 // isInvalid: ECS refused the request's parameters (a bad image, role,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,8 +17,12 @@ import (
 
 // fakeECS is an in-memory ECS that enforces AWS's limits: RunTask count
 // 1..10, DescribeTasks at most 100 ids, a RunTask call rate (refused with
-// ThrottlingException) and a task launch rate (refused, as Fargate does,
-// with InvalidParameterException "Rate exceeded"). Tasks start PENDING and
+// ThrottlingException), a task launch rate (refused, as Fargate does,
+// with InvalidParameterException "Rate exceeded") and a rate of
+// RegisterTaskDefinition and DeregisterTaskDefinition calls (refused with
+// ThrottlingException). Task definitions have revisions per family;
+// DescribeTaskDefinition of a family answers its latest ACTIVE one, and
+// RunTask refuses an INACTIVE one. Tasks start PENDING and
 // run after runAfter DescribeTasks calls see them (with a private IP),
 // unless their name (the quarry.task tag TagResource set) is in neverRun
 // or failStart. runErrs scripts errors that the next RunTask calls return
@@ -28,6 +33,7 @@ type fakeECS struct {
 	mu          sync.Mutex
 	calls       *rate.Limiter
 	launches    *rate.Limiter
+	registers   *rate.Limiter // RegisterTaskDefinition and DeregisterTaskDefinition calls
 	runAfter    int
 	startTime   func() time.Duration // set: a task runs this long after its RunTask (instead of runAfter)
 	neverRun    map[string]bool
@@ -38,7 +44,8 @@ type fakeECS struct {
 	loseAnswers int // the next RunTask calls start their tasks, then answer with a server fault
 	tasks       map[string]*fakeTask
 	order       []string
-	taskDefs    map[string]*types.TaskDefinition
+	taskDefs    map[string][]*types.TaskDefinition // family → revisions, revision i at [i-1]
+	defByARN    map[string]*types.TaskDefinition
 	seq         int
 	runCalls    int
 	counts      []int       // count of each RunTask call that started tasks
@@ -48,7 +55,9 @@ type fakeECS struct {
 	tagCalls    int
 	tasksRun    int
 	throttled   int
-	registers   int
+	registered  int // RegisterTaskDefinition calls that registered
+	regRefused  int // RegisterTaskDefinition and DeregisterTaskDefinition calls refused by their rate
+	deregisters int
 	starting    int
 	maxStarting int
 	firstRun    time.Time
@@ -67,12 +76,14 @@ func newFake() *fakeECS {
 	return &fakeECS{
 		calls:     rate.NewLimiter(rate.Inf, 1),
 		launches:  rate.NewLimiter(rate.Inf, 1),
+		registers: rate.NewLimiter(rate.Inf, 1),
 		runAfter:  1,
 		neverRun:  map[string]bool{},
 		failStart: map[string]string{},
 		tagErrs:   map[string][]error{},
 		tasks:     map[string]*fakeTask{},
-		taskDefs:  map[string]*types.TaskDefinition{},
+		taskDefs:  map[string][]*types.TaskDefinition{},
+		defByARN:  map[string]*types.TaskDefinition{},
 	}
 }
 
@@ -86,6 +97,9 @@ func (f *fakeECS) RunTask(_ context.Context, in *ecs.RunTaskInput, _ ...func(*ec
 		err := f.runErrs[0]
 		f.runErrs = f.runErrs[1:]
 		return nil, err
+	}
+	if td := f.defByARN[aws.ToString(in.TaskDefinition)]; td != nil && td.Status != types.TaskDefinitionStatusActive {
+		return nil, apiErr("ClientException", "TaskDefinition is inactive")
 	}
 	count := int(aws.ToInt32(in.Count))
 	if count < 1 || count > 10 {
@@ -243,24 +257,73 @@ func (f *fakeECS) ListTasks(_ context.Context, in *ecs.ListTasksInput, _ ...func
 func (f *fakeECS) RegisterTaskDefinition(_ context.Context, in *ecs.RegisterTaskDefinitionInput, _ ...func(*ecs.Options)) (*ecs.RegisterTaskDefinitionOutput, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.registers++
-	fam := aws.ToString(in.Family)
-	td := &types.TaskDefinition{
-		Family: in.Family, Status: types.TaskDefinitionStatusActive, ContainerDefinitions: in.ContainerDefinitions,
-		TaskDefinitionArn: aws.String(fmt.Sprintf("arn:aws:ecs:us-east-1:123456789012:task-definition/%s:%d", fam, f.registers)),
+	if !f.registers.Allow() {
+		f.regRefused++
+		return nil, apiErr("ThrottlingException", "Rate exceeded")
 	}
-	f.taskDefs[fam] = td
-	return &ecs.RegisterTaskDefinitionOutput{TaskDefinition: td}, nil
+	f.registered++
+	fam := aws.ToString(in.Family)
+	rev := len(f.taskDefs[fam]) + 1
+	td := &types.TaskDefinition{
+		Family: in.Family, Revision: int32(rev), Status: types.TaskDefinitionStatusActive, ContainerDefinitions: in.ContainerDefinitions,
+		TaskDefinitionArn: aws.String(fmt.Sprintf("arn:aws:ecs:us-east-1:123456789012:task-definition/%s:%d", fam, rev)),
+	}
+	f.taskDefs[fam] = append(f.taskDefs[fam], td)
+	f.defByARN[aws.ToString(td.TaskDefinitionArn)] = td
+	return &ecs.RegisterTaskDefinitionOutput{TaskDefinition: td, Tags: in.Tags}, nil
 }
 
 func (f *fakeECS) DescribeTaskDefinition(_ context.Context, in *ecs.DescribeTaskDefinitionInput, _ ...func(*ecs.Options)) (*ecs.DescribeTaskDefinitionOutput, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	td, ok := f.taskDefs[aws.ToString(in.TaskDefinition)]
-	if !ok {
+	ref := aws.ToString(in.TaskDefinition)
+	td := f.defByARN[ref]
+	if td == nil {
+		for _, r := range slices.Backward(f.taskDefs[ref]) {
+			if r.Status == types.TaskDefinitionStatusActive {
+				td = r
+				break
+			}
+		}
+	}
+	if td == nil {
 		return nil, apiErr("ClientException", "Unable to describe task definition.")
 	}
 	return &ecs.DescribeTaskDefinitionOutput{TaskDefinition: td}, nil
+}
+
+func (f *fakeECS) DeregisterTaskDefinition(_ context.Context, in *ecs.DeregisterTaskDefinitionInput, _ ...func(*ecs.Options)) (*ecs.DeregisterTaskDefinitionOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.registers.Allow() {
+		f.regRefused++
+		return nil, apiErr("ThrottlingException", "Rate exceeded")
+	}
+	td := f.defByARN[aws.ToString(in.TaskDefinition)]
+	if td == nil {
+		return nil, apiErr("ClientException", "The specified task definition does not exist.")
+	}
+	f.deregisters++
+	td.Status = types.TaskDefinitionStatusInactive
+	return &ecs.DeregisterTaskDefinitionOutput{TaskDefinition: td}, nil
+}
+
+// registerStats returns the registrations, deregistrations and the calls
+// of either refused by their rate.
+func (f *fakeECS) registerStats() (registered, deregistered, refused int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.registered, f.deregisters, f.regRefused
+}
+
+// taskDefStatus returns the status of the task definition arn ("" when unknown).
+func (f *fakeECS) taskDefStatus(arn string) types.TaskDefinitionStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if td := f.defByARN[arn]; td != nil {
+		return td.Status
+	}
+	return ""
 }
 
 // task returns the fake's task of a name.
@@ -332,5 +395,5 @@ func (f *fakeECS) simulatedFargate(scale float64) {
 func (f *fakeECS) stats() (runCalls, tasksRun, throttled, registers, maxStarting int, first, last time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.runCalls, f.tasksRun, f.throttled, f.registers, f.maxStarting, f.firstRun, f.lastRun
+	return f.runCalls, f.tasksRun, f.throttled, f.registered, f.maxStarting, f.firstRun, f.lastRun
 }

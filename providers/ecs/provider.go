@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ecs"
 	"github.com/aws/aws-sdk-go-v2/service/ecs/types"
 	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 
 	"github.com/quarryhq/quarry/providers"
 )
@@ -40,15 +41,17 @@ const (
 	maxNameLen = 200
 	// maxStopReason is ECS's limit on StopTask's reason.
 	maxStopReason = 255
-	// maxTags is ECS's limit of tags per resource; the provider uses ownTags.
+	// maxTags is ECS's limit of tags per resource; the provider uses ownTags
+	// (quarry.managed, .pool, .gateway, .created, .batch, .task and, on an
+	// on-demand pool's tasks, .class).
 	maxTags = 50
-	ownTags = 6
+	ownTags = 7
 )
 
 // Provider runs sandbox tasks on ECS Fargate. It is safe for concurrent
 // use, and Providers (in one or many gateways) with the same Cluster,
 // GatewayID and TokenKey share their tasks: every method reads the state
-// from ECS (the only memory is a cache of registered task definitions, the
+// from ECS (the only memory is a bounded cache of task definitions, the
 // names of tasks it saw, its launch queue and its rate limiters).
 type Provider struct {
 	cfg       Config
@@ -57,12 +60,13 @@ type Provider struct {
 	logger    *slog.Logger
 	startedBy string
 
-	regs    singleflight.Group
-	mu      sync.Mutex
-	taskDef map[string]string // family → task definition ARN
-	names   *nameCache
-	metrics *metrics
-	closed  atomic.Bool
+	regs        singleflight.Group // task definitions being looked up or registered, by family
+	images      *imageTable
+	register    RateLimiter   // RegisterTaskDefinition and DeregisterTaskDefinition calls
+	tdDescribes *rate.Limiter // DescribeTaskDefinition calls (look-ups)
+	names       *nameCache
+	metrics     *metrics
+	closed      atomic.Bool
 
 	// The launch queue, its dispatcher and the starting tasks' watcher
 	// run from the first Launch until Close.
@@ -83,6 +87,11 @@ type Deps struct {
 	// Config's RunTaskRate and LaunchRate (right for one replica; several
 	// share ddbrate.Limiter).
 	Rate RateLimiter
+	// Register admits RegisterTaskDefinition and DeregisterTaskDefinition
+	// calls, one each (Wait(ctx, 1)); nil takes an in-process bucket of
+	// Config's RegisterRate and RegisterBurst (one replica; several share a
+	// ddbrate.Limiter on ddbrate.RegisterKey with no task bucket).
+	Register RateLimiter
 	// SQS reads Config.EventsQueueURL (NewWatching only).
 	SQS SQSAPI
 	// Logger receives the provider's logs; nil discards them.
@@ -115,14 +124,20 @@ func newProvider(cfg Config, api API, deps Deps) (*Provider, error) {
 	sum := sha256.Sum256([]byte(cfg.GatewayID))
 	life, stop := context.WithCancel(context.Background())
 	l := newLauncher(api, cfg, deps.Rate, logger)
+	register := deps.Register
+	if register == nil {
+		register = newCallRate(cfg.RegisterRate, cfg.RegisterBurst)
+	}
 	p := &Provider{
 		cfg: cfg, api: api, launcher: l, logger: logger,
-		startedBy: "quarry-" + hex.EncodeToString(sum[:8]),
-		taskDef:   map[string]string{},
-		names:     newNameCache(nameCacheSize),
-		queue:     newLaunchQueue(cfg.MaxQueued),
-		watch:     newWatcher(l),
-		life:      life, stop: stop,
+		startedBy:   "quarry-" + hex.EncodeToString(sum[:8]),
+		images:      newImageTable(imageCacheSize),
+		register:    register,
+		tdDescribes: rate.NewLimiter(rate.Limit(cfg.DescribeRate), cfg.DescribeBurst),
+		names:       newNameCache(nameCacheSize),
+		queue:       newLaunchQueue(cfg.MaxQueued),
+		watch:       newWatcher(l),
+		life:        life, stop: stop,
 	}
 	p.metrics = newMetrics(p)
 	return p, nil
@@ -208,7 +223,7 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	if len(names) == 0 {
 		return nil, nil
 	}
-	taskDef, err := p.taskDefinition(ctx, spec, set)
+	taskDef, err := p.taskDefinitionARN(ctx, spec, set)
 	if err != nil {
 		return nil, err
 	}
@@ -405,7 +420,15 @@ func (p *Provider) runBatch(ctx context.Context, items []*launchItem) {
 	started, failures, err := p.launcher.runTask(ctx, in, n)
 	if err != nil {
 		p.launcher.starting.Release(int64(n))
-		if isInvalid(err) {
+		switch {
+		case isInactive(err) && first.set.taskDef == "":
+			// Deregistered behind this replica's memory (another replica's
+			// ForgetImage): forgotten here too, registered again by the
+			// next launch.
+			p.images.forget(familyOf(first.taskDef), first.taskDef)
+			err = fmt.Errorf("run task: task definition %s is INACTIVE (deregistered elsewhere); the next launch registers it again: %w",
+				first.taskDef, providers.ErrThrottled)
+		case isInvalid(err):
 			_, msg := apiError(err)
 			err = providers.InvalidSpec(first.spec, "run task: "+msg)
 		}
@@ -486,11 +509,12 @@ func (p *Provider) startOne(ctx context.Context, spec providers.Spec, name strin
 			switch last.state() {
 			case providers.TaskRunning:
 				task := p.toTask(last)
+				p.images.ran(aws.ToString(t.TaskDefinitionArn))
 				p.logger.Info("task launched", "task", name, "pool", spec.Pool, "arn", arn,
 					"agent_url", task.AgentURL, "took", time.Since(start).Round(time.Millisecond))
 				return &task, nil
 			case providers.TaskStopped:
-				why := errors.New("stopped while starting: " + last.reason())
+				why := p.startFailure(spec, last, aws.ToString(t.TaskDefinitionArn))
 				if last.last == statusStopped {
 					return nil, why
 				}
@@ -498,6 +522,17 @@ func (p *Provider) startOne(ctx context.Context, spec providers.Spec, name strin
 			}
 		}
 	}
+}
+
+// startFailure says why a task of spec stopped while starting: an
+// *providers.ImageError when its image could not be pulled (recorded on
+// the image's task definition, taskDef), else ECS's reason.
+func (p *Provider) startFailure(spec providers.Spec, v taskView, taskDef string) error {
+	if img := pullFailure(spec, p.cfg.AgentImage, v.stoppedReason, v.sandboxReason); img != nil {
+		p.images.pullFailed(taskDef, img.Error())
+		return fmt.Errorf("stopped while starting: %w", img)
+	}
+	return errors.New("stopped while starting: " + v.reason())
 }
 
 // giveUp stops a task that did not start and returns why, joined with the
@@ -523,8 +558,8 @@ func failureError(f types.Failure) error {
 }
 
 // runTaskInput builds the RunTask request of one batch: the tags its tasks
-// share (pool, gateway, creation time, batch id, the pool's labels; each
-// task's name is tagged after the call) and no overrides (each agent
+// share (pool, gateway, creation time, batch id, an on-demand pool's
+// class, the pool's labels; each task's name is tagged after the call) and no overrides (each agent
 // derives its token from its own task ARN). The batch id is also the
 // idempotency token. The token itself is never in it.
 func (p *Provider) runTaskInput(spec providers.Spec, set settings, taskDef, batch string, now time.Time) ecs.RunTaskInput {
@@ -534,6 +569,9 @@ func (p *Provider) runTaskInput(spec providers.Spec, set settings, taskDef, batc
 		{Key: aws.String(providers.LabelGateway), Value: aws.String(p.cfg.GatewayID)},
 		{Key: aws.String(tagCreated), Value: aws.String(strconv.FormatInt(now.Unix(), 10))},
 		{Key: aws.String(tagBatch), Value: aws.String(batch)},
+	}
+	if spec.Class != "" {
+		tags = append(tags, types.Tag{Key: aws.String(providers.LabelClass), Value: aws.String(spec.Class)})
 	}
 	for k, v := range spec.Labels {
 		tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String(v)})
@@ -556,62 +594,6 @@ func (p *Provider) runTaskInput(spec providers.Spec, set settings, taskDef, batc
 		// controller's) idempotent: a lost answer never starts twins.
 		ClientToken: aws.String(batch),
 	}
-}
-
-// taskDefinition returns the task definition to run for a pool: the one
-// the pool supplies, or the rendered one, looked up by its family (named by
-// the content's hash) and registered only when ECS has none. Found ARNs are
-// cached; concurrent launches of one pool register it once.
-func (p *Provider) taskDefinition(ctx context.Context, spec providers.Spec, set settings) (string, error) {
-	if set.taskDef != "" {
-		return set.taskDef, nil
-	}
-	in := renderTaskDef(p.cfg, spec, set)
-	fam := aws.ToString(in.Family)
-	p.mu.Lock()
-	arn, ok := p.taskDef[fam]
-	p.mu.Unlock()
-	if ok {
-		return arn, nil
-	}
-	v, err, _ := p.regs.Do(fam, func() (any, error) {
-		var out *ecs.DescribeTaskDefinitionOutput
-		err := p.launcher.retry(ctx, "describe task definition", nil, func(ctx context.Context) error {
-			var err error
-			out, err = p.api.DescribeTaskDefinition(ctx, &ecs.DescribeTaskDefinitionInput{TaskDefinition: aws.String(fam)})
-			return err
-		})
-		if err == nil && out.TaskDefinition != nil && out.TaskDefinition.Status == types.TaskDefinitionStatusActive {
-			return aws.ToString(out.TaskDefinition.TaskDefinitionArn), nil
-		}
-		if err != nil && !isNotFound(err) {
-			return "", fmt.Errorf("look up task definition %s: %w", fam, err)
-		}
-		var reg *ecs.RegisterTaskDefinitionOutput
-		err = p.launcher.retry(ctx, "register task definition", nil, func(ctx context.Context) error {
-			var err error
-			reg, err = p.api.RegisterTaskDefinition(ctx, in)
-			return err
-		})
-		if err != nil {
-			if isInvalid(err) {
-				_, msg := apiError(err)
-				return "", providers.InvalidSpec(spec, "register task definition: "+msg)
-			}
-			return "", fmt.Errorf("register task definition %s: %w", fam, err)
-		}
-		arn := aws.ToString(reg.TaskDefinition.TaskDefinitionArn)
-		p.logger.Info("task definition registered", "pool", spec.Pool, "family", fam, "arn", arn)
-		return arn, nil
-	})
-	if err != nil {
-		return "", err
-	}
-	arn = v.(string)
-	p.mu.Lock()
-	p.taskDef[fam] = arn
-	p.mu.Unlock()
-	return arn, nil
 }
 
 // Describe returns one task per id, in order, from batched DescribeTasks

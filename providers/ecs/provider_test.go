@@ -46,6 +46,8 @@ func testConfig() Config {
 		LaunchBurst:       1000,
 		TagRate:           1000,
 		TagBurst:          1000,
+		RegisterRate:      1000,
+		RegisterBurst:     1000,
 	}
 }
 
@@ -361,7 +363,11 @@ func TestProvider_Launch_ReportsStoppedReasonOfFailedStart(t *testing.T) {
 
 	tasks, err := p.Launch(testCtx(t), testSpec(), []string{"bad", "ok", "full"})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "stopped while starting: the task failed to start: CannotPullContainerError")
+	var img *providers.ImageError
+	require.ErrorAs(t, err, &img, "a task that could not pull its image is the image's failure")
+	assert.Equal(t, providers.ImageUnreachable, img.Kind, "a pull that failed for no reason it says: retry later")
+	assert.Equal(t, "CannotPullContainerError: pull image manifest has been retried 5 time(s)", img.Answer)
+	assert.Contains(t, err.Error(), `launch task "bad": stopped while starting: image "python:3.12-slim"`)
 	assert.ErrorIs(t, err, providers.ErrNoCapacity)
 	require.Len(t, tasks, 1)
 	assert.Equal(t, "ok", tasks[0].Name)
@@ -526,6 +532,8 @@ func TestNew_ValidatesConfig(t *testing.T) {
 		{"bad strategy", func(c *Config) { c.CapacityProvider = "FARGATE:1:2:3" }, "CapacityProvider"},
 		{"launch burst below a call", func(c *Config) { c.LaunchBurst = 5 }, "LaunchRate"},
 		{"negative tag rate", func(c *Config) { c.TagRate = -1 }, "TagRate"},
+		{"negative register rate", func(c *Config) { c.RegisterRate = -1 }, "RegisterRate"},
+		{"bad family prefix", func(c *Config) { c.FamilyPrefix = "quarry/" }, "FamilyPrefix"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,7 +2,10 @@ package ecs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"golang.org/x/time/rate"
 )
@@ -47,4 +50,54 @@ func (r *localRate) Wait(ctx context.Context, n int) error {
 		return fmt.Errorf("task launch rate: %w", err)
 	}
 	return nil
+}
+
+// callRate is an in-process bucket of one API's calls: the RateLimiter of
+// RegisterTaskDefinition's rate when no shared one is given (Deps.Register).
+// Every call takes one token, whatever n.
+type callRate struct {
+	mu  sync.Mutex // reservations in the order of their times
+	lim *rate.Limiter
+}
+
+// newCallRate returns a bucket of burst calls refilled at r a second.
+func newCallRate(r float64, burst int) *callRate {
+	return &callRate{lim: rate.NewLimiter(rate.Limit(r), burst)}
+}
+
+// Wait takes one token, waiting for it.
+func (c *callRate) Wait(ctx context.Context, _ int) error {
+	_, err := c.Admit(ctx, 1)
+	return err
+}
+
+// Admit is Wait, and returns the time the call was admitted at on the
+// bucket's clock (its reservation's, however late the caller runs after
+// its sleep), as ddbrate.Limiter.Admit does. It fails, taking nothing, when
+// ctx ends first or its deadline would pass before the call fits.
+func (c *callRate) Admit(ctx context.Context, _ int) (time.Time, error) {
+	c.mu.Lock()
+	now := time.Now()
+	r := c.lim.ReserveN(now, 1)
+	c.mu.Unlock()
+	if !r.OK() {
+		return time.Time{}, errors.New("call rate: the bucket holds no token")
+	}
+	at := now.Add(r.DelayFrom(now))
+	if dl, ok := ctx.Deadline(); ok && at.After(dl) {
+		r.CancelAt(now)
+		return time.Time{}, fmt.Errorf("call rate: the call could start in %s, after the context's deadline", at.Sub(now).Round(time.Millisecond))
+	}
+	if !at.After(now) {
+		return at, nil
+	}
+	t := time.NewTimer(at.Sub(now))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		r.Cancel()
+		return time.Time{}, fmt.Errorf("call rate: %w", ctx.Err())
+	case <-t.C:
+		return at, nil
+	}
 }

@@ -18,8 +18,8 @@ func TestRenderTaskDefinition_MatchesWhatLaunchRegisters(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, f.taskDefs, 1)
 	var registered string
-	for _, td := range f.taskDefs {
-		registered = aws.ToString(td.Family)
+	for fam := range f.taskDefs {
+		registered = fam
 	}
 
 	got, err := RenderTaskDefinition(testConfig(), testSpec())

@@ -302,7 +302,8 @@ func fargateSize(cpu float64, memMB int) (units, mem int, err error) {
 // point; the agent's token key comes from the secret, and the agent derives
 // its token from the key and its task's ARN. Its family is named
 // by a hash of everything else, so equal pools share one definition and a
-// changed pool gets a new one.
+// changed pool gets a new one; its tags name the pool, the gateway and an
+// on-demand pool's class.
 func renderTaskDef(cfg Config, spec providers.Spec, s settings) *ecs.RegisterTaskDefinitionInput {
 	env := []types.KeyValuePair{
 		{Name: aws.String(envAgentAddr), Value: aws.String(fmt.Sprintf("0.0.0.0:%d", cfg.AgentPort))},
@@ -368,11 +369,14 @@ func renderTaskDef(cfg Config, spec providers.Spec, s settings) *ecs.RegisterTas
 	}
 	b, _ := json.Marshal(in) // plain data: cannot fail
 	sum := sha256.Sum256(b)
-	in.Family = aws.String(family(spec.Pool, hex.EncodeToString(sum[:8])))
+	in.Family = aws.String(family(cfg.FamilyPrefix, spec.Pool, hex.EncodeToString(sum[:8])))
 	in.Tags = []types.Tag{
 		{Key: aws.String(providers.LabelManaged), Value: aws.String("true")},
 		{Key: aws.String(providers.LabelPool), Value: aws.String(spec.Pool)},
 		{Key: aws.String(providers.LabelGateway), Value: aws.String(cfg.GatewayID)},
+	}
+	if spec.Class != "" {
+		in.Tags = append(in.Tags, types.Tag{Key: aws.String(providers.LabelClass), Value: aws.String(spec.Class)})
 	}
 	return in
 }
@@ -380,9 +384,10 @@ func renderTaskDef(cfg Config, spec providers.Spec, s settings) *ecs.RegisterTas
 // familyUnsafe matches what a family name may not contain.
 var familyUnsafe = regexp.MustCompile(`[^A-Za-z0-9_-]`)
 
-// family names a pool's task definition: "quarry-<pool>-<hash>", at most
-// 255 characters of letters, digits, '-' and '_'.
-func family(pool, hash string) string {
+// family names a pool's task definition: "<prefix><pool>-<hash>"
+// ("quarry-<pool>-<hash>" by default), at most 255 characters of letters,
+// digits, '-' and '_' (the pool cut to 200, or less with a long prefix).
+func family(prefix, pool, hash string) string {
 	p := familyUnsafe.ReplaceAllString(pool, "_")
-	return "quarry-" + p[:min(len(p), 200)] + "-" + hash
+	return prefix + p[:min(len(p), 200, 255-len(prefix)-1-len(hash))] + "-" + hash
 }

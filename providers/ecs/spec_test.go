@@ -211,7 +211,10 @@ func TestResolve_OptionsOverrideConfig(t *testing.T) {
 }
 
 func TestFamily_SanitizesAndBoundsPool(t *testing.T) {
-	assert.Equal(t, "quarry-a_b-c-0123", family("a.b-c", "0123"))
-	long := family(strings.Repeat("p", 400), "0123")
-	assert.LessOrEqual(t, len(long), 255)
+	assert.Equal(t, "quarry-a_b-c-0123", family(DefaultFamilyPrefix, "a.b-c", "0123"))
+	assert.Equal(t, "prod_i-x-0123", family("prod_", "i-x", "0123"), "the prefix the Terraform module sets")
+	long := family(DefaultFamilyPrefix, strings.Repeat("p", 400), "0123456789abcdef")
+	assert.Equal(t, "quarry-"+strings.Repeat("p", 200)+"-0123456789abcdef", long, "the pool cut to 200 (today's families)")
+	longer := family(strings.Repeat("x", 40), strings.Repeat("p", 400), "0123456789abcdef")
+	assert.Len(t, longer, 255)
 }

@@ -65,6 +65,12 @@ module "quarry" {
     }
   }
 
+  # Images on demand may come from ECR Public through this account's ECR:
+  # <account>.dkr.ecr.<region>.amazonaws.com/ecr-public/docker/library/python:3.12
+  pull_through_cache_rules = {
+    "ecr-public" = { upstream_registry_url = "public.ecr.aws" }
+  }
+
   gateway_environment = {
     QUARRY_LOG_LEVEL = "info"
   }

@@ -1,8 +1,10 @@
 # Least privilege. The sandboxes' execution role pulls images, writes logs
 # and reads the agent token key only. The gateway's role may run tasks only
-# from the pools' task definitions and only on this cluster, stop and
-# describe only this cluster's tasks, pass only the sandboxes' roles, use
-# only its three tables, and read only its three secrets.
+# from the pools' task definitions and its own (family prefix
+# local.family_prefix, images on demand) and only on this cluster, register
+# and deregister task definitions of that prefix only, stop and describe
+# only this cluster's tasks, pass only the sandboxes' roles, use only its
+# tables, and read only its three secrets.
 
 data "aws_iam_policy_document" "ecs_tasks_assume" {
   statement {
@@ -66,6 +68,10 @@ locals {
     aws_dynamodb_table.checkpoints.arn,
   ]
   passed_roles = compact([aws_iam_role.sandbox_execution.arn, var.sandbox_task_role_arn])
+  # The task definitions the gateway registers itself (images on demand):
+  # families "<name>_<pool>-<hash>". Terraform's own are "<name>-<pool>",
+  # which no '_' can start like them.
+  own_task_definitions = "arn:${local.partition}:ecs:${local.region}:${local.account}:task-definition/${local.family_prefix}*"
 }
 
 data "aws_iam_policy_document" "gateway" {
@@ -102,8 +108,8 @@ data "aws_iam_policy_document" "gateway" {
   statement {
     sid     = "RunPoolTasksOnThisCluster"
     actions = ["ecs:RunTask"]
-    resources = [for td in aws_ecs_task_definition.pool :
-    "arn:${local.partition}:ecs:${local.region}:${local.account}:task-definition/${td.family}:*"]
+    resources = concat([for td in aws_ecs_task_definition.pool :
+    "arn:${local.partition}:ecs:${local.region}:${local.account}:task-definition/${td.family}:*"], var.on_demand_images ? [local.own_task_definitions] : [])
     condition {
       test     = "ArnEquals"
       variable = "ecs:cluster"
@@ -163,6 +169,34 @@ data "aws_iam_policy_document" "gateway" {
     resources = ["*"] # DescribeTaskDefinition has no resource-level permissions
   }
 
+  # Images on demand: the gateway registers a task definition per image (and
+  # class) on first use and deregisters it after its retention, only in its
+  # own families; tagged at registration (quarry.pool, .gateway, .class).
+  dynamic "statement" {
+    for_each = var.on_demand_images ? [1] : []
+    content {
+      sid       = "RegisterAndDeregisterItsOwnTaskDefinitions"
+      actions   = ["ecs:RegisterTaskDefinition", "ecs:DeregisterTaskDefinition"]
+      resources = [local.own_task_definitions]
+    }
+  }
+
+  dynamic "statement" {
+    for_each = var.on_demand_images ? [1] : []
+    content {
+      sid       = "TagItsTaskDefinitionsAtRegistration"
+      actions   = ["ecs:TagResource"]
+      resources = [local.own_task_definitions]
+      condition {
+        test     = "StringEquals"
+        variable = "ecs:CreateAction"
+        values   = ["RegisterTaskDefinition"]
+      }
+    }
+  }
+
+  # RegisterTaskDefinition passes the execution role (and the task role):
+  # only the sandboxes' roles, only to ECS tasks.
   statement {
     sid       = "PassOnlyTheSandboxRoles"
     actions   = ["iam:PassRole"]

@@ -27,9 +27,15 @@ locals {
     QUARRY_RELAY_SECRET = local.relay_secret_arn
   }
 
+  # The families of the task definitions the gateway registers itself
+  # (images on demand): "<name>_<pool>-<hash>" (QUARRY_ECS_FAMILY_PREFIX).
+  # Terraform's are "<name>-<pool>": the '_' keeps the two apart, so IAM
+  # lets the gateway register and deregister its own only.
+  family_prefix = "${var.name}_"
+
   # The pools document (QUARRY_POOLS): each pool launches the task
-  # definition registered for it below, so the gateway needs no right to
-  # register task definitions.
+  # definition registered for it below; only images on demand need the
+  # gateway to register task definitions (iam.tf).
   pools_document = jsonencode({
     pools = [for name, p in var.pools : {
       name                  = name
@@ -68,7 +74,14 @@ locals {
     QUARRY_ECS_TOKEN_KEY_SECRET_ARN = local.token_key_secret_arn
     QUARRY_ECS_AGENT_PORT           = tostring(var.agent_port)
     QUARRY_ECS_LOG_GROUP            = aws_cloudwatch_log_group.sandboxes.name
-    }, var.task_state_events ? {
+    }, var.on_demand_images ? merge({
+      # What the gateway renders an on-demand image's task definition with.
+      QUARRY_ECS_FAMILY_PREFIX      = local.family_prefix
+      QUARRY_ECS_EXECUTION_ROLE_ARN = aws_iam_role.sandbox_execution.arn
+      QUARRY_ECS_AGENT_IMAGE        = var.agent_image
+      }, var.sandbox_task_role_arn != null ? {
+      QUARRY_ECS_TASK_ROLE_ARN = var.sandbox_task_role_arn
+    } : {}) : {}, var.task_state_events ? {
     QUARRY_ECS_EVENTS_QUEUE_URL = aws_sqs_queue.task_events[0].url
   } : {}, var.gateway_environment)
 }

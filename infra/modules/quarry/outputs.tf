@@ -59,3 +59,9 @@ output "gateway_environment" {
   description = "The QUARRY_* variables the gateway runs with (no secret values), e.g. to run a gateway elsewhere against the same deployment."
   value       = local.gateway_environment
 }
+
+output "pull_through_cache_prefixes" {
+  description = "Where each pull-through cache rule serves its upstream registry's images: ECR repository prefix => \"<account>.dkr.ecr.<region>.amazonaws.com/<prefix>\" (append the image's path in the upstream registry)."
+  value = { for prefix, rule in aws_ecr_pull_through_cache_rule.this :
+  prefix => "${local.account}.dkr.ecr.${local.region}.amazonaws.com/${prefix}" }
+}

@@ -225,3 +225,23 @@ variable "gateway_environment" {
   type        = map(string)
   default     = {}
 }
+
+variable "on_demand_images" {
+  description = "Let the gateway register (and deregister) task definitions for images no pool names (images on demand, docs/ECS.md): only families starting with \"<name>_\" (QUARRY_ECS_FAMILY_PREFIX), run with the sandboxes' roles. False: the gateway runs the pools' task definitions only."
+  type        = bool
+  default     = true
+}
+
+variable "pull_through_cache_rules" {
+  description = "ECR pull-through cache rules, by ECR repository prefix (2-30 of a-z, 0-9, '-', '_', '.', '/'), for the public registries you name, e.g. { \"ecr-public\" = { upstream_registry_url = \"public.ecr.aws\" }, \"quay\" = { upstream_registry_url = \"quay.io\" }, \"docker-hub\" = { upstream_registry_url = \"registry-1.docker.io\", credential_arn = \"arn:...:secret:ecr-pullthroughcache/docker-hub\" } }. A sandbox then names <account>.dkr.ecr.<region>.amazonaws.com/<prefix>/<path in the upstream registry>; the first pull copies the image into this account's ECR. Docker Hub, GitHub and GitLab need a credential (a Secrets Manager secret whose name starts with ecr-pullthroughcache/). Default: none."
+  type = map(object({
+    upstream_registry_url = string
+    credential_arn        = optional(string)
+  }))
+  default = {}
+
+  validation {
+    condition     = alltrue([for prefix, _ in var.pull_through_cache_rules : can(regex("^[a-z0-9][a-z0-9._/-]{1,29}$", prefix))])
+    error_message = "pull_through_cache_rules: each key is an ECR repository prefix of 2-30 lowercase letters, digits, '-', '_', '.' or '/', starting with a letter or digit."
+  }
+}

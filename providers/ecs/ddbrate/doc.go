@@ -3,7 +3,9 @@
 // account and Region, so N replicas with a token bucket each would send N
 // times the rate. A Limiter keeps both buckets in one DynamoDB item (of the
 // lease store's leases table) and admits each RunTask call with one
-// conditional write; it implements ecs.RateLimiter.
+// conditional write; it implements ecs.RateLimiter. The same Limiter with
+// no task bucket (Config.TaskRate and TaskBurst 0, item RegisterKey) is
+// RegisterTaskDefinition's rate (1/s, burst 20), shared the same way.
 //
 // The buckets are GCRA (generic cell rate algorithm) states: for each, the
 // theoretical arrival time (TAT) at which the bucket is full again. A call

@@ -20,6 +20,9 @@ import (
 const (
 	// DefaultKey names the item: its partition key is "rate#" + Key.
 	DefaultKey = "ecs-run-task"
+	// RegisterKey names the item of RegisterTaskDefinition's rate (a
+	// Limiter with calls only: TaskRate and TaskBurst 0).
+	RegisterKey = "ecs-register-task-definition"
 	// DefaultMaxRaces bounds the writes one Wait loses to other writers
 	// before it fails.
 	DefaultMaxRaces = 20
@@ -50,7 +53,9 @@ type Config struct {
 	// Key names the item (DefaultKey).
 	Key string
 	// CallRate/CallBurst: RunTask calls per second; TaskRate/TaskBurst:
-	// tasks launched per second (ECS's: 20/20 and 20/100). Required.
+	// tasks launched per second (ECS's: 20/20 and 20/100). CallRate is
+	// required; TaskRate and TaskBurst both 0 leave the task bucket out (a
+	// rate of calls only, such as RegisterTaskDefinition's 1/s burst 20).
 	CallRate  float64
 	CallBurst int
 	TaskRate  float64
@@ -73,13 +78,16 @@ func (c Config) Validate() error {
 		return errors.New("ddbrate config: Table: must be set")
 	case c.CallRate <= 0 || c.CallBurst < 1:
 		return fmt.Errorf("ddbrate config: CallRate: rate and burst must be positive, got %g/s burst %d", c.CallRate, c.CallBurst)
-	case c.TaskRate <= 0 || c.TaskBurst < 1:
-		return fmt.Errorf("ddbrate config: TaskRate: rate and burst must be positive, got %g/s burst %d", c.TaskRate, c.TaskBurst)
+	case !c.callsOnly() && (c.TaskRate <= 0 || c.TaskBurst < 1):
+		return fmt.Errorf("ddbrate config: TaskRate: rate and burst must be positive (or both 0: no task bucket), got %g/s burst %d", c.TaskRate, c.TaskBurst)
 	case c.MaxRaces < 1:
 		return fmt.Errorf("ddbrate config: MaxRaces: must be at least 1, got %d", c.MaxRaces)
 	}
 	return nil
 }
+
+// callsOnly says the limiter has no task bucket.
+func (c Config) callsOnly() bool { return c.TaskRate == 0 && c.TaskBurst == 0 }
 
 // Limiter admits RunTask calls within rates shared through one DynamoDB
 // item. Safe for concurrent use; any number of Limiters (in one process or
@@ -115,8 +123,8 @@ func New(api API, cfg Config) (*Limiter, error) {
 	return &Limiter{api: api, cfg: cfg, pk: keyPrefix + cfg.Key, now: time.Now}, nil
 }
 
-// Wait blocks until one RunTask call starting n tasks (1..TaskBurst) fits
-// both rates, as shared by every Limiter of the item. It reserves the
+// Wait blocks until one RunTask call starting n tasks (1..TaskBurst; any
+// n ≥ 1 without a task bucket) fits both rates, as shared by every Limiter of the item. It reserves the
 // call's time with one conditional UpdateItem (plus one per write lost to
 // another Limiter: the failed write returns the current item), then sleeps
 // until that time. It fails, reserving nothing, when ctx's deadline comes
@@ -128,11 +136,15 @@ func (l *Limiter) Wait(ctx context.Context, n int) error {
 	return err
 }
 
-// wait is Wait, and returns the time the call was admitted at (its
-// reservation's: the rate holds for these, whenever the caller gets to run
-// after its sleep).
+// Admit is Wait, and returns the time the call was admitted at on this
+// limiter's clock (its reservation's: the rates hold for these times,
+// however late the caller runs after its sleep). Tests count admissions
+// by it.
+func (l *Limiter) Admit(ctx context.Context, n int) (time.Time, error) { return l.wait(ctx, n) }
+
+// wait is Wait, and returns the time the call was admitted at.
 func (l *Limiter) wait(ctx context.Context, n int) (time.Time, error) {
-	if n < 1 || n > l.cfg.TaskBurst {
+	if n < 1 || (!l.cfg.callsOnly() && n > l.cfg.TaskBurst) {
 		return time.Time{}, fmt.Errorf("shared run task rate: %d tasks in one call, want 1..%d", n, l.cfg.TaskBurst)
 	}
 	at, err := l.reserve(ctx, n)
@@ -225,8 +237,12 @@ func (l *Limiter) write(ctx context.Context, next state) (map[string]types.Attri
 // package doc).
 func schedule(s state, now int64, n int, cfg Config) (at int64, next state) {
 	tc := interval(cfg.CallRate)
-	tt := interval(cfg.TaskRate)
 	callAt := max(s.callTAT, now) + tc - int64(cfg.CallBurst)*tc
+	if cfg.callsOnly() {
+		at = max(now, callAt)
+		return at, state{exists: true, version: s.version + 1, callTAT: max(s.callTAT, at) + tc}
+	}
+	tt := interval(cfg.TaskRate)
 	taskAt := max(s.taskTAT, now) + int64(n)*tt - int64(cfg.TaskBurst)*tt
 	at = max(now, callAt, taskAt)
 	next = state{

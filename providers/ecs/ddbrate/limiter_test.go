@@ -159,7 +159,7 @@ func runReplicas(t *testing.T, api API, cfg Config, replicas, workers, calls int
 				defer wg.Done()
 				rnd := rand.New(rand.NewPCG(uint64(r), uint64(w)))
 				for range calls {
-					n := 1 + rnd.IntN(min(10, cfg.TaskBurst))
+					n := 1 + rnd.IntN(min(10, max(cfg.TaskBurst, 1)))
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 					// The admission's time is its reservation's: a goroutine
 					// that a loaded machine runs late would record a later
@@ -256,4 +256,41 @@ func TestNew_ValidatesConfig(t *testing.T) {
 	}
 	_, err := New(nil, Config{Table: "t", CallRate: 1, CallBurst: 1, TaskRate: 1, TaskBurst: 1})
 	assert.Error(t, err)
+}
+
+// A limiter without a task bucket (RegisterTaskDefinition's rate) admits
+// calls at its call rate alone, whatever n, shared by every replica.
+func TestLimiter_CallsOnly_ReplicasShareTheCallRate(t *testing.T) {
+	cfg := Config{Table: "leases", Key: RegisterKey, CallRate: 50, CallBurst: 4}
+	var s state
+	now := int64(time.Hour)
+	var ats []int64
+	for range 6 {
+		var at int64
+		at, s = schedule(s, now, 1, cfg)
+		ats = append(ats, at-now)
+	}
+	assert.Equal(t, []int64{0, 0, 0, 0, int64(20 * time.Millisecond), int64(40 * time.Millisecond)}, ats, "a burst of 4, then one each 20 ms")
+
+	table := newFakeTable()
+	calls := runReplicas(t, table, cfg, 2, 3, 8) // 48 calls: about 0.9 s at 50/s after the burst
+	require.Len(t, calls, 48)
+	for i := range calls {
+		calls[i].tasks = 0 // no task bucket: checkWindows counts calls
+	}
+	checkWindows(t, calls, Config{CallRate: cfg.CallRate, CallBurst: cfg.CallBurst}, 200*time.Millisecond, 0)
+	slices.SortFunc(calls, func(a, b admitted) int { return int(a.at - b.at) })
+	span := time.Duration(calls[len(calls)-1].at - calls[0].at)
+	assert.GreaterOrEqual(t, span, time.Duration(float64(len(calls)-cfg.CallBurst)/cfg.CallRate*float64(time.Second))-time.Millisecond,
+		"the admissions (on the limiter's clock) take at least (calls − burst) / rate")
+	assert.Contains(t, table.items, "rate#"+RegisterKey)
+}
+
+func TestNew_CallsOnlyConfig(t *testing.T) {
+	l, err := New(newFakeTable(), Config{Table: "t", Key: RegisterKey, CallRate: 1, CallBurst: 20})
+	require.NoError(t, err)
+	_, err = l.Admit(context.Background(), 3)
+	assert.NoError(t, err, "n is not bounded without a task bucket")
+	_, err = New(newFakeTable(), Config{Table: "t", CallRate: 1, CallBurst: 20, TaskRate: 1})
+	assert.ErrorContains(t, err, "TaskRate", "a task rate without a burst is not calls-only")
 }

@@ -5,13 +5,17 @@
 // figures). With -agentsim it starts that many agentsim processes and
 // brings each task's simulated agent up while the task runs, with the
 // token derived from -token-key (the gateways' QUARRY_ECS_TOKEN_KEY).
+// With -pull-rate a task's start includes its image's pull (its size from
+// -images, a JSON registry table, or a function of its name; simulated).
 // bench/scalebench runs the same simulator in its own process.
 //
 //	ecssim -addr 127.0.0.1:0 -time-scale 0.1 -agentsim bin/agentsim -procs 4 -token-key $KEY
+//	ecssim -pull-rate 104857600 -images registry.json -strict-registry
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -47,10 +51,24 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.LaunchRefusal, "launch-refusal", ecssim.RefuseWithException, "how a RunTask over the launch bucket is answered: exception or failures")
 	fs.IntVar(&cfg.AddrBase, "addr-base", ecssim.DefaultAddrBase, "task IPs are in 127.B.0.0/16 from this B")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the start and stop times (0: random)")
+	fs.Float64Var(&cfg.RegisterRate, "register-rate", ecssim.DefaultRegisterRate, "RegisterTaskDefinition (and DeregisterTaskDefinition) calls per simulated second")
+	fs.IntVar(&cfg.RegisterBurst, "register-burst", ecssim.DefaultRegisterBurst, "burst of RegisterTaskDefinition (and DeregisterTaskDefinition) calls")
+	fs.Float64Var(&cfg.PullRate, "pull-rate", 0, "image pull speed in bytes per simulated second (0: pulls add nothing to the start time)")
+	imagesFile := fs.String("images", "", "the simulated registry: a JSON object of image reference to size in bytes (unlisted images are sized by their name)")
+	fs.BoolVar(&cfg.StrictRegistry, "strict-registry", false, "an image not in -images does not exist (its tasks stop with CannotPullContainerError)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if *imagesFile != "" {
+		b, err := os.ReadFile(*imagesFile)
+		if err != nil {
+			return fmt.Errorf("-images: %w", err)
+		}
+		if err := json.Unmarshal(b, &cfg.Images); err != nil {
+			return fmt.Errorf("-images %s: want a JSON object of image to size in bytes: %w", *imagesFile, err)
+		}
+	}
 	if *agentBin != "" {
 		key, err := agentapi.ParseTokenKey(*keyHex)
 		if err != nil {
