@@ -14,11 +14,11 @@ from ._model import Model, ModelCall
 from ._sandbox import Files, ForkResult, Process, Sandbox, SandboxModel, Sandboxes, Session
 from ._sync import Quarry, SyncProxy
 from .errors import (
-    AgentUnreachable, BadRequest, Busy, CheckpointCorrupt, CommandFailed, Conflict, EnvError,
-    EnvTimeout, EpisodeNotRunning, Forbidden, Gone, InsufficientStorage, Internal, InvalidAction,
-    MethodNotAllowed, NameInUse, NoCapacity, NoReply, NotFound, PayloadTooLarge, PidsLimit,
-    ProcessExited, ProtocolError, QuarryError, QuotaExceeded, Timeout, Unauthorized, Unavailable,
-    UpstreamUnreachable,
+    AgentUnreachable, BadRequest, BuildFailed, Busy, CheckpointCorrupt, CommandFailed, Conflict,
+    EnvError, EnvTimeout, EpisodeNotRunning, Forbidden, Gone, ImageDenied, ImageFailed, ImageNotAllowed,
+    ImageNotFound, InsufficientStorage, Internal, InvalidAction, MethodNotAllowed, NameInUse, NoCapacity,
+    NoReply, NotFound, PayloadTooLarge, PidsLimit, ProcessExited, ProtocolError, QuarryError,
+    QuotaExceeded, RegistryUnavailable, Timeout, Unauthorized, Unavailable, UpstreamUnreachable,
 )
 from .types import (
     Checkpoint, EnvInfo, Exchange, ExecEvent, ExecResult, FileInfo, KillAllResult, Pool,
@@ -34,8 +34,9 @@ __all__ = [
     "MethodNotAllowed", "Conflict", "Busy", "NameInUse", "ProcessExited", "NoReply", "ProtocolError",
     "EpisodeNotRunning", "Gone", "PayloadTooLarge", "CommandFailed", "QuotaExceeded", "Internal",
     "CheckpointCorrupt", "AgentUnreachable", "UpstreamUnreachable", "EnvError", "Unavailable",
-    "NoCapacity", "PidsLimit", "Timeout", "EnvTimeout", "InsufficientStorage", "Checkpoint", "EnvInfo",
-    "Exchange", "ExecEvent", "ExecResult",
+    "NoCapacity", "PidsLimit", "Timeout", "EnvTimeout", "InsufficientStorage", "ImageNotAllowed",
+    "ImageDenied", "ImageNotFound", "RegistryUnavailable", "BuildFailed", "ImageFailed", "Checkpoint",
+    "EnvInfo", "Exchange", "ExecEvent", "ExecResult",
     "FileInfo", "KillAllResult", "Pool", "ProcessInfo", "ProcessOutput", "RestoreResult", "RunResult",
     "SandboxInfo", "SessionInfo", "WriteResult", "__version__",
 ]
