@@ -71,6 +71,21 @@ def test_every_code_of_the_openapi_document_has_its_class() -> None:
 
 
 @aio
+async def test_registry_unavailable_is_retryable_like_every_503() -> None:
+    calls: list[str | None] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req.headers.get("Idempotency-Key"))
+        if len(calls) == 1:
+            return httpx.Response(503, json={"error": {"code": "registry_unavailable", "message": "registry down"}},
+                                  headers={"Retry-After": "0"})
+        return httpx.Response(201, json={"id": "sbx-1", "pool": "i-x", "state": "active"})
+    async with AsyncQuarry("http://gw", "k", transport=httpx.MockTransport(handler)) as q:
+        sb = await q.sandboxes.create(image="python:3.11", retry_timeout=5)
+    assert sb.id == "sbx-1" and len(calls) == 2 and calls[0] == calls[1]
+
+
+@aio
 async def test_unknown_code_falls_back_to_status_and_non_json_bodies() -> None:
     async with AsyncQuarry("http://gw", "k", transport=mock(409, "something_new")) as q:
         with pytest.raises(errors.Conflict) as ei:

@@ -10,6 +10,7 @@
 from . import errors
 from ._client import AsyncQuarry, Checkpoints
 from ._envs import Env, Envs
+from ._images import Images
 from ._model import Model, ModelCall
 from ._sandbox import Files, ForkResult, Process, Sandbox, SandboxModel, Sandboxes, Session
 from ._sync import Quarry, SyncProxy
@@ -21,15 +22,16 @@ from .errors import (
     QuotaExceeded, RegistryUnavailable, Timeout, Unauthorized, Unavailable, UpstreamUnreachable,
 )
 from .types import (
-    Checkpoint, EnvInfo, Exchange, ExecEvent, ExecResult, FileInfo, KillAllResult, Pool,
-    ProcessInfo, ProcessOutput, RestoreResult, RunResult, SandboxInfo, SessionInfo, WriteResult,
+    BuildResult, Checkpoint, Class, EnvInfo, Exchange, ExecEvent, ExecResult, FileInfo, Image,
+    ImagePage, KillAllResult, Pool, PrefetchedImage, ProcessInfo, ProcessOutput, RestoreResult,
+    RunResult, SandboxInfo, SessionInfo, WriteResult,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncQuarry", "Quarry", "SyncProxy", "Sandbox", "Sandboxes", "Session", "Process", "Files",
-    "SandboxModel", "ForkResult", "Checkpoints", "Model", "ModelCall", "Env", "Envs", "errors",
+    "SandboxModel", "ForkResult", "Checkpoints", "Model", "ModelCall", "Env", "Envs", "Images", "errors",
     "QuarryError", "BadRequest", "InvalidAction", "Unauthorized", "Forbidden", "NotFound",
     "MethodNotAllowed", "Conflict", "Busy", "NameInUse", "ProcessExited", "NoReply", "ProtocolError",
     "EpisodeNotRunning", "Gone", "PayloadTooLarge", "CommandFailed", "QuotaExceeded", "Internal",
@@ -38,5 +40,6 @@ __all__ = [
     "ImageDenied", "ImageNotFound", "RegistryUnavailable", "BuildFailed", "ImageFailed", "Checkpoint",
     "EnvInfo", "Exchange", "ExecEvent", "ExecResult",
     "FileInfo", "KillAllResult", "Pool", "ProcessInfo", "ProcessOutput", "RestoreResult", "RunResult",
-    "SandboxInfo", "SessionInfo", "WriteResult", "__version__",
+    "SandboxInfo", "SessionInfo", "WriteResult", "Class", "Image", "ImagePage", "PrefetchedImage",
+    "BuildResult", "__version__",
 ]
