@@ -1,7 +1,7 @@
 """A real Quarry gateway for the SDK's tests and benchmarks: the process
 provider, the embedded store, a data dir in a temp dir, a free 127.0.0.1
-port. :meth:`Gateway.stop` stops it and every sandbox agent it started, and
-removes its data dir."""
+port, the pools file POOLS (or one of the caller's). :meth:`Gateway.stop`
+stops it and every sandbox agent it started, and removes its data dir."""
 
 from __future__ import annotations
 
@@ -29,6 +29,12 @@ POOLS = """pools:
     min_warm: 0
     max_total: 1
     default_lease_seconds: 600
+# Images on demand: a class on the process provider, which runs no images (a create of an image it
+# serves is a 400 naming the providers that do); an image it does not serve is refused (403).
+classes:
+  - name: host
+    images: ["docker.io/library/**"]
+    max_total: 4
 """
 
 ENVS = """envs:
@@ -60,7 +66,8 @@ def free_port() -> int:
 
 
 class Gateway:
-    def __init__(self, bin_dir: Path, *, min_warm: int = 2, max_total: int = 64, env: dict[str, str] | None = None) -> None:
+    def __init__(self, bin_dir: Path, *, min_warm: int = 2, max_total: int = 64, env: dict[str, str] | None = None,
+                 pools: str | None = None) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="quarry-pysdk-"))
         self.data_dir = self.tmp / "data"
         self.data_dir.mkdir()
@@ -68,7 +75,7 @@ class Gateway:
         self.other_key = "pysdk-other-" + os.urandom(12).hex()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        (self.tmp / "pools.yaml").write_text(POOLS.format(min_warm=min_warm, max_total=max_total))
+        (self.tmp / "pools.yaml").write_text(pools if pools is not None else POOLS.format(min_warm=min_warm, max_total=max_total))
         (self.tmp / "envs.yaml").write_text(ENVS.format(root=ROOT))
         genv = dict(os.environ)
         genv.update({

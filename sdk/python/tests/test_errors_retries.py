@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import tarfile
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import aio
-from gateway import Gateway
+from gateway import ROOT, Gateway
 
 from quarry import AsyncQuarry, errors
 
@@ -19,17 +20,20 @@ from quarry import AsyncQuarry, errors
 CODES = [
     (400, "bad_request", errors.BadRequest), (400, "invalid_action", errors.InvalidAction),
     (401, "unauthorized", errors.Unauthorized), (403, "forbidden", errors.Forbidden),
-    (404, "not_found", errors.NotFound), (405, "method_not_allowed", errors.MethodNotAllowed),
+    (403, "image_not_allowed", errors.ImageNotAllowed), (403, "image_denied", errors.ImageDenied),
+    (404, "not_found", errors.NotFound), (404, "image_not_found", errors.ImageNotFound),
+    (405, "method_not_allowed", errors.MethodNotAllowed),
     (409, "conflict", errors.Conflict), (409, "busy", errors.Busy), (409, "name_in_use", errors.NameInUse),
     (409, "process_exited", errors.ProcessExited), (409, "no_reply", errors.NoReply),
     (409, "protocol_error", errors.ProtocolError), (409, "episode_not_running", errors.EpisodeNotRunning),
     (410, "gone", errors.Gone), (413, "payload_too_large", errors.PayloadTooLarge),
-    (422, "command_failed", errors.CommandFailed), (429, "quota_exceeded", errors.QuotaExceeded),
+    (422, "command_failed", errors.CommandFailed), (422, "build_failed", errors.BuildFailed),
+    (429, "quota_exceeded", errors.QuotaExceeded),
     (500, "internal", errors.Internal),
     (500, "checkpoint_corrupt", errors.CheckpointCorrupt), (502, "agent_unreachable", errors.AgentUnreachable),
     (502, "upstream_unreachable", errors.UpstreamUnreachable), (502, "env_error", errors.EnvError),
     (503, "unavailable", errors.Unavailable), (503, "no_capacity", errors.NoCapacity),
-    (503, "pids_limit", errors.PidsLimit),
+    (503, "pids_limit", errors.PidsLimit), (503, "registry_unavailable", errors.RegistryUnavailable),
     (504, "timeout", errors.Timeout), (504, "env_timeout", errors.EnvTimeout),
     (507, "insufficient_storage", errors.InsufficientStorage),
 ]
@@ -50,6 +54,35 @@ async def test_each_code_has_its_class(status: int, code: str, cls: type[errors.
     e = ei.value
     assert type(e) is cls and (e.status, e.code, e.message) == (status, code, "what: went wrong")
     assert isinstance(e, errors.QuarryError)
+
+
+def test_every_code_of_the_openapi_document_has_its_class() -> None:
+    # gateway/openapi.json's Error.code enum is every code the gateway answers.
+    doc = json.loads((ROOT / "gateway" / "openapi.json").read_text())
+    codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"]
+    assert len(codes) > 10
+    missing = [c for c in codes if errors.class_for(c, 0) is errors.QuarryError]
+    assert not missing, f"codes of gateway/openapi.json without a class in quarry.errors: {missing}"
+    assert all(errors.class_for(c, 0).code == c for c in codes)
+    tabled = {code for _, code, _ in CODES}
+    assert set(codes) <= tabled, f"codes missing from CODES: {set(codes) - tabled}"
+    # Every class is exported by name.
+    assert all(cls.__name__ in errors.__all__ for _, _, cls in CODES)
+
+
+@aio
+async def test_registry_unavailable_is_retryable_like_every_503() -> None:
+    calls: list[str | None] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req.headers.get("Idempotency-Key"))
+        if len(calls) == 1:
+            return httpx.Response(503, json={"error": {"code": "registry_unavailable", "message": "registry down"}},
+                                  headers={"Retry-After": "0"})
+        return httpx.Response(201, json={"id": "sbx-1", "pool": "i-x", "state": "active"})
+    async with AsyncQuarry("http://gw", "k", transport=httpx.MockTransport(handler)) as q:
+        sb = await q.sandboxes.create(image="python:3.11", retry_timeout=5)
+    assert sb.id == "sbx-1" and len(calls) == 2 and calls[0] == calls[1]
 
 
 @aio

@@ -8,10 +8,11 @@ from typing import Any
 import httpx
 
 from ._envs import Envs
+from ._images import Images
 from ._http import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_KEEPALIVE, DEFAULT_POOL_SHARDS, DEFAULT_TIMEOUT, Transport, label_params, seg
 from ._model import Model
 from ._sandbox import Sandboxes, _drop_none
-from .types import Checkpoint, Pool, build
+from .types import Checkpoint, Class, Pool, build
 
 
 class Checkpoints:
@@ -44,7 +45,7 @@ class AsyncQuarry:
     Use ``async with`` or :meth:`aclose`.
 
     Namespaces: :attr:`sandboxes`, :attr:`checkpoints`, :attr:`model` (the
-    relay's trainer loop), :attr:`envs`."""
+    relay's trainer loop), :attr:`envs`, :attr:`images` (images on demand)."""
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
                  timeout: float = DEFAULT_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -59,6 +60,7 @@ class AsyncQuarry:
         self.checkpoints = Checkpoints(self._t)
         self.model = Model(self._t)
         self.envs = Envs(self._t)
+        self.images = Images(self._t)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -66,8 +68,22 @@ class AsyncQuarry:
         return self._t.http
 
     async def pools(self) -> list[Pool]:
+        """The configured pools and their counts."""
         d = await self._t.json("GET", "/v1/pools")
         return [build(Pool, p) for p in (d or {}).get("pools") or []]
+
+    async def classes(self) -> list[Class]:
+        """The pool classes of on-demand pools: what ``sandboxes.create(image=...)``
+        may ask for (images, sizes and their bounds); empty when the gateway
+        serves no image on demand."""
+        d = await self._t.json("GET", "/v1/pools")
+        return [build(Class, c) for c in (d or {}).get("classes") or []]
+
+    async def whoami(self) -> str:
+        """This API key's owner id, which the operator's rules name
+        (QUARRY_IMAGE_ALLOW's OWNER=PATTERN, QUARRY_IMAGE_BUILD_KEYS)."""
+        d = await self._t.json("GET", "/v1/whoami")
+        return str((d or {}).get("owner", ""))
 
     async def health(self) -> bool:
         """True when the gateway answers /healthz."""

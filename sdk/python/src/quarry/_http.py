@@ -34,6 +34,12 @@ DEFAULT_TIMEOUT = 60.0
 COMMAND_MARGIN = 30.0
 #: Reads of an event stream: the gateway sends keep-alives every 15 s.
 STREAM_READ_TIMEOUT = 120.0
+#: A create's answer: the gateway's QUARRY_CREATE_TIMEOUT (5 min) bounds a
+#: cold start, an image's pull included, and answers a retryable 503 past it.
+CREATE_TIMEOUT = 330.0
+#: Reads of a build's log: a step may print nothing for as long as it runs
+#: (the gateway sends no keep-alive), within QUARRY_IMAGE_BUILD_TIMEOUT (30 min).
+BUILD_READ_TIMEOUT = 1860.0
 
 
 def seg(value: str, what: str) -> str:
@@ -190,8 +196,10 @@ class Transport:
         params: Any = None,
         accept: str = "text/event-stream",
         headers: Mapping[str, str] | None = None,
+        read_timeout: float = STREAM_READ_TIMEOUT,
     ) -> AsyncIterator[httpx.Response]:
-        """A call whose answer is read as it arrives (events, archives). A
+        """A call whose answer is read as it arrives (events, archives, a
+        build's log), read_timeout the longest wait for its next bytes. A
         non-2xx answer raises before the body is handed out."""
         h = dict(headers or {})
         h["Accept"] = accept
@@ -200,7 +208,7 @@ class Transport:
             h["Content-Type"] = "application/json"
         elif content is not None:
             h.setdefault("Content-Type", "application/octet-stream")
-        t = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0), read=STREAM_READ_TIMEOUT)
+        t = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0), read=read_timeout)
         async with self._shard(path).stream(method, path, content=content, params=params, headers=h,
                                     timeout=t) as resp:
             if resp.status_code >= 300:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Generic, List, TypeVar
 
 from . import errors
-from ._http import COMMAND_MARGIN, Transport, label_params, sandbox_path, seg
+from ._http import COMMAND_MARGIN, CREATE_TIMEOUT, Transport, label_params, sandbox_path, seg
 from .types import (
     Checkpoint, Exchange, ExecEvent, ExecResult, FileInfo, KillAllResult, ProcessInfo,
     ProcessOutput, RestoreResult, RunResult, SandboxInfo, SessionInfo, WriteResult, build,
@@ -42,6 +42,22 @@ def _command_timeout(timeout: float | None) -> float:
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def size(value: int | str | None, what: str) -> int | str | None:
+    """A size as the gateway reads it: an int of MiB, or a string with a
+    binary unit ("512Mi", "2Gi"), which the gateway parses (and refuses with
+    a BadRequest naming the field)."""
+    if value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise TypeError(f"{what}: want an int of MiB or a string such as \"2Gi\", got {type(value).__name__}")
+
+
+def image_fields(image: str | None, class_: str | None, cpu: float | None, memory: int | str | None,
+                 disk: int | str | None) -> dict[str, Any]:
+    """The image, class and sizes of a create or a prefetch, None left out."""
+    return _drop_none({"image": image, "class": class_, "cpu": cpu, "memory": size(memory, "memory"),
+                       "disk": size(disk, "disk")})
 
 
 class Sandbox:
@@ -546,17 +562,30 @@ class Sandboxes:
     def __init__(self, t: Transport) -> None:
         self._t = t
 
-    def create(self, pool: str | None = None, *, env: Mapping[str, str] | None = None,
+    def create(self, pool: str | None = None, *, image: str | None = None, class_: str | None = None,
+               cpu: float | None = None, memory: int | str | None = None, disk: int | str | None = None,
+               env: Mapping[str, str] | None = None,
                labels: Mapping[str, str] | None = None, lease_seconds: int | None = None,
                from_checkpoint: str | Checkpoint | None = None, keep_alive: bool = False,
                idempotency_key: str | None = None, retry_timeout: float = 60.0) -> _Opening[Sandbox]:
         """Lease a sandbox (await it, or ``async with`` it: released on exit).
 
-        A 503 (Unavailable, NoCapacity: nothing was made) is retried after the
-        server's Retry-After, with one Idempotency-Key for every attempt, for up
-        to retry_timeout seconds (0: never); then it is raised. Nothing else is
-        retried. keep_alive starts :meth:`Sandbox.keep_alive`."""
-        body = lease_request({"pool": pool}, lease_seconds, env, labels, from_checkpoint)
+        A sandbox is of a pool (None: the gateway's default), or of an image
+        the operator allows: the gateway makes (or finds) its on-demand pool,
+        of the class named (class_; None: the first class that serves it),
+        with cpu, memory and disk (None: the class's; memory and disk an int
+        of MiB or a string such as "2Gi"), within the class's bounds
+        (:meth:`AsyncQuarry.classes`). An image is refused with
+        ImageNotAllowed, ImageNotFound, ImageDenied or RegistryUnavailable;
+        a class on a provider that runs no images with BadRequest.
+
+        A 503 (Unavailable, NoCapacity, RegistryUnavailable: nothing was made)
+        is retried after the server's Retry-After, with one Idempotency-Key
+        for every attempt, for up to retry_timeout seconds (0: never); then it
+        is raised. Nothing else is retried. keep_alive starts
+        :meth:`Sandbox.keep_alive`."""
+        first = {"pool": pool, **image_fields(image, class_, cpu, memory, disk)}
+        body = lease_request(first, lease_seconds, env, labels, from_checkpoint)
 
         async def make() -> Sandbox:
             d = await create_with_retry(self._t, "/v1/sandboxes", body, idempotency_key, retry_timeout)
@@ -600,7 +629,7 @@ async def create_with_retry(t: Transport, path: str, body: dict[str, Any], key: 
     deadline = loop.time() + retry_timeout
     while True:
         try:
-            return await t.json("POST", path, json_body=body, headers={"Idempotency-Key": key})
+            return await t.json("POST", path, json_body=body, headers={"Idempotency-Key": key}, timeout=CREATE_TIMEOUT)
         except errors.Unavailable as e:
             if e.status != 503:
                 raise

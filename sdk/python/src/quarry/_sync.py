@@ -59,7 +59,7 @@ class _Portal:
 
 _WRAPPED = {
     "Sandbox", "Sandboxes", "Session", "Process", "Files", "SandboxModel", "ForkResult",
-    "Checkpoints", "Model", "ModelCall", "Envs", "Env", "AsyncQuarry",
+    "Checkpoints", "Model", "ModelCall", "Envs", "Env", "Images", "AsyncQuarry",
 }
 
 

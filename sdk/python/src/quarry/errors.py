@@ -18,7 +18,10 @@ __all__ = [
     "BadRequest",
     "Unauthorized",
     "Forbidden",
+    "ImageNotAllowed",
+    "ImageDenied",
     "NotFound",
+    "ImageNotFound",
     "MethodNotAllowed",
     "Conflict",
     "Busy",
@@ -30,6 +33,8 @@ __all__ = [
     "Gone",
     "PayloadTooLarge",
     "CommandFailed",
+    "BuildFailed",
+    "ImageFailed",
     "QuotaExceeded",
     "InvalidAction",
     "Internal",
@@ -39,6 +44,8 @@ __all__ = [
     "EnvError",
     "Unavailable",
     "NoCapacity",
+    "PidsLimit",
+    "RegistryUnavailable",
     "Timeout",
     "EnvTimeout",
     "InsufficientStorage",
@@ -109,10 +116,26 @@ class Unauthorized(QuarryError):
 
 
 class Forbidden(QuarryError):
-    """403: the sandbox refused the operation (a path its user may not read or write)."""
+    """403: the sandbox refused the operation (a path its user may not read or
+    write), or the gateway did (an image build this key may not run: the
+    message names the key's owner id)."""
 
     code = "forbidden"
     status_default = 403
+
+
+class ImageNotAllowed(Forbidden):
+    """403 ``image_not_allowed``: the operator does not let this key (or the
+    class) ask for the image; the message names the rules that refused it."""
+
+    code = "image_not_allowed"
+
+
+class ImageDenied(Forbidden):
+    """403 ``image_denied``: the image's registry refused the gateway's
+    credentials for it; the message names the image, the registry and its answer."""
+
+    code = "image_denied"
 
 
 class NotFound(QuarryError):
@@ -121,6 +144,13 @@ class NotFound(QuarryError):
 
     code = "not_found"
     status_default = 404
+
+
+class ImageNotFound(NotFound):
+    """404 ``image_not_found``: the image does not exist in its registry; the
+    message names the image, the registry and its answer."""
+
+    code = "image_not_found"
 
 
 class MethodNotAllowed(QuarryError):
@@ -206,6 +236,29 @@ class CommandFailed(QuarryError):
     status_default = 422
 
 
+class BuildFailed(QuarryError):
+    """422 ``build_failed``: an image build ran and failed (a step, a bad
+    Dockerfile); the message is the build's. A build's log came to its
+    ``on_log`` before."""
+
+    code = "build_failed"
+    status_default = 422
+
+
+class ImageFailed(QuarryError):
+    """An image's preparation failed (a pull, a task definition), as GET
+    /v1/images reports it: raised by :meth:`Images.wait <quarry.Images.wait>`,
+    never answered by a call (``status`` 0). ``image`` is its reference,
+    ``reason`` the provider's."""
+
+    code = "image_failed"
+
+    def __init__(self, message: str, *, image: str = "", reason: str = "", **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.image = image
+        self.reason = reason
+
+
 class QuotaExceeded(QuarryError):
     """429 ``quota_exceeded``: a budget of the caller's is spent (the checkpoint
     store's, per API key or in all); nothing was kept. Not retryable: the message
@@ -272,6 +325,14 @@ class PidsLimit(Unavailable):
     code = "pids_limit"
 
 
+class RegistryUnavailable(Unavailable):
+    """503 ``registry_unavailable``: the image's registry did not answer;
+    nothing was made. Retryable: ``retry_after`` as for :class:`Unavailable`
+    (``sandboxes.create`` retries it)."""
+
+    code = "registry_unavailable"
+
+
 class Timeout(QuarryError):
     """504: the agent (or the trainer, for a relay call) did not answer in time."""
 
@@ -292,14 +353,15 @@ class InsufficientStorage(QuarryError):
     status_default = 507
 
 
+# Every code the gateway answers (ImageFailed is the SDK's own: no answer has it).
 _BY_CODE: dict[str, type[QuarryError]] = {
     c.code: c
     for c in (
-        BadRequest, InvalidAction, Unauthorized, Forbidden, NotFound, MethodNotAllowed,
-        Conflict, Busy, NameInUse, ProcessExited, NoReply, ProtocolError, EpisodeNotRunning,
-        Gone, PayloadTooLarge, CommandFailed, QuotaExceeded, Internal, CheckpointCorrupt, AgentUnreachable,
-        UpstreamUnreachable, EnvError, Unavailable, NoCapacity, PidsLimit, Timeout, EnvTimeout,
-        InsufficientStorage,
+        BadRequest, InvalidAction, Unauthorized, Forbidden, ImageNotAllowed, ImageDenied, NotFound,
+        ImageNotFound, MethodNotAllowed, Conflict, Busy, NameInUse, ProcessExited, NoReply, ProtocolError,
+        EpisodeNotRunning, Gone, PayloadTooLarge, CommandFailed, BuildFailed, QuotaExceeded, Internal,
+        CheckpointCorrupt, AgentUnreachable, UpstreamUnreachable, EnvError, Unavailable, NoCapacity,
+        PidsLimit, RegistryUnavailable, Timeout, EnvTimeout, InsufficientStorage,
     )
 }
 # The agent's own name for a newer lease; the gateway answers it as gone.

@@ -1,6 +1,6 @@
 """The values the gateway answers, as dataclasses. Each keeps the whole JSON
 object in ``raw``: fields a newer gateway adds are there before this SDK names
-them."""
+them. A field whose JSON name is a Python keyword ends in ``_`` (``class_``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import datetime as _dt
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from .errors import QuarryError
+
 __all__ = [
     "SandboxInfo", "Pool", "ExecResult", "ExecEvent", "SessionInfo", "RunResult",
     "ProcessInfo", "ProcessOutput", "FileInfo", "WriteResult", "Checkpoint",
-    "RestoreResult", "Exchange", "KillAllResult", "EnvInfo", "parse_time",
+    "RestoreResult", "Exchange", "KillAllResult", "EnvInfo", "Class", "Image", "ImagePage",
+    "PrefetchedImage", "BuildResult", "parse_time",
 ]
 
 T = TypeVar("T")
@@ -35,15 +38,18 @@ def parse_time(v: Any) -> _dt.datetime | None:
 
 
 def build(cls: type[T], d: Any) -> T:
-    """cls from a JSON object: known fields (times parsed), the rest in raw."""
+    """cls from a JSON object: known fields (times parsed: those named ``*_at``
+    and those typed datetime), the rest in raw. A field ``class_`` reads
+    ``class``."""
     d = d if isinstance(d, dict) else {}
     kw: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name == "raw":
             continue
-        if f.name in d and d[f.name] is not None:
-            v = d[f.name]
-            if f.name.endswith("_at") or f.name in ("deadline",):
+        key = f.name[:-1] if f.name.endswith("_") else f.name
+        if key in d and d[key] is not None:
+            v = d[key]
+            if f.name.endswith("_at") or f.name in ("deadline",) or "datetime" in str(f.type):
                 v = parse_time(v)
             kw[f.name] = v
     return cls(raw=d, **kw)  # type: ignore[call-arg]
@@ -68,9 +74,15 @@ class SandboxInfo:
 
 @dataclass
 class Pool:
+    """A configured warm pool and its counts (GET /v1/pools). memory_mib and
+    disk_mib are MiB (disk_mib 0: the provider's default)."""
+
     name: str = ""
     provider: str = ""
     image: str = ""
+    cpu: float = 0.0
+    memory_mib: int = 0
+    disk_mib: int = 0
     min_warm: int = 0
     max_total: int = 0
     default_lease_seconds: int = 0
@@ -247,4 +259,116 @@ class EnvInfo:
     pool: str = ""
     step_timeout_ms: int = 0
     reset_timeout_ms: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Class:
+    """A pool class of on-demand pools (GET /v1/pools, ``classes``): the
+    provider, the images it serves (patterns), the sizes a create gets when
+    it names none and the most it may ask for (MiB), its bounds and how many
+    tasks its pools have now."""
+
+    name: str = ""
+    provider: str = ""
+    images: list[str] = field(default_factory=list)
+    cpu: float = 0.0
+    memory_mib: int = 0
+    disk_mib: int = 0
+    max_cpu: float = 0.0
+    max_memory_mib: int = 0
+    max_disk_mib: int = 0
+    max_total: int = 0
+    max_per_image: int = 0
+    tasks: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Image:
+    """An image of an on-demand pool, or one a provider is preparing or
+    failed to prepare (GET /v1/images). ``image`` is its normalized reference
+    (``docker.io/library/python:3.11``); ``pool`` is empty while no pool
+    holds it (its first preparation). ``state`` is ``pulling`` (with
+    ``bytes_done`` and ``bytes_total`` when the provider reports them),
+    ``ready`` or ``failed`` (with ``reason``); :meth:`Images.wait
+    <quarry.Images.wait>` also reports ``queued``, an image not listed yet.
+    ``pool_state`` is ``active`` or ``ended`` (empty without a pool)."""
+
+    image: str = ""
+    class_: str = ""
+    pool: str = ""
+    cpu: float = 0.0
+    memory_mib: int = 0
+    disk_mib: int = 0
+    pool_state: str = ""
+    state: str = ""
+    reason: str = ""
+    bytes_done: int = 0
+    bytes_total: int = 0
+    size_bytes: int = 0
+    digest: str = ""
+    created_at: _dt.datetime | None = None
+    last_used: _dt.datetime | None = None
+    acquires: int = 0
+    warm: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        """Its pool is active and the provider has its image."""
+        return self.state == "ready" and self.pool_state in ("", "active") and bool(self.pool)
+
+    @property
+    def failed(self) -> bool:
+        return self.state == "failed"
+
+    @property
+    def progress(self) -> float | None:
+        """The fraction pulled (0..1) while pulling, when the provider reports sizes."""
+        if self.state == "ready":
+            return 1.0
+        if self.bytes_total <= 0:
+            return None
+        return min(1.0, self.bytes_done / self.bytes_total)
+
+
+@dataclass
+class ImagePage:
+    """One page of GET /v1/images; ``next`` is the cursor of the next page,
+    None after the last."""
+
+    images: list[Image] = field(default_factory=list)
+    next: str | None = None
+
+
+@dataclass
+class PrefetchedImage:
+    """One image of a prefetch's answer, in the order asked. ``ref`` is its
+    normalized reference (as :class:`Image` names it) and ``pool`` its
+    on-demand pool; ``state`` is ``queued`` (its preparation runs in the
+    background), ``ready`` (its pool is there) or ``refused``, with ``error``
+    the exception a create of it would raise (:class:`~quarry.errors.ImageNotAllowed`,
+    :class:`~quarry.errors.BadRequest`, ...)."""
+
+    image: str = ""
+    ref: str = ""
+    pool: str = ""
+    state: str = ""
+    error: QuarryError | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def refused(self) -> bool:
+        return self.state == "refused"
+
+
+@dataclass
+class BuildResult:
+    """An image built (POST /v1/images/build): ``image`` is the reference a
+    create may name at once."""
+
+    image: str = ""
+    digest: str = ""
+    size_bytes: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
