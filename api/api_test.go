@@ -45,6 +45,8 @@ var wireTests = []struct {
 		CreatedAt: t0, ExpiresAt: t0.Add(time.Minute), EndedAt: t0.Add(30 * time.Second), LeaseSeconds: 60,
 		Labels: map[string]string{"run": "exp1", "a": "b"}},
 		json: `{"id":"sbx-1","pool":"default","state":"released","reason":"by owner","generation":3,"created_at":"2025-03-04T05:06:07.89Z","expires_at":"2025-03-04T05:07:07.89Z","ended_at":"2025-03-04T05:06:37.89Z","lease_seconds":60,"labels":{"a":"b","run":"exp1"}}`},
+	{name: "Sandbox/image", v: api.Sandbox{ID: "sbx-2", Pool: "i-abc", Image: "docker.io/library/python:3.11", State: api.StateActive, CreatedAt: t0, ExpiresAt: t0},
+		json: `{"id":"sbx-2","pool":"i-abc","image":"docker.io/library/python:3.11","state":"active","generation":0,"created_at":"2025-03-04T05:06:07.89Z","expires_at":"2025-03-04T05:06:07.89Z","lease_seconds":0}`},
 	{name: "Sandbox/zero", v: api.Sandbox{},
 		json: `{"id":"","pool":"","state":"","generation":0,"created_at":"0001-01-01T00:00:00Z","expires_at":"0001-01-01T00:00:00Z","lease_seconds":0}`},
 	{name: "SandboxList", v: api.SandboxList{Sandboxes: []api.Sandbox{{ID: "sbx-1", State: api.StateActive, CreatedAt: t0, ExpiresAt: t0}}},

@@ -14,8 +14,11 @@ const (
 // GET /v1/sandboxes, heartbeat, DELETE). It never carries the agent's
 // address or token.
 type Sandbox struct {
-	ID           string            `json:"id"`
-	Pool         string            `json:"pool"`
+	ID   string `json:"id"`
+	Pool string `json:"pool"`
+	// Image is the image its sandbox runs (its pool's), when the pool has
+	// one ("host" for the process provider's).
+	Image        string            `json:"image,omitempty"`
 	State        string            `json:"state"`            // StateActive, StateReleased, StateExpired or StateLost
 	Reason       string            `json:"reason,omitempty"` // why the lease ended, when it did
 	Generation   int64             `json:"generation"`

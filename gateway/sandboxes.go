@@ -32,7 +32,7 @@ const (
 // (not yet reaped) is shown as expired, as the proxy treats it.
 func (g *Gateway) toSandbox(l warmpool.Lease) api.Sandbox {
 	return api.Sandbox{
-		ID: l.ID, Pool: l.Pool, State: string(l.StateAt(g.clock.Now())), Reason: l.Reason, Generation: l.Generation,
+		ID: l.ID, Pool: l.Pool, Image: l.Image, State: string(l.StateAt(g.clock.Now())), Reason: l.Reason, Generation: l.Generation,
 		CreatedAt: l.CreatedAt, ExpiresAt: l.ExpiresAt, EndedAt: l.EndedAt,
 		LeaseSeconds: int(l.Duration / time.Second), Labels: l.Labels,
 	}

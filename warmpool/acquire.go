@@ -365,7 +365,7 @@ func (m *Manager) claimRequest(p *pool, req AcquireRequest, dur time.Duration, t
 	return ClaimRequest{
 		Pool: p.cfg.Name, TaskID: taskID, Spec: p.digest, Now: now,
 		Lease: Lease{
-			ID: id, Owner: req.Owner, Labels: maps.Clone(req.Labels), Env: env,
+			ID: id, Owner: req.Owner, Image: p.cfg.Image, Labels: maps.Clone(req.Labels), Env: env,
 			IdempotencyKey: req.IdempotencyKey, RequestDigest: digest, Duration: dur, CreatedAt: now, ExpiresAt: now.Add(dur),
 		},
 	}

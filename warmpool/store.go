@@ -121,8 +121,12 @@ type Lease struct {
 	// it was claimed), which stops it when the lease ends, whatever the
 	// pool's provider is by then. Empty on leases made before leases
 	// carried it: their task's record says.
-	Provider string            `json:"provider,omitempty"`
-	Labels   map[string]string `json:"labels,omitempty"`
+	Provider string `json:"provider,omitempty"`
+	// Image is the image of the lease's pool when it was claimed (an
+	// on-demand pool's, or a configured pool's), as the caller's Claim
+	// gave it; stores keep it as given.
+	Image  string            `json:"image,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
 	// Env is what the acquire asked to set in the sandbox, given to its
 	// agent's init. Stores keep it apart from the lease's record, which
 	// every heartbeat rewrites: only Claim returns it; every read returns

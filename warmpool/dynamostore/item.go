@@ -277,6 +277,7 @@ func leaseItem(l warmpool.Lease, shards int, endedTTL time.Duration, forgotten b
 	putS(it, fAgentToken, l.AgentToken)
 	putS(it, fProviderTaskID, l.ProviderTaskID)
 	putS(it, fProvider, l.Provider)
+	putS(it, fImage, l.Image)
 	putS(it, fIdemKey, l.IdempotencyKey)
 	putS(it, fReqDigest, l.RequestDigest)
 	putMap(it, fLabels, l.Labels) // the env is an item of its own (envItem)
@@ -322,7 +323,7 @@ func decodeLease(it item) (warmpool.Lease, error) {
 	l := warmpool.Lease{
 		ID: d.s(fID), Pool: d.s(fPool), TaskID: d.s(fTaskID), Owner: d.s(fOwner),
 		State: warmpool.LeaseState(d.s(fState)), Reason: d.s(fReason), Generation: d.n(fGeneration),
-		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), ProviderTaskID: d.s(fProviderTaskID), Provider: d.s(fProvider), Labels: d.m(fLabels),
+		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), ProviderTaskID: d.s(fProviderTaskID), Provider: d.s(fProvider), Image: d.s(fImage), Labels: d.m(fLabels),
 		IdempotencyKey: d.s(fIdemKey), RequestDigest: d.s(fReqDigest), Duration: time.Duration(d.n(fDuration)),
 		CreatedAt: d.time(fCreatedAt), ExpiresAt: d.time(fExpiresAt), EndedAt: d.time(fEndedAt),
 		Version: d.n(fVersion),
