@@ -54,6 +54,7 @@ func TestImageCache_ConcurrentPreparesShareOnePull(t *testing.T) {
 	}
 	assert.Equal(t, 1, e.pullsOf(refA), "one pull for every caller")
 	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.pullsStarted))
+	waitNoFlights(t, c) // a caller may have found the image pulled before the pull's record
 	entry, ok := c.ledger.get(refA)
 	require.True(t, ok, "an on-demand pool's pull is in the ledger")
 	assert.Equal(t, int64(100), entry.Size)
