@@ -2,11 +2,14 @@ package docker
 
 import (
 	"context"
+	"io"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/image"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -248,4 +251,51 @@ func TestImageCache_CloseEndsPullsAndStartsNone(t *testing.T) {
 	_, err := c.prepare(context.Background(), providers.Spec{Image: refA, Class: "x"})
 	require.ErrorIs(t, err, errClosed)
 	assert.Equal(t, 1, e.pullsOf(refA))
+}
+
+// The gateway registers the provider's collectors (cmd/gateway's
+// registerProviderMetrics): they must be valid and distinct.
+func TestProvider_Collectors_Register(t *testing.T) {
+	p := &Provider{img: newTestCache(t, newFakeEngine().api())}
+	reg := prometheus.NewRegistry()
+	for _, c := range p.Collectors() {
+		require.NoError(t, reg.Register(c))
+	}
+	p.img.metrics.pulls.WithLabelValues("ready").Inc()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var names []string
+	for _, f := range families {
+		names = append(names, f.GetName())
+	}
+	assert.Subset(t, names, []string{"quarry_docker_image_cache_bytes", "quarry_docker_image_preparations_total"})
+}
+
+// Images reports a pull's progress from its stream while it runs.
+func TestImageCache_ImagesReportsAPullsProgress(t *testing.T) {
+	e := newFakeEngine()
+	e.serve(refA, 10)
+	api := e.api()
+	pr, pw := io.Pipe()
+	api.pull = func(context.Context, string, image.PullOptions) (io.ReadCloser, error) { return pr, nil }
+	c := newTestCache(t, api)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.prepare(context.Background(), providers.Spec{Image: refA, Class: "x"})
+		done <- err
+	}()
+	_, err := io.WriteString(pw, `{"status":"Downloading","id":"l1","progressDetail":{"current":300,"total":1000}}`+"\n"+
+		`{"status":"Downloading","id":"l2","progressDetail":{"current":0,"total":24}}`+"\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		infos, err := c.images(context.Background())
+		return err == nil && len(infos) == 1 && infos[0].BytesDone == 300 && infos[0].BytesTotal == 1024
+	}, waitTimeout, time.Millisecond, "the pull's progress is reported")
+	e.mu.Lock()
+	e.has[refA] = e.registry[refA] // what the pull brought
+	e.mu.Unlock()
+	_, err = io.WriteString(pw, `{"status":"Pull complete","id":"l1"}`+"\n")
+	require.NoError(t, err)
+	require.NoError(t, pw.Close())
+	require.NoError(t, <-done)
 }
