@@ -7,7 +7,10 @@
 #     working directory or data dir is gone, or that run from or in --tmp;
 #   - Docker containers and networks labelled quarry.managed=true with a test gateway id (e2e-<hex>:
 #     tests/, test-<hex>: providers/docker), unless a gateway of that id still runs;
-#   - with --moto-pid PID: the AWS emulator the run started, if it still runs after its stop.
+#   - with --moto-pid PID: the AWS emulator the run started, if it still runs after its stop;
+#   - image registries that this checkout's scripts/registry.sh started (docker-registry processes
+#     whose QUARRY_REGISTRY_DIR is this checkout's .cache/registry): the run stops those it
+#     started before this check, so one that still runs and started since --since was left.
 # With --since EPOCH, what started before EPOCH is listed as left by an earlier run and does not
 # count; the rest (or, without --since, everything) makes the exit status 1. --wait SECONDS
 # re-checks for up to that long while something counts (agents exit by themselves within 5 s of
@@ -85,6 +88,20 @@ scan_docker() {
     --format '{{.ID}}{{"\t"}}{{index .Labels "quarry.gateway"}}{{"\t"}}{{.Name}}{{"\t"}}{{.Created}}' 2>/dev/null)
 }
 
+registry_dir="${QUARRY_REGISTRY_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.cache/registry}"
+scan_registry() {
+  local d pid exe now started
+  now="$(date +%s)"
+  for d in /proc/[0-9]*; do
+    pid="${d#/proc/}"
+    exe="$(readlink "$d/exe" 2>/dev/null)" || continue
+    [ "$(basename "${exe% (deleted)}")" = docker-registry ] || continue
+    tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "QUARRY_REGISTRY_DIR=$registry_dir" || continue
+    started=$((now - $(ps -o etimes= -p "$pid" 2>/dev/null || echo 0)))
+    add "$started" "docker-registry pid $pid ($(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)), started by scripts/registry.sh"
+  done
+}
+
 scan_moto() {
   [ -n "$moto_pid" ] || return 0
   if tr '\0' ' ' <"/proc/$moto_pid/cmdline" 2>/dev/null | grep -q moto; then
@@ -97,6 +114,7 @@ scan() {
   scan_processes
   scan_docker
   scan_moto
+  scan_registry
   counted=0
   for f in "${found[@]}"; do [ "${f%%	*}" -ge "$since" ] && counted=$((counted + 1)); done
 }
@@ -121,7 +139,7 @@ for f in "${found[@]}"; do
 done
 [ "$older" -eq 0 ] || echo "leftovers: $older from earlier runs (not counted)"
 if [ "$counted" -gt 0 ]; then
-  echo "leftovers: $counted processes, containers or networks left running (see above)" >&2
+  echo "leftovers: $counted processes, containers, networks or registries left running (see above)" >&2
   exit 1
 fi
 echo "leftovers: none"

@@ -5,17 +5,27 @@
 #     sandboxes), ROCK's SDK rl-rock, the Python SDK's test venv;
 #   - the AWS API emulator on 127.0.0.1:4566, unless AWS_ENDPOINT_URL names another endpoint
 #     (LocalStack or AWS);
+#   - two image registries on 127.0.0.1 (scripts/registry.sh: open on 5055, htpasswd on 5056) for
+#     the Docker provider's pulls: QUARRY_TEST_REGISTRY, QUARRY_TEST_REGISTRY_AUTH and
+#     QUARRY_TEST_REGISTRY_USER;
 #   - QUARRY_TEST_STRICT=1: a test whose dependency is missing fails instead of skipping;
 #   - TMPDIR: a temp dir of the run's own (run_tmp), so that what still runs from it at the end
 #     is this run's leftover.
-# It sets started_emulator, run_started and run_tmp, and defines start_emulator and
-# test_env_cleanup, which the caller's EXIT trap runs.
+# It sets started_emulator, started_registry, run_started and run_tmp, and defines start_emulator,
+# stop_registry and test_env_cleanup, which the caller's EXIT trap runs.
 started_emulator=""
+started_registry=""
 run_started="$(date +%s)"
 run_tmp=""
 checked=""
+# stop_registry stops the registries this run started (before a check for leftovers).
+stop_registry() {
+  if [ -n "$started_registry" ]; then scripts/registry.sh stop || true; fi
+  started_registry=""
+}
 test_env_cleanup() {
   if [ -n "$started_emulator" ]; then localstack/emulator.sh stop || true; fi
+  stop_registry
   if [ -n "$run_tmp" ]; then
     # A suite that failed or was interrupted may have left something: name it.
     [ -n "$checked" ] || scripts/leftovers.sh --since "$run_started" --tmp "$run_tmp" || true
@@ -52,6 +62,13 @@ if [ -z "${AWS_ENDPOINT_URL:-}" ]; then
 else
   echo "== AWS suites against AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL"
 fi
+if scripts/registry.sh status; then
+  echo "== using the image registries already answering (scripts/registry.sh)"
+else
+  scripts/registry.sh start
+  started_registry=1
+fi
+while IFS= read -r kv; do export "${kv?}"; done < <(scripts/registry.sh env)
 export QUARRY_TEST_BUSYBOX=/bin/busybox QUARRY_TEST_DOCKER=1 QUARRY_TEST_AWS=1
 # Debian's chromium (apt-get install -y chromium): the console's browser test and CDP through a preview URL.
 QUARRY_TEST_CHROMIUM="$(command -v chromium)"

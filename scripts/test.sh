@@ -41,13 +41,14 @@ scripts/test-python-sdk.sh
 echo "== peer benchmark harness (unit tests)"
 python3 -m unittest discover -s bench/peers
 
-echo "== leftovers: agents, gateways, test containers and the emulator this run started must be gone"
+echo "== leftovers: agents, gateways, test containers, the emulator and registries this run started must be gone"
 moto_pid=""
 if [ -n "$started_emulator" ]; then
   moto_pid="$(cat .cache/moto.pid 2>/dev/null || true)"
   localstack/emulator.sh stop
   started_emulator=""
 fi
+stop_registry
 checked=1
 scripts/leftovers.sh --since "$run_started" --tmp "$run_tmp" --wait 15 ${moto_pid:+--moto-pid "$moto_pid"}
 

@@ -31,7 +31,8 @@ func makeDockerProvider(cfg Config, log *slog.Logger) (providers.Provider, error
 // ones take docker.Config's defaults), and the gateway's own configuration
 // gives the agent binary (QUARRY_AGENT_BINARY, made absolute), the gateway
 // id (QUARRY_GATEWAY_ID), the token key file's default place,
-// $QUARRY_DATA_DIR/docker/token.key, and the model relay socket's
+// $QUARRY_DATA_DIR/docker/token.key, the image ledger's,
+// $QUARRY_DATA_DIR/docker/images.json, and the model relay socket's
 // directory (relayDir), which containers get mounted.
 func dockerConfig(cfg Config) (docker.Config, error) {
 	var dc docker.Config
@@ -48,6 +49,7 @@ func dockerConfig(cfg Config) (docker.Config, error) {
 	if dc.TokenKeyFile == "" {
 		dc.TokenKeyFile = filepath.Join(cfg.DataDir, "docker", "token.key")
 	}
+	dc.LedgerFile = filepath.Join(cfg.DataDir, "docker", "images.json")
 	dc.GatewayID = cfg.ManagerConfig.WithDefaults().GatewayID
 	if dc.RelayDir, err = relayDir(cfg.DataDir); err != nil {
 		return dc, err

@@ -44,10 +44,14 @@ func unsetEnv(t *testing.T, spec any) {
 // rename its variable.
 func TestProviderConfig_VariableNames(t *testing.T) {
 	assert.Equal(t, []string{
+		"QUARRY_DOCKER_CONFIG",
 		"QUARRY_DOCKER_HOST",
+		"QUARRY_DOCKER_IMAGE_BUDGET",
 		"QUARRY_DOCKER_LAUNCH_CONCURRENCY",
 		"QUARRY_DOCKER_NETWORK",
 		"QUARRY_DOCKER_PIDS_LIMIT",
+		"QUARRY_DOCKER_PULL_CONCURRENCY",
+		"QUARRY_DOCKER_PULL_TIMEOUT",
 		"QUARRY_DOCKER_START_TIMEOUT",
 		"QUARRY_DOCKER_TOKEN_KEY_FILE",
 		"QUARRY_DOCKER_USER",
@@ -101,6 +105,10 @@ func TestDockerConfig_EachVariableSetsItsField(t *testing.T) {
 		"QUARRY_DOCKER_START_TIMEOUT":      "90s",
 		"QUARRY_DOCKER_LAUNCH_CONCURRENCY": "8",
 		"QUARRY_DOCKER_TOKEN_KEY_FILE":     "/keys/docker.key",
+		"QUARRY_DOCKER_CONFIG":             "/etc/quarry/docker",
+		"QUARRY_DOCKER_PULL_CONCURRENCY":   "6",
+		"QUARRY_DOCKER_PULL_TIMEOUT":       "20m",
+		"QUARRY_DOCKER_IMAGE_BUDGET":       "20Gi",
 	} {
 		t.Setenv(k, v)
 	}
@@ -112,6 +120,8 @@ func TestDockerConfig_EachVariableSetsItsField(t *testing.T) {
 		Host: "tcp://127.0.0.1:2375", AgentBinary: bin, TokenKeyFile: "/keys/docker.key", GatewayID: "gw-1", RelayDir: "/data/relay",
 		User: "1000:1001", Workdir: "/work", WorkdirSizeMB: 256, Network: "host", PidsLimit: 512,
 		StartTimeout: 90 * time.Second, LaunchConcurrency: 8,
+		DockerConfig: "/etc/quarry/docker", PullConcurrency: 6, PullTimeout: 20 * time.Minute, ImageBudget: 20 << 30,
+		LedgerFile: "/data/docker/images.json",
 	}, got)
 }
 
@@ -130,15 +140,35 @@ func TestDockerConfig_Defaults(t *testing.T) {
 		Host: "unix:///var/run/docker.sock", AgentBinary: "/opt/execagent", TokenKeyFile: "/data/docker/token.key", RelayDir: "/data/relay",
 		GatewayID: "quarry", User: "65534:65534", Workdir: "/home/sandbox", Network: "bridge", PidsLimit: 1024,
 		StartTimeout: 60 * time.Second, LaunchConcurrency: 4,
+		PullConcurrency: 4, PullTimeout: 10 * time.Minute, LedgerFile: "/data/docker/images.json",
 	}, got.WithDefaults())
 }
 
 func TestDockerConfig_BadValueNamesTheVariable(t *testing.T) {
-	unsetEnv(t, &docker.Config{})
-	t.Setenv("QUARRY_DOCKER_PIDS_LIMIT", "many")
-	_, err := dockerConfig(Config{AgentBinary: "/opt/execagent", DataDir: "/data"})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "QUARRY_DOCKER_PIDS_LIMIT")
+	for k, v := range map[string]string{
+		"QUARRY_DOCKER_PIDS_LIMIT":   "many",
+		"QUARRY_DOCKER_IMAGE_BUDGET": "lots",
+		"QUARRY_DOCKER_PULL_TIMEOUT": "soon",
+	} {
+		t.Run(k, func(t *testing.T) {
+			unsetEnv(t, &docker.Config{})
+			t.Setenv(k, v)
+			_, err := dockerConfig(Config{AgentBinary: "/opt/execagent", DataDir: "/data"})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), k)
+		})
+	}
+}
+
+// The image budget reads bytes or a size with a binary unit.
+func TestDockerConfig_ImageBudgetSizes(t *testing.T) {
+	for v, want := range map[string]docker.Bytes{"1073741824": 1 << 30, "20Gi": 20 << 30, "512Mi": 512 << 20, "20G": 20 << 30, "0": 0} {
+		unsetEnv(t, &docker.Config{})
+		t.Setenv("QUARRY_DOCKER_IMAGE_BUDGET", v)
+		got, err := dockerConfig(Config{AgentBinary: "/opt/execagent", DataDir: "/data"})
+		require.NoError(t, err, v)
+		assert.Equal(t, want, got.ImageBudget, v)
+	}
 }
 
 func TestECSConfig_EachVariableSetsItsField(t *testing.T) {

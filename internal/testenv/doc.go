@@ -1,6 +1,7 @@
 // Package testenv is the one place a Quarry test asks whether a dependency
 // outside Go is there: the AWS API emulator (AWS), a Docker engine and its
-// test images (Docker), a static busybox (Busybox), Python packages for
+// test images (Docker), image registries on 127.0.0.1 (Registry,
+// RegistryAuth), a static busybox (Busybox), Python packages for
 // sandboxed programs (PythonPath), ROCK's Python SDK (RockPython) and a
 // headless Chromium for browser tests (Chromium).
 //

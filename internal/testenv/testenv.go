@@ -34,6 +34,13 @@ const (
 	EnvRockPython = "QUARRY_ROCK_PYTHON"
 	// EnvChromium names a Chromium binary for browser tests (Chromium).
 	EnvChromium = "QUARRY_TEST_CHROMIUM"
+	// EnvRegistry names an image registry without authentication,
+	// host:port on 127.0.0.1 (Registry).
+	EnvRegistry = "QUARRY_TEST_REGISTRY"
+	// EnvRegistryAuth names a registry that answers 401 without
+	// credentials (RegistryAuth); EnvRegistryUser holds its user:password.
+	EnvRegistryAuth = "QUARRY_TEST_REGISTRY_AUTH"
+	EnvRegistryUser = "QUARRY_TEST_REGISTRY_USER"
 )
 
 // envEndpoint is the AWS SDK's own variable for the endpoint of every
@@ -89,6 +96,18 @@ var (
 		env:  EnvChromium,
 		what: "a headless Chromium",
 		how:  "run `make test`, or `apt-get install chromium` and set " + EnvChromium + "=/usr/bin/chromium",
+	}
+	registryHow = "run `make test`, or `scripts/registry.sh start && export $(scripts/registry.sh env)`" +
+		" (Debian's docker-registry on 127.0.0.1)"
+	registryDep = dependency{
+		env:  EnvRegistry,
+		what: "an image registry on 127.0.0.1",
+		how:  registryHow,
+	}
+	registryAuthDep = dependency{
+		env:  EnvRegistryAuth,
+		what: "an image registry with htpasswd authentication on 127.0.0.1, and its " + EnvRegistryUser,
+		how:  registryHow,
 	}
 	rockDep = dependency{
 		env:  EnvRockPython,
@@ -209,6 +228,83 @@ func Docker(t testing.TB, images ...string) {
 			dockerDep.broken(t, "image %s: %v", img, err)
 		}
 	}
+}
+
+// Registry makes t need an image registry (the Docker Registry HTTP API
+// V2) without authentication, and returns its host:port. It is asked for
+// with QUARRY_TEST_REGISTRY=127.0.0.1:PORT (make test: scripts/registry.sh).
+// Not asked for: t is skipped, or fails when Strict. An address that is
+// not on 127.0.0.1 (tests send no traffic off the machine), or on which
+// /v2/ does not answer 200 within 30 s, fails t. Safe for concurrent use.
+func Registry(t testing.TB) string {
+	t.Helper()
+	addr := registryDep.value(t)
+	if err := checkRegistry(addr, http.StatusOK); err != nil {
+		registryDep.broken(t, "%v", err)
+	}
+	return addr
+}
+
+// RegistryAuth makes t need an image registry that asks for credentials,
+// and returns its host:port, user and password. It is asked for with
+// QUARRY_TEST_REGISTRY_AUTH=127.0.0.1:PORT and
+// QUARRY_TEST_REGISTRY_USER=user:password (make test:
+// scripts/registry.sh). Not asked for: t is skipped, or fails when
+// Strict. An address not on 127.0.0.1, a /v2/ that does not answer 401
+// without credentials and 200 with them within 30 s, or a user without
+// a password fails t. Safe for concurrent use.
+func RegistryAuth(t testing.TB) (addr, user, password string) {
+	t.Helper()
+	addr = registryAuthDep.value(t)
+	userPass := os.Getenv(EnvRegistryUser)
+	user, password, ok := strings.Cut(userPass, ":")
+	if !ok || user == "" || password == "" {
+		registryAuthDep.broken(t, "%s must be user:password", EnvRegistryUser)
+	}
+	err := checkRegistry(addr, http.StatusUnauthorized)
+	if err == nil {
+		err = check("registry "+addr+" as "+userPass, func() error { return getRegistry(addr, user, password, http.StatusOK) })
+	}
+	if err != nil {
+		registryAuthDep.broken(t, "%v", err)
+	}
+	return addr, user, password
+}
+
+// checkRegistry checks that the registry at addr is on 127.0.0.1 and that
+// its /v2/ answers status without credentials.
+func checkRegistry(addr string, status int) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want 127.0.0.1:PORT, got %q", addr)
+	}
+	if host != "127.0.0.1" {
+		return fmt.Errorf("want a registry on 127.0.0.1 (tests send no traffic off the machine), got %q", addr)
+	}
+	return check(fmt.Sprintf("registry %s %d", addr, status), func() error { return getRegistry(addr, "", "", status) })
+}
+
+// getRegistry asks the registry's /v2/ (with basic credentials unless
+// user is "") and wants status.
+func getRegistry(addr, user, password string, status int) error {
+	req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/v2/", nil)
+	if err != nil {
+		return err
+	}
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	c := &http.Client{Timeout: probeTimeout}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("no registry answers on %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProbeBody))
+	if resp.StatusCode != status {
+		return fmt.Errorf("GET http://%s/v2/ answered %s, want %d: %s", addr, resp.Status, status, bytesTail(body))
+	}
+	return nil
 }
 
 // Busybox makes t need a busybox binary, and returns its path. It is asked

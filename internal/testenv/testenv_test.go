@@ -61,6 +61,21 @@ func fakeEngine(t *testing.T) string {
 	return "tcp://" + srv.Listener.Addr().String()
 }
 
+// fakeRegistry serves a registry's /v2/: 200, or with auth 401 unless the
+// request carries quarry:secret. It returns its host:port.
+func fakeRegistry(t *testing.T, auth bool) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); auth && (!ok || u != "quarry" || p != "secret") {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte("{}"))
+	}))
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
 // closedAddr returns an address on which nothing listens.
 func closedAddr(t *testing.T) string {
 	t.Helper()
@@ -102,6 +117,9 @@ func TestDependencies_SkipFailOrRun(t *testing.T) {
 	goodChromium := script(t, dir, "chromium", `echo "Chromium 156.0.8078.114 built on Debian GNU/Linux 12 (bookworm)"`)
 	otherBinary := script(t, dir, "not-chromium", `echo "busybox v1.35"`)
 	failingChromium := script(t, dir, "broken-chromium", `echo "error while loading shared libraries" >&2; exit 127`)
+	registry := func(tb testing.TB) { Registry(tb) }
+	registryAuth := func(tb testing.TB) { RegistryAuth(tb) }
+	open, authed := fakeRegistry(t, false), fakeRegistry(t, true)
 	tests := []struct {
 		name    string
 		env     map[string]string
@@ -155,11 +173,23 @@ func TestDependencies_SkipFailOrRun(t *testing.T) {
 		{name: "chromium there: run", env: map[string]string{EnvChromium: goodChromium}, fn: chromium, outcome: "ran"},
 		{name: "chromium missing: fail", env: map[string]string{EnvChromium: filepath.Join(dir, "none")}, fn: chromium, outcome: "fail"},
 		{name: "chromium another binary: fail", env: map[string]string{EnvChromium: otherBinary}, fn: chromium, outcome: "fail", msg: []string{"not a Chromium"}},
+		{name: "registry not asked: skip", fn: registry, outcome: "skip", msg: []string{"an image registry", "QUARRY_TEST_REGISTRY is not set", "scripts/registry.sh start"}},
+		{name: "registry not asked, strict: fail", env: map[string]string{EnvStrict: "1"}, fn: registry, outcome: "fail"},
+		{name: "registry there: run", env: map[string]string{EnvRegistry: open}, fn: registry, outcome: "ran"},
+		{name: "registry not answering: fail", env: map[string]string{EnvRegistry: closedAddr(t)}, fn: registry, outcome: "fail", msg: []string{"no registry answers"}},
+		{name: "registry off the machine: fail", env: map[string]string{EnvRegistry: "192.0.2.1:5000"}, fn: registry, outcome: "fail", msg: []string{"on 127.0.0.1"}},
+		{name: "registry asking for credentials: fail", env: map[string]string{EnvRegistry: authed}, fn: registry, outcome: "fail", msg: []string{"401"}},
+		{name: "auth registry not asked: skip", fn: registryAuth, outcome: "skip", msg: []string{"htpasswd", "QUARRY_TEST_REGISTRY_AUTH is not set"}},
+		{name: "auth registry there: run", env: map[string]string{EnvRegistryAuth: authed, EnvRegistryUser: "quarry:secret"}, fn: registryAuth, outcome: "ran"},
+		{name: "auth registry, wrong password: fail", env: map[string]string{EnvRegistryAuth: authed, EnvRegistryUser: "quarry:nope"}, fn: registryAuth, outcome: "fail", msg: []string{"401"}},
+		{name: "auth registry, no user: fail", env: map[string]string{EnvRegistryAuth: authed}, fn: registryAuth, outcome: "fail", msg: []string{"QUARRY_TEST_REGISTRY_USER must be user:password"}},
+		{name: "auth registry without auth: fail", env: map[string]string{EnvRegistryAuth: open, EnvRegistryUser: "quarry:secret"}, fn: registryAuth, outcome: "fail", msg: []string{"want 401"}},
+
 		{name: "chromium does not start: fail", env: map[string]string{EnvChromium: failingChromium}, fn: chromium, outcome: "fail", msg: []string{"shared libraries"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			for _, name := range []string{EnvStrict, EnvAWS, EnvDocker, EnvBusybox, EnvPythonPath, EnvRockPython, EnvChromium} {
+			for _, name := range []string{EnvStrict, EnvAWS, EnvDocker, EnvBusybox, EnvPythonPath, EnvRockPython, EnvChromium, EnvRegistry, EnvRegistryAuth, EnvRegistryUser} {
 				t.Setenv(name, "")
 			}
 			for k, v := range tt.env {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	units "github.com/docker/go-units"
+
 	"github.com/quarryhq/quarry/internal/defaults"
 )
 
@@ -24,6 +26,8 @@ const (
 	defaultWorkdirSizeMB     = 1024
 	DefaultStartTimeout      = 60 * time.Second
 	DefaultLaunchConcurrency = 4
+	DefaultPullConcurrency   = 4
+	DefaultPullTimeout       = 10 * time.Minute
 )
 
 // Network modes with a meaning of their own; any other value names a Docker
@@ -46,6 +50,7 @@ const (
 	maxPidsLimit         = 1 << 22
 	maxWorkdirSizeMB     = 1 << 20
 	maxLaunchConcurrency = 64
+	maxPullConcurrency   = 64
 	maxID                = 1<<31 - 1
 )
 
@@ -104,6 +109,44 @@ type Config struct {
 	// LaunchConcurrency bounds how many containers one Launch call creates
 	// and starts at once (1..64).
 	LaunchConcurrency int `envconfig:"QUARRY_DOCKER_LAUNCH_CONCURRENCY"`
+	// DockerConfig is a Docker config directory whose config.json gives
+	// the credentials of pulls (auths, credHelpers, credsStore: a helper
+	// runs as docker-credential-<name> get), read at each pull; "" pulls
+	// without credentials. Requests never carry credentials.
+	DockerConfig string `envconfig:"QUARRY_DOCKER_CONFIG"`
+	// PullConcurrency bounds the pulls under way at once (1..64); more
+	// wait for a slot.
+	PullConcurrency int `envconfig:"QUARRY_DOCKER_PULL_CONCURRENCY"`
+	// PullTimeout bounds one pull from when it has a slot, whoever waits.
+	PullTimeout time.Duration `envconfig:"QUARRY_DOCKER_PULL_TIMEOUT"`
+	// ImageBudget bounds the bytes of the images this provider pulled for
+	// on-demand pools (as the engine sizes them); after a pull past it the
+	// least recently used unused ones are removed. 0: no budget.
+	ImageBudget Bytes `envconfig:"QUARRY_DOCKER_IMAGE_BUDGET"`
+	// LedgerFile is where the provider records the images it pulled for
+	// on-demand pools and their last use (JSON, written atomically); ""
+	// keeps the record in memory (a restarted provider forgets it and so
+	// never removes those images).
+	LedgerFile string `ignored:"true"`
+}
+
+// Bytes is a size in bytes that envconfig reads as a number of bytes or
+// with a binary unit: "1073741824", "20Gi", "20GiB", "512Mi", "20G" (all
+// 1024-based).
+type Bytes int64
+
+// Decode implements envconfig.Decoder.
+func (b *Bytes) Decode(s string) error {
+	in := s
+	if strings.HasSuffix(in, "i") || strings.HasSuffix(in, "I") {
+		in += "B" // go-units spells "Gi" "GiB"
+	}
+	n, err := units.RAMInBytes(in)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want bytes or a size such as \"20Gi\", got %q", s)
+	}
+	*b = Bytes(n)
+	return nil
 }
 
 // WithDefaults returns c with every unset field set to its default.
@@ -121,6 +164,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.LaunchConcurrency == 0 {
 		c.LaunchConcurrency = DefaultLaunchConcurrency
+	}
+	if c.PullConcurrency == 0 {
+		c.PullConcurrency = DefaultPullConcurrency
+	}
+	if c.PullTimeout == 0 {
+		c.PullTimeout = DefaultPullTimeout
 	}
 	return c
 }
@@ -172,6 +221,15 @@ func (c Config) Validate() error {
 	}
 	if c.LaunchConcurrency < 1 || c.LaunchConcurrency > maxLaunchConcurrency {
 		bad("LaunchConcurrency", "must be between 1 and %d, got %d", maxLaunchConcurrency, c.LaunchConcurrency)
+	}
+	if c.PullConcurrency < 1 || c.PullConcurrency > maxPullConcurrency {
+		bad("PullConcurrency", "must be between 1 and %d, got %d", maxPullConcurrency, c.PullConcurrency)
+	}
+	if c.PullTimeout <= 0 {
+		bad("PullTimeout", "must be positive, got %s", c.PullTimeout)
+	}
+	if c.ImageBudget < 0 {
+		bad("ImageBudget", "must not be negative, got %d", c.ImageBudget)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("docker provider config: %w", err)

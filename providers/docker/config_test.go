@@ -18,6 +18,7 @@ func TestConfig_WithDefaults_FillsUnsetFields(t *testing.T) {
 		Host: DefaultHost, AgentBinary: "/bin/agent", TokenKeyFile: "/k", GatewayID: DefaultGatewayID,
 		User: DefaultUser, Workdir: DefaultWorkdir, Network: DefaultNetwork, PidsLimit: DefaultPidsLimit,
 		StartTimeout: DefaultStartTimeout, LaunchConcurrency: DefaultLaunchConcurrency,
+		PullConcurrency: DefaultPullConcurrency, PullTimeout: DefaultPullTimeout,
 	}, c)
 	require.NoError(t, c.Validate())
 }
@@ -48,6 +49,9 @@ func TestConfig_Validate_NamesTheField(t *testing.T) {
 		{name: "pids limit", modify: func(c *Config) { c.PidsLimit = 3 }, want: "PidsLimit: must be between 16"},
 		{name: "start timeout", modify: func(c *Config) { c.StartTimeout = -time.Second }, want: "StartTimeout: must be positive"},
 		{name: "concurrency", modify: func(c *Config) { c.LaunchConcurrency = 65 }, want: "LaunchConcurrency: must be between 1 and 64"},
+		{name: "pull concurrency", modify: func(c *Config) { c.PullConcurrency = -1 }, want: "PullConcurrency: must be between 1 and 64"},
+		{name: "pull timeout", modify: func(c *Config) { c.PullTimeout = -time.Second }, want: "PullTimeout: must be positive"},
+		{name: "image budget", modify: func(c *Config) { c.ImageBudget = -1 }, want: "ImageBudget: must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

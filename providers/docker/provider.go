@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
@@ -68,6 +69,9 @@ type dockerAPI interface {
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
 	ContainerLogs(ctx context.Context, id string, options container.LogsOptions) (io.ReadCloser, error)
 	ContainerRemove(ctx context.Context, id string, options container.RemoveOptions) error
+	ImagePull(ctx context.Context, ref string, options image.PullOptions) (io.ReadCloser, error)
+	ImageRemove(ctx context.Context, image string, options image.RemoveOptions) ([]image.DeleteResponse, error)
+	ImageBuild(ctx context.Context, buildContext io.Reader, options build.ImageBuildOptions) (build.ImageBuildResponse, error)
 	Events(ctx context.Context, options events.ListOptions) (<-chan events.Message, <-chan error)
 	Close() error
 }
@@ -81,6 +85,7 @@ type Provider struct {
 	api    dockerAPI
 	key    tokenKey
 	logger *slog.Logger
+	img    *imageCache // images on demand (images.go)
 	once   sync.Once
 	closed atomic.Bool
 }
@@ -132,8 +137,13 @@ func New(cfg Config, logger *slog.Logger) (*Provider, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	img, err := newImageCache(cfg, cli, logger)
+	if err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
 	logger.Info("connected to the Docker engine", "host", cfg.Host, "api_version", cli.ClientVersion())
-	return &Provider{cfg: cfg, api: cli, key: key, logger: logger}, nil
+	return &Provider{cfg: cfg, api: cli, key: key, logger: logger, img: img}, nil
 }
 
 // checkAgentBinary checks that path is an executable static ELF file: a
@@ -159,17 +169,19 @@ func checkAgentBinary(path string) error {
 	return nil
 }
 
-// Close releases the client's idle connections. Containers keep running
-// (leases outlive a gateway process); a new Provider finds them. After
-// Close, Launch fails; Describe, Stop and List still work. Idempotent.
+// Close stops the pulls in flight (their callers get an error), writes the
+// image ledger and releases the client's idle connections. Containers keep
+// running (leases outlive a gateway process); a new Provider finds them.
+// After Close, Launch fails; Describe, Stop and List still work.
+// Idempotent.
 func (p *Provider) Close(context.Context) error {
 	var err error
 	p.once.Do(func() {
 		p.closed.Store(true)
-		err = p.api.Close()
+		err = errors.Join(p.img.close(), p.api.Close())
 	})
 	if err != nil {
-		return fmt.Errorf("close docker client: %w", err)
+		return fmt.Errorf("close docker provider: %w", err)
 	}
 	return nil
 }
@@ -180,11 +192,20 @@ func (p *Provider) Close(context.Context) error {
 // the host port in host-network mode). It returns as soon as a container
 // runs: the agent may need a moment more to answer /healthz.
 //
+// The image of a configured pool (spec.Class "") must be on the engine
+// (such a launch never pulls) and is pinned: the image budget never
+// removes it. The image of an on-demand pool (spec.Class set) is prepared
+// first (PrepareImage: one inspection, or a pull shared with every caller
+// of the image), its last use recorded, and its containers labelled
+// providers.LabelClass; StartTimeout begins after the pull.
+//
 // A spec this provider cannot serve fails with a *providers.LaunchError
 // wrapping providers.ErrInvalidSpec before any container is created: a bad
-// option, reserved env names or labels, invalid or repeated names, an image
-// the engine does not have (the provider never pulls). So does an image
-// without a shell, found on each created container (which is removed).
+// option, reserved env names or labels, invalid or repeated names, a
+// configured pool's image the engine does not have, an on-demand pool's
+// image that cannot be pulled (the LaunchError wraps the
+// *providers.ImageError, which says why). So does an image without a
+// shell, found on each created container (which is removed).
 // A name whose container exists already is returned when that container is
 // this gateway's task of the same pool and runs (a retried launch);
 // otherwise it fails. When some names fail, the others are returned with an
@@ -203,9 +224,11 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 	if len(names) == 0 {
 		return nil, nil
 	}
-	if err := p.checkImage(ctx, spec); err != nil {
+	release, err := p.readyImage(ctx, spec)
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 
 	tasks := make([]*providers.Task, len(names))
 	errs := make([]error, len(names))
@@ -230,6 +253,39 @@ func (p *Provider) Launch(ctx context.Context, spec providers.Spec, names []stri
 		return out, fmt.Errorf("launch %d of %d tasks: %w", len(names)-len(out), len(names), errors.Join(errs...))
 	}
 	return out, nil
+}
+
+// readyImage makes sure the engine has spec's image before a launch: a
+// configured pool's is pinned and inspected (checkImage), an on-demand
+// pool's marked needed until release, prepared and its use recorded.
+func (p *Provider) readyImage(ctx context.Context, spec providers.Spec) (release func(), err error) {
+	ref, perr := parseRef(spec.Image)
+	if spec.Class == "" {
+		if perr == nil {
+			p.img.pin(ref)
+		}
+		return func() {}, p.checkImage(ctx, spec)
+	}
+	if perr != nil {
+		return nil, imageLaunchError(spec, perr)
+	}
+	release = p.img.use(ref)
+	if _, err := p.img.prepare(ctx, spec); err != nil {
+		release()
+		return nil, imageLaunchError(spec, err)
+	}
+	p.img.ledger.touch(ref.name, time.Now())
+	return release, nil
+}
+
+// imageLaunchError is the LaunchError of an image that could not be
+// prepared (wrapping its *providers.ImageError), else err as it is.
+func imageLaunchError(spec providers.Spec, err error) error {
+	var ie *providers.ImageError
+	if !errors.As(err, &ie) {
+		return fmt.Errorf("launch tasks: %w", err)
+	}
+	return &providers.LaunchError{Pool: spec.Pool, Image: spec.Image, Reason: ie.Error(), Err: ie}
 }
 
 // checkImage fails with a LaunchError when the engine does not have the

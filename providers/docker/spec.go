@@ -220,12 +220,15 @@ type launchPlan struct {
 
 // containerLabels returns the spec's labels plus the provider's.
 func containerLabels(cfg Config, spec providers.Spec, plan launchPlan) map[string]string {
-	l := make(map[string]string, len(spec.Labels)+6)
+	l := make(map[string]string, len(spec.Labels)+8)
 	maps.Copy(l, spec.Labels)
 	l[providers.LabelManaged] = "true"
 	l[providers.LabelPool] = spec.Pool
 	l[providers.LabelTask] = plan.name
 	l[providers.LabelGateway] = cfg.GatewayID
+	if spec.Class != "" {
+		l[providers.LabelClass] = spec.Class
+	}
 	l[labelNonce] = plan.nonce
 	l[labelCreated] = plan.created.UTC().Format(time.RFC3339Nano)
 	if plan.hostPort != 0 {
