@@ -99,7 +99,7 @@ func TestProvider_PrepareImage_RegistryFailures(t *testing.T) {
 	authHost, user, password := testenv.RegistryAuth(t)
 	e := newTestEnv(t)
 	present, _ := pushedImage(t, e, host, registryUser{}, "present", 16)
-	private, _ := pushedImage(t, e, authHost, registryUser{user, password}, "private", 16)
+	private, _ := pushedImage(t, e, authHost, registryUser{Name: user, Password: password}, "private", 16)
 	down := closedAddr(t)
 	tests := []struct {
 		name     string
