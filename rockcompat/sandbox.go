@@ -202,6 +202,10 @@ func (s *Service) imagePool(ctx context.Context, owner, image string, noPool err
 		return warmpool.PoolConfig{}, noPool
 	}
 	name, err := ip.ImagePool(ctx, warmpool.ImageRequest{Image: image, Owner: owner})
+	var bad, none *badinput.Error
+	if errors.As(err, &bad) && errors.As(noPool, &none) {
+		return warmpool.PoolConfig{}, badinput.New("image", "%s; %s", none.Message, bad.Message) // both halves of the story
+	}
 	if err != nil {
 		return warmpool.PoolConfig{}, err
 	}
