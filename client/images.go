@@ -53,6 +53,17 @@ func (c *Client) ImagesPage(ctx context.Context, cursor string, limit int) ([]Im
 	return out.Images, out.Next, err
 }
 
+// ImagesOf returns the images of the on-demand pools named, and the images
+// named (normalized references, as PrefetchedImage.Ref) while no pool holds
+// them: their first preparation or its failure (GET
+// /v1/images?pool=&image=; at most 100 of each).
+func (c *Client) ImagesOf(ctx context.Context, pools, refs []string) ([]Image, error) {
+	q := url.Values{"pool": pools, "image": refs}
+	var out api.ImageList
+	err := c.do(ctx, call{method: http.MethodGet, route: route{path: "/v1/images"}, query: q}, &out)
+	return out.Images, err
+}
+
 // maxImagePages bounds Images' walk (1,000 images a page).
 const maxImagePages = 1000
 
@@ -114,7 +125,7 @@ func (c *Client) BuildImage(ctx context.Context, req BuildImageRequest, onLog fu
 			return ev, &Error{Status: ev.Error.Status, Code: ev.Error.Code, Message: ev.Error.Message}
 		case ev.Image != "":
 			return ev, nil
-		case onLog != nil:
+		case onLog != nil && ev.Log != "": // {} is a keep-alive
 			onLog(ev.Log)
 		}
 	}

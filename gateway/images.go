@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -28,8 +30,10 @@ type ImageManager interface {
 	ImagePool(ctx context.Context, req warmpool.ImageRequest) (string, error)
 	// Prefetch starts the preparation of images; one result per image.
 	Prefetch(ctx context.Context, req warmpool.PrefetchRequest) ([]warmpool.PrefetchResult, error)
-	// Images returns a page of the on-demand pools' images.
+	// Images returns a page of the on-demand pools' images; ImagesOf those
+	// of the pools named.
 	Images(ctx context.Context, cursor string, limit int) (warmpool.ImagePage, error)
+	ImagesOf(ctx context.Context, pools, images []string) (warmpool.ImagePage, error)
 	// Classes returns the classes with their task counts.
 	Classes(ctx context.Context) ([]warmpool.ClassStatus, error)
 	// Pool returns a pool's configuration, an on-demand pool's included;
@@ -99,7 +103,9 @@ func (g *Gateway) prefetchImages(c *fiber.Ctx) error {
 	return c.Status(http.StatusAccepted).JSON(out)
 }
 
-// listImages handles GET /v1/images?cursor=&limit= (limit 1..1000, 100).
+// listImages handles GET /v1/images?cursor=&limit= (limit 1..1000, 100),
+// or ?pool=NAME&image=REF (each repeatable, at most 100): those pools'
+// images, and those images while no pool holds them.
 func (g *Gateway) listImages(c *fiber.Ctx) error {
 	im := g.images()
 	if im == nil {
@@ -114,9 +120,30 @@ func (g *Gateway) listImages(c *fiber.Ctx) error {
 	if len(cursor) > 128 || !badinput.Printable(cursor) {
 		return badinput.New("cursor", "must be the next of an earlier answer")
 	}
+	var pools, refs []string
+	for _, p := range args.PeekMulti("pool") {
+		if err := checkName(string(p)); err != nil {
+			return badinput.New("pool", "%q: %s", p, err.Error())
+		}
+		pools = append(pools, string(p))
+	}
+	for _, r := range args.PeekMulti("image") {
+		if len(r) > 512 || !badinput.Printable(string(r)) {
+			return badinput.New("image", "must be a reference of at most 512 printable characters")
+		}
+		refs = append(refs, string(r))
+	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
 	defer cancel()
-	page, err := im.Images(ctx, cursor, int(limit))
+	var page warmpool.ImagePage
+	switch {
+	case len(pools)+len(refs) > 0 && cursor != "":
+		return badinput.New("pool", "name pools and images, or page with a cursor, not both")
+	case len(pools)+len(refs) > 0:
+		page, err = im.ImagesOf(ctx, pools, refs)
+	default:
+		page, err = im.Images(ctx, cursor, int(limit))
+	}
 	if err != nil {
 		return err
 	}
@@ -220,7 +247,9 @@ func (g *Gateway) buildImage(c *fiber.Ctx) error {
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.ImageBuildTimeout)
 		defer cancel()
 		lw := &buildLog{w: w, cancel: cancel}
+		stop := lw.keepAlive(buildKeepAlive)
 		info, err := im.BuildImage(ctx, req, lw)
+		stop()
 		ev := api.BuildEvent{Image: info.Image, Digest: info.Digest, SizeBytes: info.SizeBytes}
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {
@@ -237,20 +266,54 @@ func (g *Gateway) buildImage(c *fiber.Ctx) error {
 	return nil
 }
 
+// buildKeepAlive is how long a build's answer may be silent before an
+// empty event ({}) is sent: a step that prints nothing for minutes must not
+// look like a dead connection to the client's read timeout.
+const buildKeepAlive = 15 * time.Second
+
 // buildLog writes a build's log to the client, one api.BuildEvent per line
 // (a partial line is held until its end), flushing each; a client that
-// left cancels the build.
+// left cancels the build. mu serializes the build's writes and the
+// keep-alives.
 type buildLog struct {
 	w       *bufio.Writer
 	cancel  context.CancelFunc
+	mu      sync.Mutex
 	partial []byte
 	failed  bool
+	last    time.Time // the last line written
+}
+
+// keepAlive sends an empty event when nothing was written for every, until
+// the returned stop is called (which waits for it).
+func (b *buildLog) keepAlive(every time.Duration) (stop func()) {
+	done, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(every / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				b.mu.Lock()
+				if time.Since(b.last) >= every {
+					b.line([]byte("{}"))
+				}
+				b.mu.Unlock()
+			}
+		}
+	}()
+	return func() { close(done); <-ended }
 }
 
 // maxBuildLine bounds one log line sent; a longer one is cut.
 const maxBuildLine = 16 << 10
 
 func (b *buildLog) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	n := len(p)
 	for len(p) > 0 {
 		i := strings.IndexByte(string(p), '\n')
@@ -260,7 +323,7 @@ func (b *buildLog) Write(p []byte) (int, error) {
 		}
 		line := append(b.partial, p[:i]...)
 		b.partial = nil
-		b.event(api.BuildEvent{Log: string(line[:min(len(line), maxBuildLine)])})
+		b.write(api.BuildEvent{Log: string(line[:min(len(line), maxBuildLine)])})
 		p = p[i+1:]
 	}
 	if b.failed {
@@ -269,20 +332,34 @@ func (b *buildLog) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// event writes one event line and flushes it.
+// event writes the build's last event (with the rest of a partial line
+// before it).
 func (b *buildLog) event(ev api.BuildEvent) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.partial) > 0 {
+		rest := b.partial
+		b.partial = nil
+		b.write(api.BuildEvent{Log: string(rest)})
+	}
+	b.write(ev)
+}
+
+// write writes one event line (b.mu held).
+func (b *buildLog) write(ev api.BuildEvent) {
+	line, _ := json.Marshal(ev)
+	b.line(line)
+}
+
+// line writes one line and flushes it (b.mu held); a failed write ends the
+// build.
+func (b *buildLog) line(line []byte) {
 	if b.failed {
 		return
 	}
-	if len(b.partial) > 0 && ev.Log == "" {
-		rest := b.partial
-		b.partial = nil
-		b.event(api.BuildEvent{Log: string(rest)})
-	}
-	line, _ := json.Marshal(ev)
+	b.last = time.Now()
 	if _, err := b.w.Write(append(line, '\n')); err == nil {
-		err = b.w.Flush()
-		if err == nil {
+		if err = b.w.Flush(); err == nil {
 			return
 		}
 	}

@@ -11,12 +11,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/internal/syncbuf"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -49,6 +51,14 @@ func (m *imageManager) Prefetch(ctx context.Context, req warmpool.PrefetchReques
 func (m *imageManager) Images(_ context.Context, cursor string, limit int) (warmpool.ImagePage, error) {
 	return warmpool.ImagePage{Images: []warmpool.ImageStatus{{Image: "docker.io/library/python:3.11", Class: "default", Pool: "i-a",
 		PoolState: warmpool.PoolActive, State: providers.ImagePulling, BytesDone: 5, BytesTotal: 10}}, Next: fmt.Sprintf("%s+%d", cursor, limit)}, nil
+}
+
+func (m *imageManager) ImagesOf(_ context.Context, pools, _ []string) (warmpool.ImagePage, error) {
+	var out warmpool.ImagePage
+	for _, p := range pools {
+		out.Images = append(out.Images, warmpool.ImageStatus{Pool: p, Image: "of-" + p, State: providers.ImageReady})
+	}
+	return out, nil
 }
 
 func (m *imageManager) Classes(context.Context) ([]warmpool.ClassStatus, error) {
@@ -151,6 +161,13 @@ func TestImages_PrefetchListAndPools(t *testing.T) {
 	assert.Equal(t, api.Image{Image: "docker.io/library/python:3.11", Class: "default", Pool: "i-a", PoolState: "active", State: "pulling", BytesDone: 5, BytesTotal: 10}, list.Images[0])
 	resp, b = call(t, http.MethodGet, gw.URL+"/v1/images?limit=0", testKey, nil)
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
+	resp, b = call(t, http.MethodGet, gw.URL+"/v1/images?pool=i-a&pool=i-b", testKey, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	list = decode[api.ImageList](t, b)
+	require.Len(t, list.Images, 2)
+	assert.Equal(t, "of-i-b", list.Images[1].Image)
+	resp, b = call(t, http.MethodGet, gw.URL+"/v1/images?pool=i-a&cursor=x", testKey, nil)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
 
 	resp, b = call(t, http.MethodGet, gw.URL+"/v1/pools", testKey, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
@@ -220,3 +237,24 @@ func buildEvents(t *testing.T, b []byte) []api.BuildEvent {
 	return out
 }
 
+// A build that prints nothing for a while still sends a line every
+// keep-alive interval: an empty event, which clients skip.
+func TestBuildLog_KeepAliveWhileSilent(t *testing.T) {
+	var buf syncbuf.Buffer
+	w := bufio.NewWriter(&buf)
+	lw := &buildLog{w: w, cancel: func() {}}
+	stop := lw.keepAlive(30 * time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Count(buf.String(), "{}\n") >= 2 }, 10*time.Second, 5*time.Millisecond)
+	fmt.Fprintf(lw, "Step 1/1 : RUN sleep\n")
+	stop()
+	lw.event(api.BuildEvent{Image: "x"})
+	events := buildEvents(t, []byte(buf.String()))
+	var logs []string
+	for _, ev := range events {
+		if ev.Log != "" {
+			logs = append(logs, ev.Log)
+		}
+	}
+	assert.Equal(t, []string{"Step 1/1 : RUN sleep"}, logs)
+	assert.Equal(t, "x", events[len(events)-1].Image)
+}

@@ -220,8 +220,61 @@ func (m *Manager) Images(ctx context.Context, cursor string, limit int) (ImagePa
 	if err != nil {
 		return ImagePage{}, err
 	}
+	out, err := m.imageStatuses(ctx, page.Pools, cursor == "")
+	out.Next = page.Next
+	return out, err
+}
+
+// maxImagesOf bounds the pools of one ImagesOf.
+const maxImagesOf = 100
+
+// ImagesOf returns the images of the on-demand pools named (a name with no
+// record is left out), with their providers' view, as Images does (one
+// record read per pool), and the providers' view of the images named
+// (normalized references) that no pool of the answer holds: an image's
+// first preparation, before its pool exists, or its failure. At most 100
+// of each.
+func (m *Manager) ImagesOf(ctx context.Context, pools, images []string) (ImagePage, error) {
+	if len(pools) > maxImagesOf || len(images) > maxImagesOf {
+		return ImagePage{}, badinput.New("pool", "%d pools and %d images named; at most %d of each", len(pools), len(images), maxImagesOf)
+	}
+	ctx = ContextWithCaller(ctx, CallerPools)
+	recs := make([]PoolRecord, 0, len(pools))
+	for _, name := range pools {
+		rec, err := m.store.GetPool(ctx, name)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return ImagePage{}, fmt.Errorf("read on-demand pool %s: %w", name, err)
+		}
+		recs = append(recs, rec)
+	}
+	out, err := m.imageStatuses(ctx, recs, len(images) > 0)
+	if err != nil || len(images) == 0 {
+		return out, err
+	}
+	named := make(map[string]bool, len(images))
+	for _, im := range images {
+		named[im] = true
+	}
+	kept := out.Images[:0] // the pools', and of the others only the images named
+	for _, st := range out.Images {
+		if st.Pool != "" || named[st.Image] {
+			kept = append(kept, st)
+		}
+	}
+	out.Images = kept
+	return out, nil
+}
+
+// imageStatuses joins pool records with their providers' view of their
+// images (one ImageCache.Images call per provider of a class); with loose,
+// the images providers are preparing or failed to prepare that no record
+// holds follow.
+func (m *Manager) imageStatuses(ctx context.Context, recs []PoolRecord, loose bool) (ImagePage, error) {
 	infos := map[string]providers.ImageInfo{} // by image reference
-	var loose []providers.ImageInfo
+	var others []providers.ImageInfo
 	asked := map[string]bool{}
 	for _, name := range m.classNames {
 		cs := m.classes[name]
@@ -238,12 +291,12 @@ func (m *Manager) Images(ctx context.Context, cursor string, limit int) (ImagePa
 		}
 		for _, info := range list {
 			infos[info.Image] = info
-			loose = append(loose, info)
+			others = append(others, info)
 		}
 	}
-	out := ImagePage{Next: page.Next}
+	var out ImagePage
 	held := map[string]bool{}
-	for _, rec := range page.Pools {
+	for _, rec := range recs {
 		st := ImageStatus{
 			Image: rec.Image, Class: rec.Class, Pool: rec.Name, CPU: rec.CPU, MemoryMiB: rec.MemoryMiB, DiskMiB: rec.DiskMiB,
 			PoolState: rec.State, State: providers.ImageReady, Digest: rec.Digest, CreatedAt: rec.CreatedAt, LastUsed: rec.LastUsed,
@@ -258,8 +311,8 @@ func (m *Manager) Images(ctx context.Context, cursor string, limit int) (ImagePa
 		held[rec.Image] = true
 		out.Images = append(out.Images, st)
 	}
-	if cursor == "" {
-		for _, info := range loose {
+	if loose {
+		for _, info := range others {
 			if held[info.Image] || info.State == providers.ImageReady {
 				continue
 			}

@@ -381,6 +381,10 @@ func TestPrefetch_PreparesAndWarms(t *testing.T) {
 		assert.Equal(t, int64(42), im.SizeBytes, "the provider's size")
 		assert.Equal(t, 2, im.Warm)
 	}
+	of, err := e.m.ImagesOf(t.Context(), []string{res[0].Pool, "i-nonexistentnonexistent00"}, []string{"docker.io/library/nothing:1"})
+	require.NoError(t, err)
+	require.Len(t, of.Images, 1, "the named pool's image; no record, no provider entry: nothing else")
+	assert.Equal(t, res[0].Pool, of.Images[0].Pool)
 	_, err = e.m.Prefetch(t.Context(), warmpool.PrefetchRequest{})
 	var be *badinput.Error
 	require.ErrorAs(t, err, &be, "no image")

@@ -120,10 +120,18 @@ func (p *progress) follow(ctx context.Context, cl *client.Client, wait time.Dura
 	deadline := time.Now().Add(wait)
 	t := time.NewTicker(prefetchPoll)
 	defer t.Stop()
+	var pools, refs []string
+	for _, r := range p.images {
+		pools, refs = append(pools, r.Pool), append(refs, r.Ref)
+	}
 	for {
-		all, err := cl.Images(ctx)
-		if err != nil {
-			return fmt.Errorf("read the images' progress: %w", err)
+		var all []client.Image
+		for i := 0; i < len(pools); i += 100 { // 100 of each a call
+			page, err := cl.ImagesOf(ctx, pools[i:min(i+100, len(pools))], refs[i:min(i+100, len(refs))])
+			if err != nil {
+				return fmt.Errorf("read the images' progress: %w", err)
+			}
+			all = append(all, page...)
 		}
 		done, failed := p.draw(all)
 		if done {

@@ -175,7 +175,8 @@ async def test_wait_polls_until_ready_and_reports_progress() -> None:
     assert ready.last_used is not None and ready.last_used.second == 6
     prefetch = json.loads(seen[0].content)
     assert prefetch == {"images": ["python:3.11"]}
-    assert all(r.url.params.get("limit") == "1000" for r in seen[1:])
+    # Each poll asks for the awaited pools and references only, not every page.
+    assert all(r.url.params.get_list("pool") == [POOL] and r.url.params.get_list("image") == [REF] for r in seen[1:])
 
 
 @aio

@@ -37,9 +37,9 @@ STREAM_READ_TIMEOUT = 120.0
 #: A create's answer: the gateway's QUARRY_CREATE_TIMEOUT (5 min) bounds a
 #: cold start, an image's pull included, and answers a retryable 503 past it.
 CREATE_TIMEOUT = 330.0
-#: Reads of a build's log: a step may print nothing for as long as it runs
-#: (the gateway sends no keep-alive), within QUARRY_IMAGE_BUILD_TIMEOUT (30 min).
-BUILD_READ_TIMEOUT = 1860.0
+#: Reads of a build's log: the gateway sends an empty event ({}) after 15 s
+#: of silence, so a read that waits a minute means the connection is dead.
+BUILD_READ_TIMEOUT = 60.0
 
 
 def seg(value: str, what: str) -> str:

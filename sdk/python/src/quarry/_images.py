@@ -113,8 +113,10 @@ class Images:
             return []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        params: List[tuple[str, Any]] = [("pool", w.pool) for w in wanted if w.pool]
+        params += [("image", w.ref) for w in wanted if w.ref]
         while True:
-            listed = await self.list()
+            listed = await self._listed(params)
             now = [_status(w, listed) for w in wanted]
             if on_progress is not None:
                 r = on_progress(now)
@@ -131,6 +133,17 @@ class Images:
                 waiting = ", ".join(f"{st.image} ({st.state})" for st in now if not st.ready)
                 raise TimeoutError(f"images not ready after {timeout:g}s: {waiting}")
             await asyncio.sleep(min(interval, left))
+
+    async def _listed(self, params: List[tuple[str, Any]]) -> List[Image]:
+        """The images of the pools and references in params (GET
+        /v1/images?pool=&image=, at most 100 of each a call)."""
+        out: List[Image] = []
+        pools = [p for p in params if p[0] == "pool"]
+        refs = [p for p in params if p[0] == "image"]
+        for i in range(0, max(len(pools), len(refs), 1), 100):
+            d = await self._t.json("GET", "/v1/images", params=pools[i:i + 100] + refs[i:i + 100])
+            out += [build(Image, x) for x in (d or {}).get("images") or []]
+        return out
 
     async def build(self, name: str, context: BuildContext, *, dockerfile: str | None = None,
                     class_: str | None = None,
@@ -162,8 +175,8 @@ class Images:
                                       int(err.get("status") or 0))
                 if ev.get("image"):
                     return build(BuildResult, ev)
-                if on_log is not None:
-                    r = on_log(str(ev.get("log", "")))
+                if on_log is not None and "log" in ev:  # {} is a keep-alive
+                    r = on_log(str(ev["log"]))
                     if inspect.isawaitable(r):
                         await r
         raise errors.AgentUnreachable("the build's answer ended without its result")
