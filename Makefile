@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 
-.PHONY: all build lambda run test unit flake-hunt bench bench-scale lint clean
+.PHONY: all build lambda run test unit flake-hunt bench bench-scale bench-images lint clean
 
 all: build
 
@@ -34,6 +34,9 @@ unit: ## go vet + unit tests only (needs nothing but Go)
 
 bench: build ## benchmarks with p50/p99 and ratios (see docs/BENCHMARKS.md)
 	./scripts/bench.sh
+
+bench-images: build ## images on demand on Docker with a local registry: 200 images, 1,000 sandboxes, no prefetch / prefetch / configured pools side by side (flags: scripts/bench-images.sh -h)
+	./scripts/bench-images.sh
 
 bench-scale: ## the fleet simulation at 1k, 4k and 10k sandboxes (simulated ECS, agents and DynamoDB; real gateways): SIZES, TIME_SCALE, REPLICAS
 	./scripts/bench-scale.sh

@@ -202,3 +202,33 @@ func Pulls(ctx context.Context, e Engine, ref string, since time.Time) (int, err
 
 // stamp is t as the engine's events API takes it.
 func stamp(t time.Time) string { return fmt.Sprintf("%d.%09d", t.Unix(), t.Nanosecond()) }
+
+// WatchPulls counts the engine's pull events by image from now until stop
+// is called, and returns the counts then. Unlike Pulls it sees every pull
+// of a long run: the engine keeps only its last events.
+func WatchPulls(ctx context.Context, e Engine) (stop func() map[string]int) {
+	ctx, cancel := context.WithCancel(ctx)
+	msgs, errs := e.Events(ctx, events.ListOptions{
+		Filters: filters.NewArgs(filters.Arg("type", string(events.ImageEventType)), filters.Arg("event", string(events.ActionPull))),
+	})
+	counts := map[string]int{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case m := <-msgs:
+				counts[m.Actor.ID]++
+			case <-errs:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return func() map[string]int {
+		cancel()
+		<-done
+		return counts
+	}
+}
