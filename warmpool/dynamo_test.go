@@ -22,21 +22,7 @@ import (
 // budget would take all 100 at once (issue 13, launching 1: a pool of
 // min_warm 150 had 0 ready after 90 s).
 func TestManager_Refill_PastMaxReserveOnDynamoDB(t *testing.T) {
-	testenv.AWS(t)
-	ctx := t.Context()
-	awsCfg, err := config.LoadDefaultConfig(ctx, dynamostore.Config{MaxAttempts: 3}.SDKOptions()...)
-	require.NoError(t, err, "load the AWS SDK config")
-	client := dynamodb.NewFromConfig(awsCfg)
-	id := time.Now().UnixNano() & 0xffffffffff
-	dcfg := dynamostore.Config{TasksTable: fmt.Sprintf("quarry-test-wp-%x-tasks", id), LeasesTable: fmt.Sprintf("quarry-test-wp-%x-leases", id)}
-	require.NoError(t, dynamostore.CreateTables(ctx, client, dcfg))
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		require.NoError(t, dynamostore.DeleteTables(cctx, client, dcfg))
-	})
-	ds, err := dynamostore.New(client, dcfg)
-	require.NoError(t, err)
+	ds := newDynamoStore(t, "wp")
 	require.Less(t, ds.MaxReserve(), 100)
 
 	const n = 100
@@ -52,21 +38,8 @@ func TestManager_Refill_PastMaxReserveOnDynamoDB(t *testing.T) {
 // An on-demand pool on DynamoDB (the emulator): made once, its task counted
 // in its class, ended when idle.
 func TestOnDemand_OnDynamoDB(t *testing.T) {
-	testenv.AWS(t)
 	ctx := t.Context()
-	awsCfg, err := config.LoadDefaultConfig(ctx, dynamostore.Config{MaxAttempts: 3}.SDKOptions()...)
-	require.NoError(t, err, "load the AWS SDK config")
-	client := dynamodb.NewFromConfig(awsCfg)
-	id := time.Now().UnixNano() & 0xffffffffff
-	dcfg := dynamostore.Config{TasksTable: fmt.Sprintf("quarry-test-od-%x-tasks", id), LeasesTable: fmt.Sprintf("quarry-test-od-%x-leases", id)}
-	require.NoError(t, dynamostore.CreateTables(ctx, client, dcfg))
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		require.NoError(t, dynamostore.DeleteTables(cctx, client, dcfg))
-	})
-	ds, err := dynamostore.New(client, dcfg)
-	require.NoError(t, err)
+	ds := newDynamoStore(t, "od")
 
 	cfg := fastConfig()
 	cfg.ReconcileInterval, cfg.PoolTouchInterval = 100*time.Millisecond, 50*time.Millisecond
@@ -97,4 +70,26 @@ func TestOnDemand_OnDynamoDB(t *testing.T) {
 	n, err = ds.CountClass(ctx, "default")
 	require.NoError(t, err)
 	assert.Zero(t, n, "its task was deleted and uncounted")
+}
+
+// newDynamoStore makes the test need the AWS emulator (or AWS) and returns
+// a DynamoDB store on tables of its own (named by tag), deleted at the end.
+func newDynamoStore(t *testing.T, tag string) *dynamostore.Store {
+	t.Helper()
+	testenv.AWS(t)
+	ctx := t.Context()
+	awsCfg, err := config.LoadDefaultConfig(ctx, dynamostore.Config{MaxAttempts: 3}.SDKOptions()...)
+	require.NoError(t, err, "load the AWS SDK config")
+	client := dynamodb.NewFromConfig(awsCfg)
+	id := time.Now().UnixNano() & 0xffffffffff
+	dcfg := dynamostore.Config{TasksTable: fmt.Sprintf("quarry-test-%s-%x-tasks", tag, id), LeasesTable: fmt.Sprintf("quarry-test-%s-%x-leases", tag, id)}
+	require.NoError(t, dynamostore.CreateTables(ctx, client, dcfg))
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		require.NoError(t, dynamostore.DeleteTables(cctx, client, dcfg))
+	})
+	ds, err := dynamostore.New(client, dcfg)
+	require.NoError(t, err)
+	return ds
 }

@@ -1,7 +1,6 @@
 package boltstore
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -151,33 +150,13 @@ func (s *Store) ListPoolsPage(ctx context.Context, class, cursor string, limit i
 	}
 	var page warmpool.PoolPage
 	err := s.view(ctx, "list pools page", func(t *tx) error {
-		page = warmpool.PoolPage{}
 		b, prefix := t.pools, []byte(nil)
 		if class != "" {
 			b, prefix = t.poolsClass, lp(class)
 		}
-		after := concat(prefix, []byte(cursor))
-		c := b.Cursor()
-		k, _ := c.Seek(after)
-		if k != nil && cursor != "" && bytes.Equal(k, after) {
-			k, _ = c.Next()
-		}
-		for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			if len(page.Pools) == limit {
-				page.Next = page.Pools[limit-1].Name
-				return nil
-			}
-			name := string(k[len(prefix):])
-			rec, ok, err := t.getPool(name)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return fmt.Errorf("class index names missing pool %s", name)
-			}
-			page.Pools = append(page.Pools, rec)
-		}
-		return nil
+		var err error
+		page.Pools, page.Next, err = walkPage(b, prefix, cursor, limit, "class index names missing pool", t.getPool)
+		return err
 	})
 	return page, err
 }

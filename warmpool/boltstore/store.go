@@ -292,35 +292,46 @@ func (s *Store) ListTasksPage(ctx context.Context, pool, cursor string, limit in
 	}
 	var page warmpool.TaskPage
 	err := s.view(ctx, "list tasks page", func(t *tx) error {
-		page = warmpool.TaskPage{}
 		b, prefix := t.tasks, []byte(nil)
 		if pool != "" {
 			b, prefix = t.tasksPool, lp(pool)
 		}
-		after := concat(prefix, []byte(cursor))
-		c := b.Cursor()
-		k, _ := c.Seek(after)
-		if k != nil && cursor != "" && bytes.Equal(k, after) {
-			k, _ = c.Next()
-		}
-		for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			if len(page.Tasks) == limit {
-				page.Next = page.Tasks[limit-1].ID
-				return nil
-			}
-			id := string(k[len(prefix):])
-			rec, ok, err := t.getTask(id)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return fmt.Errorf("pool index names missing task %s", id)
-			}
-			page.Tasks = append(page.Tasks, rec)
-		}
-		return nil
+		var err error
+		page.Tasks, page.Next, err = walkPage(b, prefix, cursor, limit, "pool index names missing task", t.getTask)
+		return err
 	})
 	return page, err
+}
+
+// walkPage reads at most limit records after cursor, in key order, of the
+// keys of b with prefix (an index: the record's id follows the prefix; or
+// the records' own bucket, prefix nil), and returns them with the cursor of
+// the next page (the last id, "" after the last page). missing is the
+// error of an index key whose record get does not find.
+func walkPage[T any](b *bolt.Bucket, prefix []byte, cursor string, limit int, missing string, get func(string) (T, bool, error)) ([]T, string, error) {
+	var out []T
+	after := concat(prefix, []byte(cursor))
+	c := b.Cursor()
+	k, _ := c.Seek(after)
+	if k != nil && cursor != "" && bytes.Equal(k, after) {
+		k, _ = c.Next()
+	}
+	last := ""
+	for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		if len(out) == limit {
+			return out, last, nil
+		}
+		id := string(k[len(prefix):])
+		rec, ok, err := get(id)
+		if err != nil {
+			return nil, "", err
+		}
+		if !ok {
+			return nil, "", fmt.Errorf("%s %s", missing, id)
+		}
+		out, last = append(out, rec), id
+	}
+	return out, "", nil
 }
 
 // ListTasks implements warmpool.TaskStore, oldest first.
