@@ -15,10 +15,15 @@ import (
 
 const (
 	maxIdempotencyKeyLen = 255
-	// roomPoll is how often the first acquire waiting for a pool's task
-	// claims any ready task, for the tasks made ready by other replicas
-	// (this replica's offer theirs at once).
-	roomPoll = 250 * time.Millisecond
+	// roomPoll is how often, at first, the first acquire waiting for a
+	// pool's task looks for a ready task, for the tasks made ready by other
+	// replicas (this replica's offer theirs at once); each look that finds
+	// none doubles the wait up to roomPollMax. A look is one counter read,
+	// and a claim only when a task is ready: thousands of pools with
+	// acquires waiting cost their counters, not a claim's queries, at most
+	// every roomPollMax.
+	roomPoll    = 250 * time.Millisecond
+	roomPollMax = 4 * time.Second
 )
 
 // Acquire leases a task of req.Pool to req.Owner: it claims a ready task
@@ -202,9 +207,10 @@ func (m *Manager) await(ctx context.Context, p *pool, req AcquireRequest, dur ti
 	p.poke() // demand: the pool launches for it
 	var timer *time.Timer
 	var tick <-chan time.Time
+	poll := roomPoll
 	arm := func() { // only the head polls
 		if timer == nil && p.queue.isHead(w) {
-			timer = time.NewTimer(roomPoll)
+			timer = time.NewTimer(poll)
 			tick = timer.C
 		}
 	}
@@ -272,8 +278,19 @@ func (m *Manager) await(ctx context.Context, p *pool, req AcquireRequest, dur ti
 		case <-tick:
 			timer, tick = nil, nil
 			if p.queue.isHead(w) {
-				if l, outcome, done, err := claimAny(); done {
-					return l, outcome, err
+				ready, err := m.readyNow(ctx, p)
+				switch {
+				case err != nil:
+					p.queue.fail(err, p.queue.len()) // the same holds for every waiter
+					return Lease{}, outcomeError, err
+				case !ready:
+					poll = min(2*poll, roomPollMax)
+					p.poke()
+				default:
+					poll = roomPoll
+					if l, outcome, done, err := claimAny(); done {
+						return l, outcome, err
+					}
 				}
 			}
 			arm()
@@ -286,6 +303,18 @@ func (m *Manager) await(ctx context.Context, p *pool, req AcquireRequest, dur ti
 	}
 }
 
+// readyNow reports whether a task of the pool is ready (one read of the
+// counts), and ErrNoCapacity when every task is leased at max_total (none
+// can become free for a waiting acquire); a store error is nil and false
+// (the next look decides).
+func (m *Manager) readyNow(ctx context.Context, p *pool) (bool, error) {
+	c, err := m.store.CountTasks(ctx, p.cfg.Name)
+	if err != nil {
+		return false, nil
+	}
+	return c.Ready > 0, waitableCounts(p, c)
+}
+
 // waitable returns nil when a task of the pool may become free for an
 // acquire that waits (one is ready, launching or stopping, or the pool has
 // room), and ErrNoCapacity when every task is leased at max_total: one
@@ -295,6 +324,11 @@ func (m *Manager) waitable(ctx context.Context, p *pool) error {
 	if err != nil {
 		return fmt.Errorf("count tasks: %w", err)
 	}
+	return waitableCounts(p, c)
+}
+
+// waitableCounts is waitable's decision on counts c.
+func waitableCounts(p *pool, c TaskCounts) error {
 	if c.Ready > 0 || c.Launching > 0 || c.Stopping > 0 || c.Total() < p.cfg.MaxTotal {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -521,4 +522,61 @@ func TestImages_PagesClassByClass(t *testing.T) {
 	_, err := e.m.Images(t.Context(), "7/x", 2)
 	var be *badinput.Error
 	require.ErrorAs(t, err, &be, "a cursor of no class")
+}
+
+// claimCounter counts an acquire's claims and counter reads.
+type claimCounter struct {
+	warmpool.Store
+	claims, counts atomic.Int64
+}
+
+func (s *claimCounter) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.ClaimResult, error) {
+	if warmpool.CallerOf(ctx) == warmpool.CallerAcquire {
+		s.claims.Add(1)
+	}
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *claimCounter) CountTasks(ctx context.Context, pool string) (warmpool.TaskCounts, error) {
+	if warmpool.CallerOf(ctx) == warmpool.CallerAcquire {
+		s.counts.Add(1)
+	}
+	return s.Store.CountTasks(ctx, pool)
+}
+
+// An acquire that waits while nothing is ready looks with a counter read,
+// not a claim: thousands of pools with waiting acquires (an on-demand
+// class under load) would otherwise cost a claim's queries each, four
+// times a second.
+func TestAcquire_WaitingHeadLooksWithCountsNotClaims(t *testing.T) {
+	var counter *claimCounter
+	release := make(chan struct{})
+	e := newEnvSetup(t, fastConfig(), func(e *env) {
+		e.wrap = func(s warmpool.Store) warmpool.Store { counter = &claimCounter{Store: s}; return counter }
+		e.prov.setOnLaunch(func(ctx context.Context, _ providers.Spec, _ []string) error {
+			select { // launches hang: nothing becomes ready
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}, testPool(0, 2))
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := e.m.Acquire(context.Background(), warmpool.AcquireRequest{Pool: "default", Owner: "alice"})
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return counter.counts.Load() >= 4 }, waitFor, tick, "the head looks again and again")
+	assert.Equal(t, int64(1), counter.claims.Load(), "one claim, at the start: every look since found nothing ready")
+	open()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the launch ends and the acquire gets its task")
+	case <-time.After(waitFor):
+		t.Fatal("the acquire never got its task")
+	}
 }
