@@ -50,6 +50,10 @@ type ModeResult struct {
 	// creates' start. Each against its floor: the batch's
 	// (ImageFloor.Batch), this mode's (Batch, or Prefetched: the prefetch
 	// then the creates) and the creates' (ImageFloor.Creates).
+	// Complete is whether every sandbox ran its command; EndedSimSeconds
+	// when the last trainer was done (ran its command or gave up).
+	Complete          bool    `json:"complete"`
+	EndedSimSeconds   float64 `json:"ended_simulated_seconds"`
 	BatchSimSeconds   float64 `json:"batch_simulated_seconds"`
 	BatchFloor        float64 `json:"batch_floor_seconds"`
 	BatchRatio        float64 `json:"batch_ratio_to_floor"`
@@ -93,16 +97,22 @@ type ModeResult struct {
 	BatchStoreCalls      int64              `json:"batch_store_calls"`
 	BatchStorePerSandbox float64            `json:"batch_store_calls_per_sandbox"`
 	BatchStoreByOp       map[string]int64   `json:"batch_store_calls_by_op"`
+	BatchStoreErrors     map[string]int64   `json:"batch_store_errors_by_op,omitempty"`
 	StoreThrottled       int64              `json:"store_throttled"`
 	ByCaller             map[string]float64 `json:"store_calls_by_caller"`
 	// Prepare is the gateways' image preparations (wall);
 	// PoolsEnded their count of pools ended, by reason; PrefetchRefused
 	// images a full prefetch queue refused.
+	// Acquires and RefillBlocked are the gateways' acquires by outcome and
+	// refills held by reason (quarry_acquires_total,
+	// quarry_refill_blocked_total) by the batch's end.
+	Acquires      map[string]float64 `json:"acquires_by_outcome,omitempty"`
+	RefillBlocked map[string]float64 `json:"refill_blocked_by_reason,omitempty"`
 	// OrphanStops is the orphan sweep's stops (quarry_orphan_tasks_stopped_total)
 	// by the batch's end.
 	OrphanStops     float64            `json:"orphan_stops"`
 	Prepare         Histogram          `json:"image_prepare"`
-	PoolsEnded      map[string]float64 `json:"pools_ended_by_reason,omitempty"`
+	PoolsEnded      map[string]float64 `json:"pools_ended_by_how,omitempty"`
 	PrefetchRefused float64            `json:"prefetch_refused"`
 	End             EndPhase           `json:"after_the_batch"`
 	Memory          []Memory           `json:"memory"`
@@ -182,6 +192,12 @@ func (m *ModeResult) account(n, images int, e0, e2 ecssim.Stats, d0, d1, d2 ddbs
 		if dv := v.Requests - d1.Operations[name].Requests; dv > 0 {
 			m.BatchStoreByOp[name] = dv
 		}
+		if dv := v.Errors - d1.Operations[name].Errors; dv > 0 {
+			if m.BatchStoreErrors == nil {
+				m.BatchStoreErrors = map[string]int64{}
+			}
+			m.BatchStoreErrors[name] = dv
+		}
 		m.StoreThrottled += v.Throttled - d0.Operations[name].Throttled
 	}
 }
@@ -239,6 +255,10 @@ func reportImages(out io.Writer, r ImagesResult) {
 			ph.Ready, r.M, ph.ReadySimSeconds, vs, ph.Failed, int(ph.PoolsEndedIdle))
 	})
 	row("whole batch (start → last command)", func(m *ModeResult) string {
+		if !m.Complete {
+			return fmt.Sprintf("**incomplete**: %d of %d ran, the last at %.0f s; the rest gave up by %.0f s (%.2fx the batch's floor of %.0f s)",
+				m.FirstCommand.OK, r.N, m.BatchSimSeconds, m.EndedSimSeconds, ratio(m.EndedSimSeconds, m.BatchFloor), m.BatchFloor)
+		}
 		s := fmt.Sprintf("%.0f s = **%.2fx** the batch's floor (%.0f s)", m.BatchSimSeconds, m.BatchRatio, m.BatchFloor)
 		if m.ModeFloor != m.BatchFloor {
 			s += fmt.Sprintf("; %.2fx this mode's floor (prefetch then creates, %.0f s)", m.ModeRatio, m.ModeFloor)
@@ -246,6 +266,9 @@ func reportImages(out io.Writer, r ImagesResult) {
 		return s
 	})
 	row("creates (first create → last command)", func(m *ModeResult) string {
+		if !m.Complete {
+			return fmt.Sprintf("incomplete (the creates' floor: %.0f s)", m.CreatesFloor)
+		}
 		return fmt.Sprintf("%.0f s = %.2fx the creates' floor (%.0f s)", m.CreatesSimSeconds, m.CreatesRatio, m.CreatesFloor)
 	})
 	row("time to first command p50 / p99", func(m *ModeResult) string {
@@ -271,12 +294,10 @@ func reportImages(out io.Writer, r ImagesResult) {
 	row("store calls: prefetch per image; creates per sandbox", func(m *ModeResult) string {
 		return fmt.Sprintf("%.1f; %.1f %s", m.PrefetchStorePerImg, m.BatchStorePerSandbox, kindsInt(m.BatchStoreByOp))
 	})
-	row("store calls by caller, whole mode (the gateways' count)", func(m *ModeResult) string {
-		c := make(map[string]int, len(m.ByCaller))
-		for k, v := range m.ByCaller {
-			c[k] = int(v)
-		}
-		return kinds(c)
+	row("store errors in the creates (by operation)", func(m *ModeResult) string { return kindsInt(m.BatchStoreErrors) })
+	row("store calls by caller, whole mode (the gateways' count)", func(m *ModeResult) string { return kindsFloat(m.ByCaller) })
+	row("acquires by outcome; refills held by reason (the gateways' counts)", func(m *ModeResult) string {
+		return kindsFloat(m.Acquires) + "; " + kindsFloat(m.RefillBlocked)
 	})
 	row("image preparations (wall): count, mean, p99 ≤", func(m *ModeResult) string {
 		if !m.Prepare.Found {
@@ -331,6 +352,15 @@ func kinds(m map[string]int) string {
 
 // kindsInt is kinds of int64 counts.
 func kindsInt(m map[string]int64) string {
+	c := make(map[string]int, len(m))
+	for k, v := range m {
+		c[k] = int(v)
+	}
+	return kinds(c)
+}
+
+// kindsFloat is kinds of a metric's values.
+func kindsFloat(m map[string]float64) string {
 	c := make(map[string]int, len(m))
 	for k, v := range m {
 		c[k] = int(v)

@@ -41,6 +41,8 @@ const (
 	poolsEndedMetric     = "quarry_ondemand_pools_ended_total"
 	prefetchRefuseMetric = "quarry_prefetch_refused_total"
 	orphanMetric         = "quarry_orphan_tasks_stopped_total"
+	acquiresMetric       = "quarry_acquires_total"
+	refillBlockedMetric  = "quarry_refill_blocked_total"
 )
 
 // runImages runs both modes of size n, each in a fresh world.
@@ -106,7 +108,7 @@ func runImageMode(ctx context.Context, cfg Config, n int, dir string, set *image
 		c0 := readCPU()
 		m.Prefetch = w.prefetch(ctx, floor, logf)
 		m.CPU["prefetch"] = busyPercent(c0, readCPU())
-		m.Prefetch.PoolsEndedIdle = w.counter(ctx, poolsEndedMetric, "reason")["idle"]
+		m.Prefetch.PoolsEndedIdle = w.counter(ctx, poolsEndedMetric, "how")["idle"]
 	}
 	d1, err := w.ddbStats(ctx)
 	if err != nil {
@@ -114,7 +116,14 @@ func runImageMode(ctx context.Context, cfg Config, n int, dir string, set *image
 	}
 
 	creates := time.Now()
-	limit := cfg.wall(time.Duration(cfg.FillLimit * float64(max(floor.Batch, floor.Creates)) * float64(time.Second)))
+	// The creates give up after FillLimit times their floor: the batch's
+	// (registrations included) without a prefetch, the creates' alone
+	// after one.
+	base := floor.Batch
+	if mode == ModePrefetch {
+		base = floor.Creates
+	}
+	limit := cfg.wall(time.Duration(cfg.FillLimit * base * float64(time.Second)))
 	logf("images N=%d, %s: %d creates at once (giving up after %s simulated)", n, mode, n, cfg.sim(limit).Round(time.Second))
 	c0 := readCPU()
 	b := w.imageBatch(ctx, hc, creates.Add(limit), logf)
@@ -123,6 +132,8 @@ func runImageMode(ctx context.Context, cfg Config, n int, dir string, set *image
 	m.Retries, m.Lost, m.LostBy, m.ReleaseErrors = b.retries, b.lost, b.lostBy, b.releaseErrors
 	m.CreatesSimSeconds = round(cfg.sim(b.last.Sub(creates)).Seconds())
 	m.BatchSimSeconds = round(cfg.sim(b.last.Sub(start)).Seconds())
+	m.Complete = b.lost == 0
+	m.EndedSimSeconds = round(cfg.sim(b.ended.Sub(start)).Seconds())
 	m.CreatesFloor = floor.Creates
 	m.BatchFloor = floor.Batch
 	if mode == ModePrefetch {
@@ -133,8 +144,9 @@ func runImageMode(ctx context.Context, cfg Config, n int, dir string, set *image
 	m.CreatesRatio = ratio(m.CreatesSimSeconds, m.CreatesFloor)
 	m.BatchRatio = ratio(m.BatchSimSeconds, m.BatchFloor)
 	m.ModeRatio = ratio(m.BatchSimSeconds, m.ModeFloor)
-	logf("images N=%d, %s: %d of %d ran their command; batch %.0f s (simulated) = %.2fx the AWS floor of %.0f s; first command p50 %.0f s, p99 %.0f s (simulated); lost %d %v",
-		n, mode, b.first.OK, n, m.BatchSimSeconds, m.BatchRatio, m.BatchFloor, b.first.P50ms/1000/cfg.TimeScale, b.first.P99ms/1000/cfg.TimeScale, m.Lost, m.LostBy)
+	logf("images N=%d, %s: %d of %d ran their command, the last at %.0f s (simulated; %.2fx the AWS floor of %.0f s), the trainers done at %.0f s; first command p50 %.0f s, p99 %.0f s (simulated); lost %d %v",
+		n, mode, b.first.OK, n, m.BatchSimSeconds, m.BatchRatio, m.BatchFloor, m.EndedSimSeconds,
+		b.first.P50ms/1000/cfg.TimeScale, b.first.P99ms/1000/cfg.TimeScale, m.Lost, m.LostBy)
 
 	d2, err := w.ddbStats(ctx)
 	if err != nil {
@@ -144,7 +156,9 @@ func runImageMode(ctx context.Context, cfg Config, n int, dir string, set *image
 	m.account(n, len(set.names), e0, e2, d0, d1, d2)
 	m.ByCaller = w.counter(ctx, storeMetric, "caller")
 	m.Prepare = w.histogram(ctx, prepareMetric)
-	m.PoolsEnded = w.counter(ctx, poolsEndedMetric, "reason")
+	m.PoolsEnded = w.counter(ctx, poolsEndedMetric, "how")
+	m.Acquires = w.counter(ctx, acquiresMetric, "outcome")
+	m.RefillBlocked = w.counter(ctx, refillBlockedMetric, "reason")
 	m.PrefetchRefused = w.counter(ctx, prefetchRefuseMetric, "")[""]
 	for _, g := range w.gws {
 		m.Memory = append(m.Memory, memoryOf(g.pid))
@@ -293,6 +307,7 @@ type batchOut struct {
 	lostBy              map[string]int
 	releaseErrors       int
 	last                time.Time // when the last command ended
+	ended               time.Time // when the last trainer was done (ran or gave up)
 }
 
 // imageBatch runs the N trainers at once: each creates a sandbox of its
@@ -429,6 +444,7 @@ func (w *world) imageBatch(ctx context.Context, hc *http.Client, deadline time.T
 	}
 	close(startLine)
 	wg.Wait()
+	out.ended = time.Now()
 	close(stopProgress)
 	<-progressDone
 	if out.last.IsZero() {

@@ -226,6 +226,7 @@ func TestRunImages_TinyBatch(t *testing.T) {
 	for _, m := range r.Modes {
 		assert.Empty(t, m.Notes, m.Mode)
 		assert.Zero(t, m.Lost, "%s: %v", m.Mode, m.LostBy)
+		assert.True(t, m.Complete, m.Mode)
 		assert.Equal(t, 12, m.FirstCommand.OK, m.Mode)
 		assert.GreaterOrEqual(t, m.Registrations, 4, "%s: every image registered", m.Mode)
 		assert.Positive(t, m.TasksLaunched, m.Mode)
