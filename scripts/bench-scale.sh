@@ -13,9 +13,21 @@
 #   SIZES=1000 TIME_SCALE=0.1 REAL=0 make bench-scale  # one size, no real sandboxes
 #   scripts/bench-scale.sh -replicas 3 -window 10m     # any scalebench flag (go run ./bench/scalebench/cmd/scalebench -h)
 #
-# Results: printed, and written to .cache/bench/scale.{json,txt} and .cache/bench/fleet-real.{json,txt}.
+# SCENARIO=images runs issue 22's images scenario instead (and no real sandboxes): N sandboxes
+# (SIZES, default 10000) over IMAGES distinct task images (default 2000), without and then with a
+# prefetch of the batch, against the floor of AWS's RegisterTaskDefinition and launch rates:
+#
+#   SCENARIO=images make bench-scale                          # 10,000 over 2,000 (~30 min at 0.2)
+#   SCENARIO=images SIZES=500 IMAGES=100 make bench-scale     # the smoke size (~6 min)
+#
+# Results: printed, and written to .cache/bench/scale.{json,txt} and .cache/bench/fleet-real.{json,txt}
+# (the images scenario: .cache/bench/images.{json,txt}).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${SCENARIO:-fleet}" in
+  fleet | images) ;;
+  *) echo "SCENARIO: want fleet (the default) or images, got ${SCENARIO}" >&2; exit 2 ;;
+esac
 out=.cache/bench
 mkdir -p "$out" bin
 go build -o bin/gateway ./cmd/gateway
@@ -27,6 +39,11 @@ go build -o bin/quarrybench ./bench/quarrybench
 echo "== machine"
 lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core)' || true
 grep MemTotal /proc/meminfo
+if [ "${SCENARIO:-fleet}" = images ]; then
+  bin/scalebench -bin bin -images "${IMAGES:-2000}" -sizes "${SIZES:-10000}" -time-scale "${TIME_SCALE:-0.2}" \
+    -replicas "${REPLICAS:-2}" -json "$out/images.json" "$@" | tee "$out/images.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 bin/scalebench -bin bin -sizes "${SIZES:-1000,4000,10000}" -time-scale "${TIME_SCALE:-0.2}" \
   -replicas "${REPLICAS:-2}" -json "$out/scale.json" "$@" | tee "$out/scale.txt"
 if [ "${REAL:-1}" != 0 ]; then

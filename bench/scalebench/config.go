@@ -83,6 +83,24 @@ type Config struct {
 	// GatewayEnv adds NAME=value settings to every replica, after the
 	// harness's own (so they win); each result records them.
 	GatewayEnv []string
+	// Images, when positive, runs the images scenario (issue 22) instead
+	// of the fleet's: each size N is a batch of N sandboxes over Images
+	// distinct task images, run without and then with a prefetch, each in
+	// a fresh world (images.go).
+	Images int
+	// ImagePullRate is the simulated Fargate pull rate in bytes per
+	// simulated second (default DefaultImagePullRate, assumed).
+	ImagePullRate float64
+	// PrefetchWarm is the prefetch's warm (ready sandboxes kept for each
+	// image; default 0: the prefetch registers, the creates cold-start).
+	PrefetchWarm int
+	// ImageWarmMax is the class's warm_max (default 0: a batch asks each
+	// image a few times at once and never again, so the warm policy's
+	// tasks would come after it, unused, and take its slots).
+	ImageWarmMax int
+	// ImageIdleSeconds is the class's idle_seconds (simulated; default
+	// 600, the class's default).
+	ImageIdleSeconds int
 	// Out, when set, receives the results as JSON.
 	Out string
 	// Log receives progress lines and the report (default os.Stdout).
@@ -102,6 +120,8 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.StartupSeconds, DefaultStartupSeconds)
 	defaults.Set(&c.FillLimit, 3.0)
 	defaults.Set(&c.Bin, "bin")
+	defaults.Set(&c.ImagePullRate, DefaultImagePullRate)
+	defaults.Set(&c.ImageIdleSeconds, 600)
 	if c.Log == nil {
 		c.Log = os.Stdout
 	}
@@ -131,6 +151,15 @@ func (c Config) Validate() error {
 	}
 	if c.SteadyWindow < c.Heartbeat || c.Heartbeat <= 0 {
 		bad("SteadyWindow, Heartbeat: want 0 < heartbeat <= window, got %s and %s", c.Heartbeat, c.SteadyWindow)
+	}
+	if c.Images < 0 || c.ImagePullRate < 0 || c.PrefetchWarm < 0 || c.ImageWarmMax < 0 || c.ImageIdleSeconds < 1 {
+		bad("Images, ImagePullRate, PrefetchWarm, ImageWarmMax, ImageIdleSeconds: want >= 0 (idle >= 1), got %d, %g, %d, %d, %d",
+			c.Images, c.ImagePullRate, c.PrefetchWarm, c.ImageWarmMax, c.ImageIdleSeconds)
+	}
+	for _, n := range c.Sizes {
+		if c.Images > 0 && (n < c.Images || n > maxClassTotal) {
+			bad("Sizes: the images scenario runs %d to %d sandboxes (at least one per image, at most a class's max_total), got %d", c.Images, maxClassTotal, n)
+		}
 	}
 	if c.FillLimit < 1 {
 		bad("FillLimit: want at least 1 (a multiple of the floor), got %g", c.FillLimit)
@@ -196,6 +225,7 @@ func (c Config) gatewayEnv() []string {
 		r("QUARRY_ECS_LAUNCH_RATE", 20),
 		r("QUARRY_ECS_TAG_RATE", 20),
 		r("QUARRY_ECS_DESCRIBE_RATE", 20),
+		r("QUARRY_ECS_REGISTER_RATE", ecssim.DefaultRegisterRate),
 		// The start slots the provider derives from the launch rate
 		// (burst + rate × 90 s): a count, so the unscaled 1,900.
 		"QUARRY_ECS_MAX_STARTING=" + strconv.Itoa(ecssim.DefaultLaunchBurst+int(ecssim.DefaultLaunchRate*ecssim.DefaultStartMax.Seconds())),

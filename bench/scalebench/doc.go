@@ -11,6 +11,16 @@
 // on-demand cost, acquires with N leased, each replica's RSS and the
 // reconciler's pass time.
 //
+// With Config.Images (RunImages, `-images M`) it runs the images scenario
+// of issue 22 instead (images.go, imageset.go, imagereport.go): a
+// SWE-style batch of N sandboxes over M task images of assumed sizes,
+// pulled at an assumed Fargate rate, on a pool class; without and then
+// with a prefetch of the batch, each in a fresh world. It reports the time
+// to first command, the task definitions registered per image, the
+// throttles, the batch's time against the floor of AWS's
+// RegisterTaskDefinition and launch rates, the sandboxes lost, the store
+// and ECS calls, the pools' end after the batch and the gateways' RSS.
+//
 // Every figure that depends on a simulator is labelled simulated; the
 // store is always the DynamoDB simulator (the AWS emulator answers ~150
 // requests a second, far too few). Times of the simulated world are wall

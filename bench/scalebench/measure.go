@@ -40,6 +40,11 @@ func (w *world) call(ctx context.Context, g *replica, method, path string, in, o
 
 // callWith is call on the client hc.
 func (w *world) callWith(ctx context.Context, hc *http.Client, g *replica, method, path string, in, out any) error {
+	return w.callHeader(ctx, hc, g, method, path, nil, in, out)
+}
+
+// callHeader is callWith with more request headers.
+func (w *world) callHeader(ctx context.Context, hc *http.Client, g *replica, method, path string, hdr map[string]string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -55,6 +60,9 @@ func (w *world) callWith(ctx context.Context, hc *http.Client, g *replica, metho
 	req.Header.Set("Authorization", "Bearer "+apiKey)
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {

@@ -3,10 +3,10 @@ package scalebench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
@@ -72,24 +72,17 @@ type Steady struct {
 }
 
 // Run measures every size of cfg in turn and reports as it goes; a size
-// that fails to start is reported and the next one runs.
+// that fails to start is reported and the next one runs. It runs the
+// fleet scenario: RunImages runs the images scenario.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("scalebench: %w", err)
+	cfg, root, cleanup, logf, err := begin(cfg)
+	if err != nil {
+		return nil, err
 	}
-	root := cfg.Dir
-	if root == "" {
-		d, err := os.MkdirTemp("", "scalebench-")
-		if err != nil {
-			return nil, err
-		}
-		root = d
-		if !cfg.Keep {
-			defer os.RemoveAll(d)
-		}
+	defer cleanup()
+	if cfg.Images > 0 {
+		return nil, errors.New("scalebench: Config.Images is set: RunImages runs the images scenario")
 	}
-	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Log, format+"\n", args...) }
 	logf("fleet simulation (simulated: ECS, Fargate, the agents and DynamoDB are simulators): %d replicas, time scale %g, store %s, logs in %s",
 		cfg.Replicas, cfg.TimeScale, Store, root)
 	var results []Result
@@ -119,6 +112,66 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	return results, ctx.Err()
 }
 
+// RunImages runs the images scenario (Config.Images > 0) at every size of
+// cfg in turn, both modes of each, and reports as it goes; a mode that
+// fails is reported and the next one runs. Its error joins the modes'.
+func RunImages(ctx context.Context, cfg Config) ([]ImagesResult, error) {
+	cfg, root, cleanup, logf, err := begin(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	if cfg.Images < 1 {
+		return nil, errors.New("scalebench: RunImages needs Config.Images, the number of distinct images")
+	}
+	logf("images scenario (simulated: ECS, Fargate, the registry, the agents and DynamoDB are simulators): %d replicas, time scale %g, store %s, logs in %s",
+		cfg.Replicas, cfg.TimeScale, Store, root)
+	var (
+		results []ImagesResult
+		errs    []error
+	)
+	for _, n := range cfg.Sizes {
+		if ctx.Err() != nil {
+			break
+		}
+		r, err := runImages(ctx, cfg, n, fmt.Sprintf("%s/images-n%d-m%d", root, n, cfg.Images), logf)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("N=%d: %w", n, err))
+		}
+		results = append(results, r)
+		reportImages(cfg.Log, r)
+		if cfg.Out != "" {
+			if err := writeJSON(cfg.Out, results); err != nil {
+				return results, err
+			}
+		}
+	}
+	return results, errors.Join(append(errs, ctx.Err())...)
+}
+
+// begin is what every run starts with: cfg with its defaults, checked,
+// the run's directory (a temp one unless Config.Dir, removed by cleanup
+// unless Config.Keep) and a progress logger.
+func begin(cfg Config) (Config, string, func(), func(string, ...any), error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cfg, "", nil, nil, fmt.Errorf("scalebench: %w", err)
+	}
+	root, cleanup := cfg.Dir, func() {}
+	if root == "" {
+		d, err := os.MkdirTemp("", "scalebench-")
+		if err != nil {
+			return cfg, "", nil, nil, err
+		}
+		root = d
+		if !cfg.Keep {
+			cleanup = func() { os.RemoveAll(d) }
+		}
+	}
+	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Log, format+"\n", args...) }
+	return cfg, root, cleanup, logf, nil
+}
+
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
@@ -131,14 +184,11 @@ func writeJSON(path string, v any) error {
 func runSize(ctx context.Context, cfg Config, n int, dir string, logf func(string, ...any)) (Result, error) {
 	r := Result{N: n, Replicas: cfg.Replicas, TimeScale: cfg.TimeScale, Store: Store, Simulated: true, CPU: map[string]float64{},
 		GatewayEnv: cfg.GatewayEnv}
-	w, err := newWorld(ctx, cfg, n, dir)
+	w, err := openWorld(ctx, cfg, n, dir, nil)
 	if err != nil {
 		return r, err
 	}
 	defer w.close()
-	if err := w.startGateways(ctx); err != nil {
-		return r, err
-	}
 
 	// 1. Fill: from the replicas' start to N ready (the floor counts the
 	// probe pool's tasks too: they share the launch rate).
@@ -306,16 +356,7 @@ func report(out interface{ Write([]byte) (int, error) }, rs []Result) {
 		} else {
 			p("reconciler pass:             not measured (no %s)", r.Reconcile.Metric)
 		}
-		keys := make([]string, 0, len(r.CPU))
-		for k := range r.CPU {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		var cpu []string
-		for _, k := range keys {
-			cpu = append(cpu, fmt.Sprintf("%s %.0f%%", k, r.CPU[k]))
-		}
-		p("machine CPU busy:            %s", strings.Join(cpu, ", "))
+		p("machine CPU busy:            %s", cpuLine(r.CPU))
 		for _, note := range r.Notes {
 			p("note: %s", note)
 		}

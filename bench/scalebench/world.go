@@ -46,7 +46,9 @@ type world struct {
 	agents   *agentsim.Procs
 	gws      []*replica
 	tokenKey string
-	http     *http.Client
+	// imgs is the images scenario's batch (nil in the fleet scenario).
+	imgs *imageSet
+	http *http.Client
 	// execHTTP carries the trainers' first execs (the same bound).
 	execHTTP *http.Client
 }
@@ -87,8 +89,9 @@ func (p *proc) exited() bool {
 }
 
 // newWorld starts the simulators and the agents for size n (not the
-// gateways: startGateways).
-func newWorld(ctx context.Context, cfg Config, n int, dir string) (w *world, err error) {
+// gateways: startGateways); with imgs, ecssim's registry holds the batch's
+// images (and only those) and its tasks pull them at cfg.ImagePullRate.
+func newWorld(ctx context.Context, cfg Config, n int, dir string, imgs *imageSet) (w *world, err error) {
 	client := func() *http.Client {
 		return &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{
 			MaxIdleConns: 4 * cfg.Clients, MaxIdleConnsPerHost: cfg.Clients, MaxConnsPerHost: cfg.Clients, IdleConnTimeout: time.Minute,
@@ -97,7 +100,7 @@ func newWorld(ctx context.Context, cfg Config, n int, dir string) (w *world, err
 	// The trainers' first execs have connections of their own: behind the
 	// acquires' (held for as long as a cold acquire waits) they would
 	// measure the client's queue, not the gateway.
-	w = &world{cfg: cfg, n: n, dir: dir, http: client(), execHTTP: client()}
+	w = &world{cfg: cfg, n: n, dir: dir, imgs: imgs, http: client(), execHTTP: client()}
 	defer func() {
 		if err != nil {
 			w.close()
@@ -128,13 +131,31 @@ func newWorld(ctx context.Context, cfg Config, n int, dir string) (w *world, err
 	if _, err := rand.Read(key); err != nil {
 		return w, err
 	}
-	if w.ecs, err = ecssim.New(ecssim.Config{TimeScale: cfg.TimeScale, Agents: w.agents, TokenKey: key, AddrBlocks: 1}); err != nil {
+	ecfg := ecssim.Config{TimeScale: cfg.TimeScale, Agents: w.agents, TokenKey: key, AddrBlocks: 1}
+	if imgs != nil {
+		ecfg.Images, ecfg.StrictRegistry, ecfg.PullRate = imgs.sizes, true, cfg.ImagePullRate
+	}
+	if w.ecs, err = ecssim.New(ecfg); err != nil {
 		return w, err
 	}
 	if w.ecsURL, err = w.ecs.Start("127.0.0.1:0"); err != nil {
 		return w, err
 	}
 	w.tokenKey = hex.EncodeToString(key)
+	return w, nil
+}
+
+// openWorld is newWorld and startGateways: a world whose gateways answer,
+// or none (what was started is closed).
+func openWorld(ctx context.Context, cfg Config, n int, dir string, imgs *imageSet) (*world, error) {
+	w, err := newWorld(ctx, cfg, n, dir, imgs)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.startGateways(ctx); err != nil {
+		w.close()
+		return nil, err
+	}
 	return w, nil
 }
 
@@ -178,8 +199,12 @@ func (w *world) startDDBSim(ctx context.Context) (string, error) {
 }
 
 // pools are the fleet's pool (min_warm = max_total = N) and the probes'
-// (min_warm = max_total = probes), with the same task definition.
+// (min_warm = max_total = probes), with the same task definition; in the
+// images scenario, its class (imagePools).
 func (w *world) pools() string {
+	if w.imgs != nil {
+		return w.cfg.imagePools(w.n)
+	}
 	pool := func(name string, n int) string {
 		return fmt.Sprintf(`  - name: %s
     provider: ecs
@@ -239,6 +264,9 @@ func (w *world) startGateways(ctx context.Context) error {
 			"QUARRY_ECS_TOKEN_KEY="+w.tokenKey, "QUARRY_RELAY_SECRET="+w.tokenKey,
 		)
 		cmd.Env = append(cmd.Env, w.cfg.gatewayEnv()...)
+		if w.imgs != nil {
+			cmd.Env = append(cmd.Env, w.cfg.imagesEnv()...)
+		}
 		cmd.Env = append(cmd.Env, w.cfg.GatewayEnv...)
 		logName := filepath.Join(w.dir, fmt.Sprintf("gateway-%d.log", i))
 		logf, err := os.Create(logName)

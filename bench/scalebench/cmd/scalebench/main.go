@@ -4,6 +4,8 @@
 // on a simulator is labelled simulated.
 //
 //	scalebench -sizes 1000,4000,10000 -replicas 2 -time-scale 0.2 -bin bin -json .cache/bench/scale.json
+//	scalebench -images 2000 -sizes 10000 -json .cache/bench/images.json   # the images scenario (issue 22)
+//	scalebench -images 100 -sizes 500                                     # its smoke size
 package main
 
 import (
@@ -31,7 +33,7 @@ func main() {
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("scalebench", flag.ContinueOnError)
 	var cfg scalebench.Config
-	sizes := fs.String("sizes", "1000,4000,10000", "fleet sizes N, comma-separated, each run in a fresh world")
+	sizes := fs.String("sizes", "1000,4000,10000", "fleet sizes N, comma-separated, each run in a fresh world (with -images: sandboxes of the batch, default 10000)")
 	fs.IntVar(&cfg.Replicas, "replicas", scalebench.DefaultReplicas, "gateway replicas")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", scalebench.DefaultTimeScale, "0 < s <= 1: the simulated world runs 1/s times faster than the wall clock")
 	fs.StringVar(&cfg.Bin, "bin", "bin", "directory with the gateway, agentsim and ddbsim binaries")
@@ -43,6 +45,11 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", scalebench.DefaultHeartbeat, "the trainers' heartbeat cadence (simulated)")
 	fs.Float64Var(&cfg.FillLimit, "fill-limit", 3, "give up the fill after this multiple of the AWS floor")
 	fs.StringVar(&cfg.Out, "json", "", "write the results as JSON to this file")
+	fs.IntVar(&cfg.Images, "images", 0, "run the images scenario: N sandboxes over this many distinct images, without and with a prefetch (0: the fleet scenario)")
+	fs.Float64Var(&cfg.ImagePullRate, "pull-rate", scalebench.DefaultImagePullRate, "images scenario: Fargate's pull rate in bytes per simulated second (assumed)")
+	fs.IntVar(&cfg.PrefetchWarm, "prefetch-warm", 0, "images scenario: the prefetch's warm (ready sandboxes kept per image)")
+	fs.IntVar(&cfg.ImageWarmMax, "images-warm-max", 0, "images scenario: the class's warm_max")
+	fs.IntVar(&cfg.ImageIdleSeconds, "images-idle", 600, "images scenario: the class's idle_seconds (simulated)")
 	fs.Func("gateway-env", "NAME=value for every replica, over the harness's settings (repeatable; recorded in the results)", func(v string) error {
 		if !strings.Contains(v, "=") {
 			return fmt.Errorf("want NAME=value, got %q", v)
@@ -53,12 +60,21 @@ func run(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	sizesSet := false
+	fs.Visit(func(f *flag.Flag) { sizesSet = sizesSet || f.Name == "sizes" })
+	if cfg.Images > 0 && !sizesSet {
+		*sizes = strconv.Itoa(scalebench.DefaultImageSandboxes)
+	}
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {
 			return fmt.Errorf("-sizes: %q is not a number", s)
 		}
 		cfg.Sizes = append(cfg.Sizes, n)
+	}
+	if cfg.Images > 0 {
+		_, err := scalebench.RunImages(ctx, cfg)
+		return err
 	}
 	_, err := scalebench.Run(ctx, cfg)
 	return err
