@@ -22,6 +22,7 @@ const (
 	DefaultWarmLeadSeconds   = 10
 	DefaultIdleSeconds       = 600
 	DefaultRetentionSeconds  = 7 * 24 * 3600
+	DefaultPrefetchHold      = 1800
 	// OnDemandPrefix starts the name of every on-demand pool
 	// (OnDemandPoolName); no configured pool may use it.
 	OnDemandPrefix = "i-"
@@ -80,6 +81,11 @@ type ClassConfig struct {
 	// record goes, with what the provider made for its image.
 	IdleSeconds      int `json:"idle_seconds,omitempty"`
 	RetentionSeconds int `json:"retention_seconds,omitempty"`
+	// PrefetchHoldSeconds: a prefetched pool keeps its prefetch's warm
+	// sandboxes, and does not end for idleness, for that long after the
+	// prefetch (a batch announced ahead of time may take a while to come:
+	// 2,000 new images take ECS 33 minutes to register).
+	PrefetchHoldSeconds int `json:"prefetch_hold_seconds,omitempty"`
 }
 
 // WithDefaults returns a copy of c with its empty fields set to their
@@ -119,6 +125,9 @@ func (c ClassConfig) WithDefaults() ClassConfig {
 	}
 	if c.RetentionSeconds == 0 {
 		c.RetentionSeconds = DefaultRetentionSeconds
+	}
+	if c.PrefetchHoldSeconds == 0 {
+		c.PrefetchHoldSeconds = DefaultPrefetchHold
 	}
 	return c
 }
@@ -190,6 +199,7 @@ func (c ClassConfig) Validate() error {
 		{"warm_lead_seconds", c.WarmLeadSeconds, 1, 3600},
 		{"idle_seconds", c.IdleSeconds, 1, maxRetention},
 		{"retention_seconds", c.RetentionSeconds, 1, maxRetention},
+		{"prefetch_hold_seconds", c.PrefetchHoldSeconds, 1, 7 * 24 * 3600},
 	} {
 		if f.v < f.lo || f.v > f.h {
 			bad(f.name, "is %d; it must be between %d and %d", f.v, f.lo, f.h)

@@ -45,15 +45,18 @@ type fakeProvider struct {
 	mu         sync.Mutex
 	OnLaunch   func(ctx context.Context, spec providers.Spec, names []string) error
 	StartDelay time.Duration
-	tasks      map[string]*providers.Task // by provider id
-	removed    map[string]bool            // stopped through Stop: no longer listed, as a real backend
-	seq        int
-	running    int
-	maxRunning int
-	launched   int
-	listCalls  int
-	describes  int
-	stops      []string
+	// KeepStopped makes List keep reporting a task Stop stopped, as ECS
+	// reports a stopped task for about an hour.
+	KeepStopped bool
+	tasks       map[string]*providers.Task // by provider id
+	removed     map[string]bool            // stopped through Stop: no longer listed, as a real backend
+	seq         int
+	running     int
+	maxRunning  int
+	launched    int
+	listCalls   int
+	describes   int
+	stops       []string
 }
 
 var _ providers.Provider = (*fakeProvider)(nil)
@@ -125,7 +128,9 @@ func (p *fakeProvider) Stop(_ context.Context, id, reason string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stops = append(p.stops, id)
-	p.removed[id] = true
+	if !p.KeepStopped {
+		p.removed[id] = true
+	}
 	if t, ok := p.tasks[id]; ok && t.State != providers.TaskStopped {
 		t.State, t.Reason = providers.TaskStopped, reason
 		p.running--

@@ -34,8 +34,9 @@ type PrefetchRequest struct {
 	CPU    float64
 	Memory MiB
 	Disk   DiskMiB
-	// Warm ready tasks are kept in each image's pool until its class's warm
-	// window has passed (0: none beyond the warm policy).
+	// Warm ready tasks are kept in each image's pool for its class's
+	// prefetch_hold_seconds (0: none beyond the warm policy); the pool does
+	// not end for idleness before then either.
 	Warm  int
 	Owner string
 }
@@ -131,14 +132,15 @@ func (m *Manager) prefetchWorker(ctx context.Context) {
 }
 
 // runPrefetch makes a prefetched image's pool (its image prepared) and
-// gives it its warm floor: this replica launches for it at once, and the
-// class loop keeps it until the class's warm window has passed.
+// holds it for the class's prefetch_hold_seconds with its warm floor: this
+// replica launches for the floor at once, and the class loop keeps it, and
+// keeps the pool from ending for idleness, until the hold has passed.
 func (m *Manager) runPrefetch(ctx context.Context, job prefetchJob) error {
 	p, err := m.loadPool(ctx, job.cs, job.cfg, true)
-	if err != nil || job.warm == 0 {
+	if err != nil {
 		return err
 	}
-	until := m.clock.Now().Add(time.Duration(job.cs.cfg.WarmWindowSeconds) * time.Second)
+	until := m.clock.Now().Add(time.Duration(job.cs.cfg.PrefetchHoldSeconds) * time.Second)
 	for attempt := 0; attempt < loadAttempts; attempt++ {
 		rec := p.od.record()
 		rec.WarmFloor, rec.WarmUntil = job.warm, until
@@ -157,7 +159,7 @@ func (m *Manager) runPrefetch(ctx context.Context, job prefetchJob) error {
 			return fmt.Errorf("record the warm floor of pool %s: %w", p.cfg.Name, err)
 		}
 		p.od.setRecord(out)
-		if p.od.raiseWarm(job.warm) {
+		if job.warm > 0 && p.od.raiseWarm(job.warm) {
 			p.poke()
 		}
 		return nil

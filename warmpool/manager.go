@@ -185,7 +185,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{
 		cfg: cfg, store: deps.Store, providers: provs, agents: deps.Agents, log: log.With("replica", cfg.ReplicaID), clock: clk,
-		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphans: orphanSweep{seen: map[string]time.Time{}},
+		leaseEnv: deps.LeaseEnv, metrics: met, pools: pools, names: names, orphans: orphanSweep{seen: map[string]time.Time{}, stopped: map[string]bool{}},
 		describeLimits: limits, watchers: map[string]bool{},
 		locks: lockSet{held: map[string]bool{}, failing: map[string]bool{}}, cache: newLeaseCache(cfg.LeaseCacheTTL), bg: bg, cancel: cancel,
 		extraProvider: deps.ExtraProvider, extras: map[string]providers.Provider{}, extraFailed: map[string]extraFailure{}, extraLimits: map[string]*rate.Limiter{}, reported: map[string]bool{},

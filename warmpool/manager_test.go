@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -458,6 +459,27 @@ func TestManager_OrphanSweep_StopsUntrackedTasksAfterGrace(t *testing.T) {
 	assert.Equal(t, providers.TaskRunning, e.providerTask(l.TaskID).State, "a tracked task is never stopped")
 	assert.Contains(t, e.prov.stopCalls(), "proc-exited", "a stopped orphan is removed")
 	assert.Equal(t, 2.0, e.counter("quarry_orphan_tasks_stopped_total", nil))
+}
+
+// An orphan the provider still lists once it stopped it (ECS keeps a stopped
+// task for about an hour) is stopped once, not again at every sweep.
+func TestManager_OrphanSweep_StopsAnOrphanOnce(t *testing.T) {
+	e := newEnvSetup(t, fastConfig(), func(e *env) { e.prov.KeepStopped = true }, testPool(0, 2))
+	e.prov.add(providers.Task{ID: "ecs-orphan", Name: "tsk-gone", Pool: "default", CreatedAt: e.clock.Now(), Labels: map[string]string{
+		providers.LabelManaged: "true", providers.LabelGateway: "quarry", providers.LabelTask: "tsk-gone",
+	}})
+	e.clock.Advance(2 * time.Minute)
+	require.Eventually(t, func() bool { return slices.Contains(e.prov.stopCalls(), "ecs-orphan") }, waitFor, tick)
+	_, _, _, calls := e.prov.counts()
+	require.Eventually(t, func() bool { _, _, _, c := e.prov.counts(); return c >= calls+5 }, waitFor, tick, "more sweeps ran")
+	n := 0
+	for _, id := range e.prov.stopCalls() {
+		if id == "ecs-orphan" {
+			n++
+		}
+	}
+	assert.Equal(t, 1, n, "stopped once")
+	assert.Equal(t, 1.0, e.counter("quarry_orphan_tasks_stopped_total", nil))
 }
 
 func TestManager_Reconciler_LaunchDeadlineCleanup(t *testing.T) {

@@ -314,56 +314,130 @@ func (m *Manager) loadPool(ctx context.Context, cs *classState, cfg PoolConfig, 
 }
 
 // load is loadPool's shared work: the record is read, made or activated,
-// then the pool is added to this replica's.
+// then the pool is added to this replica's. One replica prepares an image
+// at a time (a lock in the store, "prepare/<pool>"): another that needs the
+// pool meanwhile waits for its record instead of pulling or registering
+// the image too, and takes the preparation over if the lock is let go
+// without a record (the preparation failed; it then gets the failure
+// itself).
 func (m *Manager) load(ctx context.Context, cs *classState, cfg PoolConfig, make bool) (*pool, error) {
-	for attempt := 0; attempt < loadAttempts; attempt++ {
+	wait := prepareWait
+	for races := 0; races < loadAttempts; {
 		rec, err := m.store.GetPool(ctx, cfg.Name)
-		now := m.clock.Now()
 		switch {
 		case errors.Is(err, ErrNotFound) && !make:
 			return nil, fmt.Errorf("on-demand pool %s: %w", cfg.Name, ErrNotFound)
-		case errors.Is(err, ErrNotFound):
-			info, err := m.prepare(ctx, cs, cfg)
-			if err != nil {
-				return nil, err
-			}
-			rec, err = m.store.CreatePool(ctx, PoolRecord{
-				Name: cfg.Name, Class: cs.cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMiB: int(cfg.Memory), DiskMiB: int(cfg.Disk),
-				Digest: info.Digest, Ref: info.Ref, CreatedAt: now, LastUsed: now,
-			})
-			if errors.Is(err, ErrConflict) {
-				continue // another replica made it: read it
-			}
-			if err != nil {
-				return nil, fmt.Errorf("record on-demand pool %s: %w", cfg.Name, err)
-			}
-			m.log.Info("on-demand pool made", "pool", cfg.Name, "class", cs.cfg.Name, "image", cfg.Image, "digest", info.Digest)
-		case err != nil:
+		case err != nil && !errors.Is(err, ErrNotFound):
 			return nil, fmt.Errorf("read on-demand pool %s: %w", cfg.Name, err)
-		case rec.State == PoolEnded && !make:
+		case err == nil && rec.State == PoolEnded && !make:
 			return nil, fmt.Errorf("on-demand pool %s ended: %w", cfg.Name, ErrNotFound)
-		case rec.State == PoolEnded:
-			info, err := m.prepare(ctx, cs, cfg)
-			if err != nil {
-				return nil, err
-			}
-			rec.State, rec.EndedAt, rec.LastUsed = PoolActive, time.Time{}, now
-			if info.Digest != "" {
-				rec.Digest = info.Digest
-			}
-			if info.Ref != "" {
-				rec.Ref = info.Ref
-			}
-			if rec, err = m.store.UpdatePool(ctx, rec); errors.Is(err, ErrConflict) {
-				continue
-			} else if err != nil {
-				return nil, fmt.Errorf("make on-demand pool %s active again: %w", cfg.Name, err)
-			}
-			m.log.Info("on-demand pool active again", "pool", cfg.Name, "class", cs.cfg.Name, "image", cfg.Image)
+		case err == nil && rec.State == PoolActive:
+			return m.addPool(cs, cfg, rec)
 		}
-		return m.addPool(cs, cfg, rec)
+		// Absent or ended: this replica prepares the image, unless another does.
+		made, held, err := m.prepareAndRecord(ctx, cs, cfg, rec, errors.Is(err, ErrNotFound))
+		switch {
+		case err != nil:
+			return nil, err
+		case held && made.Name != "":
+			return m.addPool(cs, cfg, made)
+		case held:
+			races++ // another replica recorded it meanwhile: read it
+			continue
+		}
+		t := time.NewTimer(wait) // another replica prepares it: look again
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("wait for another replica's preparation of %s: %w", cfg.Image, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, prepareWaitMax)
 	}
 	return nil, fmt.Errorf("load on-demand pool %s: lost %d races in a row: %w", cfg.Name, loadAttempts, ErrConflict)
+}
+
+// Waits of a replica whose pool another replica prepares (load): from
+// prepareWait, doubling up to prepareWaitMax between looks. prepareLockTTL
+// is the preparation lock's TTL, renewed every third of it while the
+// preparation runs, so that a replica that dies mid-pull holds it up that
+// long at most.
+const (
+	prepareWait    = 100 * time.Millisecond
+	prepareWaitMax = 2 * time.Second
+	prepareLockTTL = 30 * time.Second
+)
+
+// prepareAndRecord prepares the image of pool cfg and creates its record
+// (absent) or makes the ended rec active again, under the pool's
+// preparation lock. held is false when another replica holds the lock (it
+// prepares: nothing was done); made is zero when the record changed
+// meanwhile (the caller reads it again).
+func (m *Manager) prepareAndRecord(ctx context.Context, cs *classState, cfg PoolConfig, rec PoolRecord, absent bool) (made PoolRecord, held bool, err error) {
+	lock := "prepare/" + cfg.Name
+	ok, err := m.store.TryLock(ctx, lock, m.cfg.ReplicaID, prepareLockTTL, m.clock.Now())
+	if err != nil || !ok {
+		return PoolRecord{}, false, err
+	}
+	renewed := make(chan struct{})
+	stop := make(chan struct{})
+	go func() { // the lock outlives a long pull, and no more than the pull
+		defer close(renewed)
+		t := time.NewTicker(prepareLockTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				_, _ = m.store.TryLock(ctx, lock, m.cfg.ReplicaID, prepareLockTTL, m.clock.Now())
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-renewed
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
+		if uerr := m.store.Unlock(uctx, lock, m.cfg.ReplicaID); uerr != nil {
+			m.log.Warn("let go of an image's preparation lock: it expires instead", "pool", cfg.Name, "err", uerr)
+		}
+		cancel()
+	}()
+	info, err := m.prepare(ctx, cs, cfg)
+	if err != nil {
+		return PoolRecord{}, true, err
+	}
+	now := m.clock.Now()
+	if absent {
+		made, err = m.store.CreatePool(ctx, PoolRecord{
+			Name: cfg.Name, Class: cs.cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMiB: int(cfg.Memory), DiskMiB: int(cfg.Disk),
+			Digest: info.Digest, Ref: info.Ref, CreatedAt: now, LastUsed: now,
+		})
+		if errors.Is(err, ErrConflict) {
+			return PoolRecord{}, true, nil
+		}
+		if err != nil {
+			return PoolRecord{}, true, fmt.Errorf("record on-demand pool %s: %w", cfg.Name, err)
+		}
+		m.log.Info("on-demand pool made", "pool", cfg.Name, "class", cs.cfg.Name, "image", cfg.Image, "digest", info.Digest)
+		return made, true, nil
+	}
+	rec.State, rec.EndedAt, rec.LastUsed = PoolActive, time.Time{}, now
+	if info.Digest != "" {
+		rec.Digest = info.Digest
+	}
+	if info.Ref != "" {
+		rec.Ref = info.Ref
+	}
+	made, err = m.store.UpdatePool(ctx, rec)
+	if errors.Is(err, ErrConflict) {
+		return PoolRecord{}, true, nil
+	}
+	if err != nil {
+		return PoolRecord{}, true, fmt.Errorf("make on-demand pool %s active again: %w", cfg.Name, err)
+	}
+	m.log.Info("on-demand pool active again", "pool", cfg.Name, "class", cs.cfg.Name, "image", cfg.Image)
+	return made, true, nil
 }
 
 // prepare makes the image of on-demand pool cfg launchable

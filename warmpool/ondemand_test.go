@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -579,4 +580,61 @@ func TestAcquire_WaitingHeadLooksWithCountsNotClaims(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("the acquire never got its task")
 	}
+}
+
+// Two replicas asked for a new image at once: one prepares it (one pull,
+// one task definition), the other waits for its record.
+func TestImagePool_ReplicasPrepareAnImageOnce(t *testing.T) {
+	e, ip := newImageEnv(t, fastConfig(), testClass(8))
+	other, err := warmpool.New(e.cfg, warmpool.Deps{
+		Store: e.store, Providers: map[string]providers.Provider{"fake": ip}, Pools: e.pools, Classes: e.classes,
+		Agents: e.agents, Clock: e.clock, Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	require.NoError(t, other.Start(t.Context()))
+	t.Cleanup(func() { assert.NoError(t, other.Close(context.Background())) })
+	gate := make(chan struct{})
+	ip.setPrepare(func(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return providers.ImageInfo{}, ctx.Err()
+		}
+		return providers.ImageInfo{Image: spec.Image, State: providers.ImageReady}, nil
+	})
+	names := make(chan string, 2)
+	for _, m := range []*warmpool.Manager{e.m, other} {
+		go func() {
+			n, err := m.ImagePool(context.Background(), warmpool.ImageRequest{Image: "registry.test/both:1", Owner: "alice"})
+			assert.NoError(t, err)
+			names <- n
+		}()
+	}
+	require.Eventually(t, func() bool { return ip.prepareCount("registry.test/both:1") == 1 }, waitFor, tick)
+	close(gate)
+	a, b := <-names, <-names
+	assert.Equal(t, a, b)
+	assert.Equal(t, 1, ip.prepareCount("registry.test/both:1"), "one replica prepared the image; the other waited for its record")
+}
+
+// A prefetched pool waits for its batch: it does not end for idleness
+// until the class's prefetch hold has passed.
+func TestPrefetch_HoldsThePoolForItsBatch(t *testing.T) {
+	class := testClass(8)
+	class.IdleSeconds, class.PrefetchHoldSeconds = 600, 1800
+	e, _ := newImageEnv(t, fastConfig(), class)
+	res, err := e.m.Prefetch(t.Context(), warmpool.PrefetchRequest{Images: []string{"registry.test/later:1"}, Owner: "alice"})
+	require.NoError(t, err)
+	name := res[0].Pool
+	require.Eventually(t, func() bool {
+		rec, err := e.store.GetPool(t.Context(), name)
+		return err == nil && rec.State == warmpool.PoolActive && !rec.WarmUntil.IsZero()
+	}, waitFor, tick, "the prefetch made the pool and recorded its hold")
+	passes := func() float64 { return e.counter("quarry_locked_passes_total", map[string]string{"lock": "class/default"}) }
+	e.clock.Advance(601 * time.Second)
+	before := passes()
+	require.Eventually(t, func() bool { return passes() >= before+3 }, waitFor, tick, "the class passes ran")
+	assert.Equal(t, warmpool.PoolActive, e.poolRecord(name).State, "idle past idle_seconds, but within the prefetch's hold")
+	e.clock.Advance(1200 * time.Second)
+	require.Eventually(t, func() bool { return e.poolRecord(name).State == warmpool.PoolEnded }, waitFor, tick, "after the hold it ends")
 }

@@ -24,6 +24,10 @@ type orphanSweep struct {
 	// seen is when the sweep first saw a provider task that reports no
 	// creation time (kept across cycles).
 	seen map[string]time.Time
+	// stopped are the orphans the sweep stopped that the provider still
+	// lists, stopped (ECS reports a stopped task for about an hour): they
+	// are not stopped again (kept across cycles, while listed).
+	stopped map[string]bool
 }
 
 // sweepOrphans runs one pass of the orphan sweep, bounded by
@@ -110,6 +114,9 @@ func (m *Manager) endOrphanCycle(ctx context.Context, now time.Time) {
 	for _, name := range slices.Sorted(maps.Keys(o.listed)) {
 		for _, t := range o.listed[name] {
 			listedIDs[t.ID] = true
+			if t.State == providers.TaskStopped && o.stopped[t.ID] {
+				continue // stopped by an earlier cycle: nothing is left of it to stop
+			}
 			if !m.isOrphan(ctx, t, now) {
 				continue
 			}
@@ -127,11 +134,17 @@ func (m *Manager) endOrphanCycle(ctx context.Context, now time.Time) {
 			}
 			m.metrics.orphans.WithLabelValues(name).Inc()
 			log.Warn("stopped an orphan task")
+			o.stopped[t.ID] = true
 		}
 	}
 	for id := range o.seen { // forget tasks the providers no longer list
 		if !listedIDs[id] {
 			delete(o.seen, id)
+		}
+	}
+	for id := range o.stopped {
+		if !listedIDs[id] {
+			delete(o.stopped, id)
 		}
 	}
 	o.listed, o.known = nil, nil
