@@ -630,7 +630,9 @@ func TestPrefetch_HoldsThePoolForItsBatch(t *testing.T) {
 		rec, err := e.store.GetPool(t.Context(), name)
 		return err == nil && rec.State == warmpool.PoolActive && !rec.WarmUntil.IsZero()
 	}, waitFor, tick, "the prefetch made the pool and recorded its hold")
-	passes := func() float64 { return e.counter("quarry_locked_passes_total", map[string]string{"lock": "class/default"}) }
+	passes := func() float64 {
+		return e.counter("quarry_locked_passes_total", map[string]string{"lock": "class/default"})
+	}
 	e.clock.Advance(601 * time.Second)
 	before := passes()
 	require.Eventually(t, func() bool { return passes() >= before+3 }, waitFor, tick, "the class passes ran")
