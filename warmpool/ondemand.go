@@ -763,10 +763,18 @@ func (m *Manager) classLoop(ctx context.Context, cs *classState) {
 	m.every(ctx, m.cfg.ReconcileInterval, m.locked(cs.lock, m.cfg.ReconcileInterval, func(ctx context.Context) { m.classPass(ctx, cs) }))
 }
 
+// classPassConcurrency bounds the pool passes one class pass runs at once.
+const classPassConcurrency = 8
+
 // classPass reads one page (Config.PoolPage) of the class's pool records,
-// from where the last pass stopped, and tends each: a walk over all of them
-// takes pools/PoolPage passes, whatever the number of tasks.
+// from where the last pass stopped, tends each, and runs the reconciler's
+// pass of each active one (a counter read, and a page of its walk when it
+// has tasks): the class's background work is one page of pools per
+// ReconcileInterval, whatever the number of pools, and a pool's turn comes
+// every pools/PoolPage passes (its walks at most every SweepInterval).
 func (m *Manager) classPass(ctx context.Context, cs *classState) {
+	ctx, renew, done := m.renewing(ctx, cs.lock, m.cfg.ReconcileInterval)
+	defer done()
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	page, err := m.store.ListPoolsPage(sctx, cs.cfg.Name, cs.cursor, m.cfg.PoolPage)
 	cancel()
@@ -777,12 +785,17 @@ func (m *Manager) classPass(ctx context.Context, cs *classState) {
 		return
 	}
 	cs.cursor = page.Next
+	var g errgroup.Group
+	g.SetLimit(classPassConcurrency)
 	for _, rec := range page.Pools {
-		if ctx.Err() != nil {
-			return
+		if !renew() {
+			break
 		}
-		m.tend(ctx, cs, rec)
+		if p := m.tend(ctx, cs, rec); p != nil {
+			g.Go(func() error { m.reconcile(ctx, p); return nil })
+		}
 	}
+	_ = g.Wait()
 	if cs.cursor == "" {
 		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 		n, err := m.store.CountClass(sctx, cs.cfg.Name)
@@ -798,8 +811,9 @@ func (m *Manager) classPass(ctx context.Context, cs *classState) {
 // (the warm policy, or a prefetch's floor); one idle past idle_seconds
 // retires its ready tasks, then ends when it has none; an ended one is
 // unloaded, and deleted with what its provider made once retention_seconds
-// have passed.
-func (m *Manager) tend(ctx context.Context, cs *classState, rec PoolRecord) {
+// have passed. It returns the pool whose reconciler pass is due (an active
+// one not ending), or nil.
+func (m *Manager) tend(ctx context.Context, cs *classState, rec PoolRecord) *pool {
 	now := m.clock.Now()
 	p := m.odPool(rec.Name)
 	if rec.State == PoolEnded {
@@ -809,13 +823,13 @@ func (m *Manager) tend(ctx context.Context, cs *classState, rec PoolRecord) {
 		if now.Sub(rec.EndedAt) >= time.Duration(cs.cfg.RetentionSeconds)*time.Second {
 			m.forgetPool(ctx, cs, rec)
 		}
-		return
+		return nil
 	}
 	if p == nil {
 		var err error
 		if p, err = m.addPool(cs, poolOfRecord(cs, rec), rec); err != nil {
 			m.log.Warn("class pass: load an on-demand pool", "class", cs.cfg.Name, "pool", rec.Name, "err", err)
-			return
+			return nil
 		}
 	}
 	p.od.setRecord(rec)
@@ -834,7 +848,9 @@ func (m *Manager) tend(ctx context.Context, cs *classState, rec PoolRecord) {
 	}
 	if idle {
 		m.endIdle(ctx, p, rec)
+		return nil
 	}
+	return p
 }
 
 // rate records a sample of the pool's acquire count and returns its

@@ -36,21 +36,19 @@ const (
 // waiting acquires, on another replica for its waiting acquires alone
 // (which needs no lock: ReserveTasks keeps max_total).
 //
-// An on-demand pool's passes are gated on its class's lock, which the
-// class loop takes and renews (classLoop): its loop only looks whether this
-// replica holds it, runs every p.interval, and ends when the pool is
-// unloaded (p.od.quit).
+// An on-demand pool's periodic passes are the class loop's (classPass, a
+// page of pools at a time, on the holder of the class's lock): its own loop
+// refills on wake-ups (for its waiting acquires, and on the holder for its
+// warm target), drops the pool from a replica that does not use it
+// (unloadIdle) every p.interval, and ends when the pool is unloaded
+// (p.od.quit).
 func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
 	lock := p.lock
 	pass := m.locked(lock, p.interval, func(ctx context.Context) { m.reconcile(ctx, p) })
 	takeLock := func(ctx context.Context) bool { return m.holdLock(ctx, lock, p.interval) }
 	var quit <-chan struct{}
 	if p.od != nil {
-		pass = func(ctx context.Context) {
-			if m.holds(lock) {
-				m.reconcile(ctx, p)
-			}
-		}
+		pass = func(context.Context) {} // the class pass runs it (classPass)
 		takeLock = func(context.Context) bool { return true }
 		quit = p.od.quit
 	}

@@ -39,14 +39,7 @@ func (m *Manager) RunOnce(ctx context.Context) error {
 	}
 	for _, name := range m.classNames {
 		cs := m.classes[name]
-		m.locked(cs.lock, m.cfg.ReconcileInterval, func(ctx context.Context) {
-			m.classPass(ctx, cs)
-			for _, p := range m.allPools() {
-				if p.od != nil && p.od.class == cs {
-					m.reconcile(ctx, p)
-				}
-			}
-		})(ContextWithCaller(ctx, CallerReconcile))
+		m.locked(cs.lock, m.cfg.ReconcileInterval, func(ctx context.Context) { m.classPass(ctx, cs) })(ContextWithCaller(ctx, CallerReconcile))
 	}
 	m.locked(lockReaper, m.cfg.ReapInterval, m.reap)(ContextWithCaller(ctx, CallerReaper))
 	m.locked(lockOrphans, m.cfg.OrphanInterval, m.sweepOrphans)(ContextWithCaller(ctx, CallerOrphans))
