@@ -308,11 +308,32 @@ func (m *Manager) await(ctx context.Context, p *pool, req AcquireRequest, dur ti
 // can become free for a waiting acquire); a store error is nil and false
 // (the next look decides).
 func (m *Manager) readyNow(ctx context.Context, p *pool) (bool, error) {
-	c, err := m.store.CountTasks(ctx, p.cfg.Name)
+	c, err := m.countTasks(ctx, p)
 	if err != nil {
 		return false, nil
 	}
 	return c.Ready > 0, waitableCounts(p, c)
+}
+
+// countTasks reads the pool's counts once one of the replica's
+// Config.CountReads slots is free (or ctx ends): the reads of waiting
+// acquires and of refills, however many pools wait, keep that many in
+// flight at most.
+func (m *Manager) countTasks(ctx context.Context, p *pool) (TaskCounts, error) {
+	select {
+	case m.countReads <- struct{}{}:
+	default:
+		m.metrics.countWaiting.Inc()
+		select {
+		case m.countReads <- struct{}{}:
+			m.metrics.countWaiting.Dec()
+		case <-ctx.Done():
+			m.metrics.countWaiting.Dec()
+			return TaskCounts{}, fmt.Errorf("count tasks of pool %s: waiting for a read slot (QUARRY_COUNT_READS): %w", p.cfg.Name, ctx.Err())
+		}
+	}
+	defer func() { <-m.countReads }()
+	return m.store.CountTasks(ctx, p.cfg.Name)
 }
 
 // waitable returns nil when a task of the pool may become free for an
@@ -320,7 +341,7 @@ func (m *Manager) readyNow(ctx context.Context, p *pool) (bool, error) {
 // room), and ErrNoCapacity when every task is leased at max_total: one
 // read of the counts.
 func (m *Manager) waitable(ctx context.Context, p *pool) error {
-	c, err := m.store.CountTasks(ctx, p.cfg.Name)
+	c, err := m.countTasks(ctx, p)
 	if err != nil {
 		return fmt.Errorf("count tasks: %w", err)
 	}
@@ -447,7 +468,7 @@ func (m *Manager) coldStart(ctx context.Context, p *pool, req AcquireRequest, du
 // ErrNoCapacity when ctx ends first. It reads the counts, not the tasks.
 func (m *Manager) waitForRoom(ctx context.Context, p *pool) error {
 	changed := p.changed.wait() // before reading, so that no change is missed
-	c, err := m.store.CountTasks(ctx, p.cfg.Name)
+	c, err := m.countTasks(ctx, p)
 	if err != nil {
 		return fmt.Errorf("count tasks: %w", err)
 	}

@@ -84,6 +84,7 @@ type Manager struct {
 	touches    map[string]touch
 	imageRules []imageRule
 	prefetchQ  chan prefetchJob // images waiting for a prefetch worker
+	countReads chan struct{}    // a slot per count read in flight (countTasks)
 
 	// orphans is where the orphan sweep's cycle is; only the sweep
 	// goroutine uses it.
@@ -190,7 +191,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		locks: lockSet{held: map[string]bool{}, failing: map[string]bool{}}, cache: newLeaseCache(cfg.LeaseCacheTTL), bg: bg, cancel: cancel,
 		extraProvider: deps.ExtraProvider, extras: map[string]providers.Provider{}, extraFailed: map[string]extraFailure{}, extraLimits: map[string]*rate.Limiter{}, reported: map[string]bool{},
 		classes: classes, classNames: classNames, od: map[string]*pool{}, touches: map[string]touch{}, imageRules: rules,
-		prefetchQ: make(chan prefetchJob, cfg.PrefetchQueue),
+		prefetchQ: make(chan prefetchJob, cfg.PrefetchQueue), countReads: make(chan struct{}, cfg.CountReads),
 	}, nil
 }
 

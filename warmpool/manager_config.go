@@ -133,6 +133,13 @@ type Config struct {
 	// counted per on-demand pool into their records (default 5 s): their
 	// last use and rate, which the class's warm policy and idle end read.
 	PoolTouchInterval time.Duration `envconfig:"QUARRY_POOL_TOUCH_INTERVAL"`
+	// CountReads bounds the reads of a pool's counts (CountTasks) that a
+	// replica's waiting acquires and refills have in flight at once
+	// (default 64): with thousands of pools waiting for launches, their
+	// polls wait for a slot instead of swamping the store, so every read
+	// answers within QUARRY_STORE_TIMEOUT and launches, which need the
+	// store too, go on at the provider's rate.
+	CountReads int `envconfig:"QUARRY_COUNT_READS"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -183,6 +190,7 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.PrefetchQueue, 10000)
 	defaults.Set(&c.PrefetchConcurrency, 8)
 	defaults.Set(&c.PoolTouchInterval, 5*time.Second)
+	defaults.Set(&c.CountReads, 64)
 	return c
 }
 
@@ -218,6 +226,7 @@ func (c Config) Validate() error {
 		{"SWEEP_BUDGET", c.SweepBudget}, {"ACQUIRE_QUEUE", c.AcquireQueue}, {"EVENT_QUEUE", c.EventQueue}, {"ORPHAN_BUDGET", c.OrphanBudget},
 		{"POOL_PAGE", c.PoolPage}, {"MAX_ONDEMAND_POOLS", c.MaxOnDemandPools},
 		{"PREFETCH_QUEUE", c.PrefetchQueue}, {"PREFETCH_CONCURRENCY", c.PrefetchConcurrency},
+		{"COUNT_READS", c.CountReads},
 	} {
 		if n.v < 1 {
 			errs = append(errs, fmt.Errorf("QUARRY_%s: %d; at least 1", n.name, n.v))

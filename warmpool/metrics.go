@@ -43,6 +43,7 @@ type metrics struct {
 	classTasks      *prometheus.GaugeVec
 	prefetchQueue   prometheus.Gauge
 	prefetchRefused prometheus.Counter
+	countWaiting    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -150,6 +151,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "quarry_prefetch_refused_total",
 			Help: "Images of prefetches refused because QUARRY_PREFETCH_QUEUE images waited already.",
 		}),
+		countWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "quarry_count_reads_waiting",
+			Help: "Reads of a pool's counts waiting for one of QUARRY_COUNT_READS slots on this gateway.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -158,7 +163,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.acquires, m.acquireSeconds, m.tasks, m.launches, m.launchFailures, m.reaped, m.orphans,
 		m.lockAttempts, m.lockHeld, m.lockedPasses, m.refillBlocked, m.queueFull, m.queueLength, m.passSeconds,
 		m.walked, m.describes, m.taskEvents, m.orphanWalked, m.staleTasks,
-		m.prepareSeconds, m.odPools, m.odEnded, m.classTasks, m.prefetchQueue, m.prefetchRefused,
+		m.prepareSeconds, m.odPools, m.odEnded, m.classTasks, m.prefetchQueue, m.prefetchRefused, m.countWaiting,
 	} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

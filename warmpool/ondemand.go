@@ -882,7 +882,7 @@ func (o *odState) rate(now time.Time, n int64, window time.Duration) float64 {
 // and the pool is unloaded.
 func (m *Manager) endIdle(ctx context.Context, p *pool, rec PoolRecord) {
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-	c, err := m.store.CountTasks(sctx, p.cfg.Name)
+	c, err := m.countTasks(sctx, p)
 	cancel()
 	switch {
 	case err != nil:

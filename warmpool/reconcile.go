@@ -111,7 +111,7 @@ func (m *Manager) reconcile(ctx context.Context, p *pool) {
 		// An on-demand pool between walks: one counter read says whether
 		// there is anything to walk (most of a class's pools have no task).
 		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-		c, err := m.store.CountTasks(sctx, p.cfg.Name)
+		c, err := m.countTasks(sctx, p)
 		cancel()
 		if err == nil && c.Total() == 0 {
 			m.refill(ctx, p, c, true)
@@ -127,7 +127,7 @@ func (m *Manager) reconcile(ctx context.Context, p *pool) {
 // countAndRefill reads the pool's counts and refills from them.
 func (m *Manager) countAndRefill(ctx context.Context, p *pool, holder bool) {
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
-	c, err := m.store.CountTasks(sctx, p.cfg.Name)
+	c, err := m.countTasks(sctx, p)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {

@@ -3,6 +3,7 @@ package warmpool_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -527,4 +528,88 @@ func TestManager_OrphanSweep_Incremental(t *testing.T) {
 	}
 	assert.Equal(t, 1.0, e.counter("quarry_orphan_tasks_stopped_total", nil))
 	assert.GreaterOrEqual(t, e.counter("quarry_orphan_walked_tasks_total", nil), 6.0)
+}
+
+// gatedCounts is a store whose CountTasks calls wait while the gate is
+// shut, counting how many are in flight at once.
+type gatedCounts struct {
+	warmpool.Store
+	mu             sync.Mutex
+	shut           chan struct{} // nil: open
+	inFlight, most int
+}
+
+func (s *gatedCounts) CountTasks(ctx context.Context, pool string) (warmpool.TaskCounts, error) {
+	s.mu.Lock()
+	s.inFlight++
+	s.most = max(s.most, s.inFlight)
+	gate := s.shut
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+	}()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return warmpool.TaskCounts{}, ctx.Err()
+		}
+	}
+	return s.Store.CountTasks(ctx, pool)
+}
+
+func (s *gatedCounts) state() (inFlight, most int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inFlight, s.most
+}
+
+// Acquires of many pools, all reading their pools' counts at once while
+// the store is slow, keep at most QUARRY_COUNT_READS reads in flight; the
+// others wait for a slot, and every acquire succeeds once the store
+// answers. (The fleet simulation's 2,000 prefetched images timed the store
+// out with a read in flight for every waiting pool.)
+func TestManager_CountReads_BoundedWhateverThePools(t *testing.T) {
+	const pools, slots = 12, 3
+	cfg := fastConfig()
+	cfg.CountReads = slots
+	var cfgs []warmpool.PoolConfig
+	for i := range pools {
+		p := testPool(0, 1)
+		p.Name = fmt.Sprintf("p%d", i)
+		cfgs = append(cfgs, p)
+	}
+	var s *gatedCounts
+	e := newEnvSetup(t, cfg, func(e *env) {
+		e.wrap = func(st warmpool.Store) warmpool.Store { s = &gatedCounts{Store: st}; return s }
+	}, cfgs...)
+	gate := make(chan struct{})
+	s.mu.Lock()
+	s.shut, s.most = gate, 0
+	s.mu.Unlock()
+
+	errs := make(chan error, pools)
+	for i := range pools {
+		go func() {
+			_, _, err := e.m.Acquire(t.Context(), warmpool.AcquireRequest{Pool: fmt.Sprintf("p%d", i), Owner: "alice"})
+			errs <- err
+		}()
+	}
+	// Every acquire (and maybe a refill) reads counts: slots of them in
+	// the store, the others waiting for a slot.
+	require.Eventually(t, func() bool {
+		in, _ := s.state()
+		return in == slots && e.counter("quarry_count_reads_waiting", nil) >= pools-slots
+	}, waitFor, time.Millisecond, "reads in flight and waiting")
+	_, most := s.state()
+	assert.Equal(t, slots, most, "count reads in flight at once")
+	close(gate)
+	for range pools {
+		require.NoError(t, <-errs)
+	}
+	_, most = s.state()
+	assert.LessOrEqual(t, most, slots)
+	assert.Zero(t, e.counter("quarry_count_reads_waiting", nil))
 }
