@@ -80,6 +80,7 @@ type Manager struct {
 	odMu       sync.RWMutex
 	od         map[string]*pool
 	loads      singleflight.Group
+	preps      singleflight.Group // image preparations running on this replica, by pool (prepareAndRecord)
 	touchMu    sync.Mutex
 	touches    map[string]touch
 	imageRules []imageRule

@@ -112,10 +112,11 @@ type Config struct {
 	// OWNER=PATTERN (the key whose owner id is OWNER); empty: the classes'
 	// patterns alone decide. Comma-separated in the variable.
 	ImageAllow []string `envconfig:"QUARRY_IMAGE_ALLOW"`
-	// ImagePrepareTimeout bounds the preparation of an on-demand pool's
-	// image (a pull; a task definition's registration) that acquires wait
-	// on (default 15 min); each acquire still waits at most its own
-	// timeout.
+	// ImagePrepareTimeout bounds how long a load of an on-demand pool
+	// waits for its image's preparation (a pull; a task definition's
+	// registration; default 15 min); each acquire still waits at most its
+	// own timeout. A preparation still running then goes on under its lock
+	// (up to an hour, or this when longer), so no replica starts it again.
 	ImagePrepareTimeout time.Duration `envconfig:"QUARRY_IMAGE_PREPARE_TIMEOUT"`
 	// PoolPage is how many pool records a class pass reads (default 100):
 	// a class of N on-demand pools is tended every N/PoolPage passes.

@@ -373,12 +373,64 @@ const (
 // preparation lock. held is false when another replica holds the lock (it
 // prepares: nothing was done); made is zero when the record changed
 // meanwhile (the caller reads it again).
+//
+// The preparation outlives ctx: when this replica's wait ends first
+// (Config.ImagePrepareTimeout), it goes on in the background, up to
+// preparationMax, still holding the lock, and records the pool when done.
+// Letting go of the lock at the wait's end would have another replica
+// start the same preparation again while the provider still runs the
+// first: in the fleet simulation, registrations queued behind AWS's
+// RegisterTaskDefinition rate for longer than the wait were registered
+// twice (2,674 task definitions for 2,000 images).
 func (m *Manager) prepareAndRecord(ctx context.Context, cs *classState, cfg PoolConfig, rec PoolRecord, absent bool) (made PoolRecord, held bool, err error) {
-	lock := "prepare/" + cfg.Name
-	ok, err := m.store.TryLock(ctx, lock, m.cfg.ReplicaID, prepareLockTTL, m.clock.Now())
-	if err != nil || !ok {
-		return PoolRecord{}, false, err
+	type result struct {
+		made PoolRecord
+		held bool
 	}
+	caller := CallerOf(ctx)
+	// One preparation per pool on this replica too: a load that gave up
+	// waiting and a later one share the preparation still running.
+	ch := m.preps.DoChan(cfg.Name, func() (any, error) {
+		lock := "prepare/" + cfg.Name
+		var r result
+		var err error
+		done := make(chan struct{})
+		if !m.goBackground(caller, func(bg context.Context) {
+			defer close(done)
+			pctx, cancel := context.WithTimeout(bg, max(preparationMax, m.cfg.ImagePrepareTimeout))
+			defer cancel()
+			ok, lerr := m.store.TryLock(pctx, lock, m.cfg.ReplicaID, prepareLockTTL, m.clock.Now())
+			if lerr != nil || !ok {
+				err = lerr
+				return
+			}
+			r.held = true
+			r.made, err = m.underPrepareLock(pctx, lock, cfg, func() (PoolRecord, error) {
+				return m.prepareRecord(pctx, cs, cfg, rec, absent)
+			})
+		}) {
+			return result{held: true}, fmt.Errorf("prepare image %s: %w", cfg.Image, ErrClosed)
+		}
+		<-done
+		return r, err
+	})
+	select {
+	case res := <-ch:
+		r, _ := res.Val.(result)
+		return r.made, r.held, res.Err
+	case <-ctx.Done():
+		return PoolRecord{}, true, fmt.Errorf("wait for the preparation of image %s (it goes on; QUARRY_IMAGE_PREPARE_TIMEOUT bounds the wait): %w", cfg.Image, ctx.Err())
+	}
+}
+
+// preparationMax bounds a preparation that no acquire waits for any more
+// (prepareAndRecord); providers bound theirs too (ECS: an hour of
+// registration backlog).
+const preparationMax = time.Hour
+
+// underPrepareLock runs fn while holding the preparation lock, renewing it
+// every third of its TTL, and lets go of it after.
+func (m *Manager) underPrepareLock(ctx context.Context, lock string, cfg PoolConfig, fn func() (PoolRecord, error)) (PoolRecord, error) {
 	renewed := make(chan struct{})
 	stop := make(chan struct{})
 	go func() { // the lock outlives a long pull, and no more than the pull
@@ -390,37 +442,53 @@ func (m *Manager) prepareAndRecord(ctx context.Context, cs *classState, cfg Pool
 			case <-stop:
 				return
 			case <-t.C:
-				_, _ = m.store.TryLock(ctx, lock, m.cfg.ReplicaID, prepareLockTTL, m.clock.Now())
+				sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+				_, _ = m.store.TryLock(sctx, lock, m.cfg.ReplicaID, prepareLockTTL, m.clock.Now())
+				cancel()
 			}
 		}
 	}()
 	defer func() {
 		close(stop)
 		<-renewed
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
-		if uerr := m.store.Unlock(uctx, lock, m.cfg.ReplicaID); uerr != nil {
-			m.log.Warn("let go of an image's preparation lock: it expires instead", "pool", cfg.Name, "err", uerr)
-		}
-		cancel()
+		m.unlockPrepare(ctx, lock, cfg)
 	}()
+	return fn()
+}
+
+// unlockPrepare lets go of an image's preparation lock.
+func (m *Manager) unlockPrepare(ctx context.Context, lock string, cfg PoolConfig) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
+	defer cancel()
+	if err := m.store.Unlock(uctx, lock, m.cfg.ReplicaID); err != nil {
+		m.log.Warn("let go of an image's preparation lock: it expires instead", "pool", cfg.Name, "err", err)
+	}
+}
+
+// prepareRecord is prepareAndRecord's work under the lock: the image is
+// prepared, then the record made or made active again (zero when it
+// changed meanwhile).
+func (m *Manager) prepareRecord(ctx context.Context, cs *classState, cfg PoolConfig, rec PoolRecord, absent bool) (PoolRecord, error) {
 	info, err := m.prepare(ctx, cs, cfg)
 	if err != nil {
-		return PoolRecord{}, true, err
+		return PoolRecord{}, err
 	}
+	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+	defer cancel()
 	now := m.clock.Now()
 	if absent {
-		made, err = m.store.CreatePool(ctx, PoolRecord{
+		made, err := m.store.CreatePool(sctx, PoolRecord{
 			Name: cfg.Name, Class: cs.cfg.Name, Image: cfg.Image, CPU: cfg.CPU, MemoryMiB: int(cfg.Memory), DiskMiB: int(cfg.Disk),
 			Digest: info.Digest, Ref: info.Ref, CreatedAt: now, LastUsed: now,
 		})
 		if errors.Is(err, ErrConflict) {
-			return PoolRecord{}, true, nil
+			return PoolRecord{}, nil
 		}
 		if err != nil {
-			return PoolRecord{}, true, fmt.Errorf("record on-demand pool %s: %w", cfg.Name, err)
+			return PoolRecord{}, fmt.Errorf("record on-demand pool %s: %w", cfg.Name, err)
 		}
 		m.log.Info("on-demand pool made", "pool", cfg.Name, "class", cs.cfg.Name, "image", cfg.Image, "digest", info.Digest)
-		return made, true, nil
+		return made, nil
 	}
 	rec.State, rec.EndedAt, rec.LastUsed = PoolActive, time.Time{}, now
 	if info.Digest != "" {
@@ -429,15 +497,15 @@ func (m *Manager) prepareAndRecord(ctx context.Context, cs *classState, cfg Pool
 	if info.Ref != "" {
 		rec.Ref = info.Ref
 	}
-	made, err = m.store.UpdatePool(ctx, rec)
+	made, err := m.store.UpdatePool(sctx, rec)
 	if errors.Is(err, ErrConflict) {
-		return PoolRecord{}, true, nil
+		return PoolRecord{}, nil
 	}
 	if err != nil {
-		return PoolRecord{}, true, fmt.Errorf("make on-demand pool %s active again: %w", cfg.Name, err)
+		return PoolRecord{}, fmt.Errorf("make on-demand pool %s active again: %w", cfg.Name, err)
 	}
 	m.log.Info("on-demand pool active again", "pool", cfg.Name, "class", cs.cfg.Name, "image", cfg.Image)
-	return made, true, nil
+	return made, nil
 }
 
 // prepare makes the image of on-demand pool cfg launchable

@@ -644,3 +644,48 @@ func TestPrefetch_HoldsThePoolForItsBatch(t *testing.T) {
 	e.clock.Advance(1200 * time.Second)
 	require.Eventually(t, func() bool { return e.poolRecord(name).State == warmpool.PoolEnded }, waitFor, tick, "after the hold it ends")
 }
+
+// A preparation that outlasts its acquires' wait goes on under its lock:
+// another replica (or a later acquire here) waits for it instead of
+// preparing the image a second time (on ECS: a second registration in
+// AWS's RegisterTaskDefinition rate).
+func TestImagePool_APreparationOutlastingItsWaitIsNotStartedAgain(t *testing.T) {
+	cfg := fastConfig()
+	cfg.ImagePrepareTimeout = 300 * time.Millisecond
+	e, ip := newImageEnv(t, cfg, testClass(8))
+	other, err := warmpool.New(e.cfg, warmpool.Deps{
+		Store: e.store, Providers: map[string]providers.Provider{"fake": ip}, Pools: e.pools, Classes: e.classes,
+		Agents: e.agents, Clock: e.clock, Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	require.NoError(t, other.Start(t.Context()))
+	t.Cleanup(func() { assert.NoError(t, other.Close(context.Background())) })
+	gate := make(chan struct{})
+	ip.setPrepare(func(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return providers.ImageInfo{}, ctx.Err()
+		}
+		return providers.ImageInfo{Image: spec.Image, State: providers.ImageReady}, nil
+	})
+	req := warmpool.ImageRequest{Image: "registry.test/slow:1", Owner: "alice"}
+	_, err = e.m.ImagePool(t.Context(), req)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the wait ended before the preparation")
+	require.Equal(t, 1, ip.prepareCount(req.Image))
+
+	for _, m := range []*warmpool.Manager{e.m, other} {
+		_, err = m.ImagePool(t.Context(), req)
+		require.ErrorIs(t, err, context.DeadlineExceeded, "still preparing")
+	}
+	assert.Equal(t, 1, ip.prepareCount(req.Image), "neither a later acquire nor the other replica prepared the image again")
+
+	close(gate)
+	var name string
+	require.Eventually(t, func() bool {
+		name, err = other.ImagePool(t.Context(), req)
+		return err == nil
+	}, waitFor, tick, "the preparation recorded the pool when it was done")
+	assert.Equal(t, warmpool.PoolActive, e.poolRecord(name).State)
+	assert.Equal(t, 1, ip.prepareCount(req.Image))
+}
