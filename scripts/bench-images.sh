@@ -6,7 +6,7 @@
 # side by side in one run. Any bench/imagebench flag passes through:
 #   scripts/bench-images.sh -images 20 -sandboxes 100        # a smoke run
 # It starts what it needs as make test does (the Docker engine and test images, the test
-# registry) and stops the registry it started. Results: printed, and .cache/bench/images.json.
+# registry) and stops the registry it started. Results: printed, and .cache/bench/images.{json,txt}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh

@@ -41,7 +41,7 @@ lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core)' || true
 grep MemTotal /proc/meminfo
 if [ "${SCENARIO:-fleet}" = images ]; then
   bin/scalebench -bin bin -images "${IMAGES:-2000}" -sizes "${SIZES:-10000}" -time-scale "${TIME_SCALE:-0.2}" \
-    -replicas "${REPLICAS:-2}" -json "$out/images.json" "$@" | tee "$out/images.txt"
+    -replicas "${REPLICAS:-2}" -json "$out/scale-images.json" "$@" | tee "$out/scale-images.txt"
   exit "${PIPESTATUS[0]}"
 fi
 bin/scalebench -bin bin -sizes "${SIZES:-1000,4000,10000}" -time-scale "${TIME_SCALE:-0.2}" \

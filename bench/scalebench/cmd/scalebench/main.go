@@ -4,7 +4,7 @@
 // on a simulator is labelled simulated.
 //
 //	scalebench -sizes 1000,4000,10000 -replicas 2 -time-scale 0.2 -bin bin -json .cache/bench/scale.json
-//	scalebench -images 2000 -sizes 10000 -json .cache/bench/images.json   # the images scenario (issue 22)
+//	scalebench -images 2000 -sizes 10000 -json .cache/bench/scale-images.json   # the images scenario (issue 22)
 //	scalebench -images 100 -sizes 500                                     # its smoke size
 package main
 
