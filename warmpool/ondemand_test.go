@@ -590,22 +590,7 @@ func TestAcquire_WaitingHeadLooksWithCountsNotClaims(t *testing.T) {
 // one task definition), the other waits for its record.
 func TestImagePool_ReplicasPrepareAnImageOnce(t *testing.T) {
 	e, ip := newImageEnv(t, fastConfig(), testClass(8))
-	other, err := warmpool.New(e.cfg, warmpool.Deps{
-		Store: e.store, Providers: map[string]providers.Provider{"fake": ip}, Pools: e.pools, Classes: e.classes,
-		Agents: e.agents, Clock: e.clock, Logger: slog.New(slog.DiscardHandler),
-	})
-	require.NoError(t, err)
-	require.NoError(t, other.Start(t.Context()))
-	t.Cleanup(func() { assert.NoError(t, other.Close(context.Background())) })
-	gate := make(chan struct{})
-	ip.setPrepare(func(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error) {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return providers.ImageInfo{}, ctx.Err()
-		}
-		return providers.ImageInfo{Image: spec.Image, State: providers.ImageReady}, nil
-	})
+	other, gate := secondReplicaGated(t, e, ip)
 	names := make(chan string, 2)
 	for _, m := range []*warmpool.Manager{e.m, other} {
 		go func() {
@@ -653,24 +638,9 @@ func TestImagePool_APreparationOutlastingItsWaitIsNotStartedAgain(t *testing.T) 
 	cfg := fastConfig()
 	cfg.ImagePrepareTimeout = 300 * time.Millisecond
 	e, ip := newImageEnv(t, cfg, testClass(8))
-	other, err := warmpool.New(e.cfg, warmpool.Deps{
-		Store: e.store, Providers: map[string]providers.Provider{"fake": ip}, Pools: e.pools, Classes: e.classes,
-		Agents: e.agents, Clock: e.clock, Logger: slog.New(slog.DiscardHandler),
-	})
-	require.NoError(t, err)
-	require.NoError(t, other.Start(t.Context()))
-	t.Cleanup(func() { assert.NoError(t, other.Close(context.Background())) })
-	gate := make(chan struct{})
-	ip.setPrepare(func(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error) {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return providers.ImageInfo{}, ctx.Err()
-		}
-		return providers.ImageInfo{Image: spec.Image, State: providers.ImageReady}, nil
-	})
+	other, gate := secondReplicaGated(t, e, ip)
 	req := warmpool.ImageRequest{Image: "registry.test/slow:1", Owner: "alice"}
-	_, err = e.m.ImagePool(t.Context(), req)
+	_, err := e.m.ImagePool(t.Context(), req)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "the wait ended before the preparation")
 	require.Equal(t, 1, ip.prepareCount(req.Image))
 
@@ -688,4 +658,27 @@ func TestImagePool_APreparationOutlastingItsWaitIsNotStartedAgain(t *testing.T) 
 	}, waitFor, tick, "the preparation recorded the pool when it was done")
 	assert.Equal(t, warmpool.PoolActive, e.poolRecord(name).State)
 	assert.Equal(t, 1, ip.prepareCount(req.Image))
+}
+
+// secondReplicaGated starts a second replica on e's store and provider,
+// and makes the provider's preparations wait until gate is closed.
+func secondReplicaGated(t *testing.T, e *env, ip *imageProvider) (*warmpool.Manager, chan struct{}) {
+	t.Helper()
+	other, err := warmpool.New(e.cfg, warmpool.Deps{
+		Store: e.store, Providers: map[string]providers.Provider{"fake": ip}, Pools: e.pools, Classes: e.classes,
+		Agents: e.agents, Clock: e.clock, Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	require.NoError(t, other.Start(t.Context()))
+	t.Cleanup(func() { assert.NoError(t, other.Close(context.Background())) })
+	gate := make(chan struct{})
+	ip.setPrepare(func(ctx context.Context, spec providers.Spec) (providers.ImageInfo, error) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return providers.ImageInfo{}, ctx.Err()
+		}
+		return providers.ImageInfo{Image: spec.Image, State: providers.ImageReady}, nil
+	})
+	return other, gate
 }
