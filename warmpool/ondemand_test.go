@@ -682,3 +682,36 @@ func secondReplicaGated(t *testing.T, e *env, ip *imageProvider) (*warmpool.Mana
 	})
 	return other, gate
 }
+
+// slowCounts is a store whose count reads take a while, as DynamoDB's do,
+// so that an on-demand pool's class pass and its wake-up refills overlap.
+type slowCounts struct{ warmpool.Store }
+
+func (s slowCounts) CountTasks(ctx context.Context, pool string) (warmpool.TaskCounts, error) {
+	time.Sleep(20 * time.Millisecond)
+	return s.Store.CountTasks(ctx, pool)
+}
+
+// One acquire of a new image launches one task: the class pass's refill
+// and the pool's wake-up refill, on two goroutines, take turns, so the
+// second counts what the first reserved (both launched one, two tasks for
+// one sandbox, on DynamoDB every time).
+func TestOnDemand_OneAcquireLaunchesOneTask(t *testing.T) {
+	cfg := fastConfig()
+	cfg.ReconcileInterval, cfg.PoolTouchInterval = 20*time.Millisecond, 50*time.Millisecond
+	e := newEnvSetup(t, cfg, func(e *env) {
+		e.provider = newImageProvider(e.prov)
+		e.classes = []warmpool.ClassConfig{testClass(8)}
+		e.wrap = func(s warmpool.Store) warmpool.Store { return slowCounts{s} }
+	}, testPool(0, 2))
+	for i := range 3 {
+		name := e.imagePool(fmt.Sprintf("registry.test/one:%d", i))
+		e.acquireFrom(name, "alice")
+		passes := e.counter("quarry_locked_passes_total", map[string]string{"lock": "class/default"})
+		require.Eventually(t, func() bool {
+			return e.counter("quarry_locked_passes_total", map[string]string{"lock": "class/default"}) >= passes+3
+		}, waitFor, tick, "class passes ran after the acquire")
+		_, _, launched, _ := e.prov.counts()
+		require.Equal(t, i+1, launched, "image %d: one task per acquire", i)
+	}
+}

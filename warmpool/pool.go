@@ -33,6 +33,10 @@ type pool struct {
 	changed notifier      // a task became ready or a slot was freed
 	queue   *acquireQueue // acquires of this replica waiting for a task
 	start   *starter      // launched tasks of this replica, until ready
+	// passMu: one pass or refill of the pool at a time on this replica, so
+	// that a refill counts what the one before reserved. An on-demand
+	// pool's passes run on its class's loop, its wake-up refills on its own.
+	passMu sync.Mutex
 
 	mu         sync.Mutex
 	coldStarts map[string]bool         // launching tasks an Acquire of this replica will claim

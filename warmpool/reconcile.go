@@ -61,7 +61,9 @@ func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
 		putOff, lastRefill = nil, time.Now()
 		holder := m.holds(lock) && takeLock(ctx)
 		if holder || p.queue.len() > 0 || p.warmHere() {
+			p.passMu.Lock()
 			m.countAndRefill(ctx, p, holder)
+			p.passMu.Unlock()
 		}
 	}
 	for {
@@ -103,6 +105,8 @@ func (m *Manager) reconcileLoop(ctx context.Context, p *pool) {
 // write, so a pass racing another replica's loses cleanly. Errors are
 // logged; the next pass tries again.
 func (m *Manager) reconcile(ctx context.Context, p *pool) {
+	p.passMu.Lock()
+	defer p.passMu.Unlock()
 	start := time.Now()
 	defer func() { m.metrics.passSeconds.WithLabelValues(p.metric).Observe(time.Since(start).Seconds()) }()
 	ctx, renew, done := m.renewing(ctx, p.lock, p.interval)
