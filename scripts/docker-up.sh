@@ -32,8 +32,10 @@ else
   echo "== starting dockerd (log: $log)"
   rm -f "$pidfile"
   # setsid: the daemon outlives this script and the shell that ran it. Its own containerd is
-  # started by dockerd itself (no systemd on these machines).
-  as_root setsid /usr/sbin/dockerd --host unix:///var/run/docker.sock >>"$log" 2>&1 </dev/null &
+  # started by dockerd itself (no systemd on these machines). Without TMPDIR: a caller's may be a
+  # run's own temp dir (make test's, when a Docker suite restarts the engine), removed when the run
+  # ends, and runc keeps its exec state there: every `docker exec` after that run would fail.
+  as_root env -u TMPDIR setsid /usr/sbin/dockerd --host unix:///var/run/docker.sock >>"$log" 2>&1 </dev/null &
 fi
 
 for _ in $(seq 1 $((wait_s * 5))); do

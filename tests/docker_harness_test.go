@@ -17,6 +17,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	dockerclient "github.com/docker/docker/client"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/quarryhq/quarry/client"
@@ -172,4 +173,14 @@ func (d *dockerTest) restartEngine() {
 	cmd := exec.Command("../scripts/docker-up.sh")
 	out, err := cmd.CombinedOutput()
 	require.NoError(d.t, err, "restart dockerd: %s", out)
+	// The engine outlives this run: it must not keep the run's temp dir
+	// (TMPDIR), which is removed at its end, where runc keeps the state of
+	// every `docker exec`.
+	b, err = os.ReadFile("/var/run/docker.pid")
+	require.NoError(d.t, err)
+	environ, err := os.ReadFile("/proc/" + strings.TrimSpace(string(b)) + "/environ")
+	require.NoError(d.t, err)
+	for _, kv := range strings.Split(string(environ), "\x00") {
+		assert.False(d.t, strings.HasPrefix(kv, "TMPDIR="), "the restarted engine has the run's %s", kv)
+	}
 }
