@@ -233,6 +233,7 @@ func (s *Server) routes() http.Handler {
 	fenced("GET "+agentapi.RouteFileArchive, s.handleArchiveDownload)
 	fenced("PUT "+agentapi.RouteFileArchive, s.handleArchiveUpload)
 	fenced("POST "+agentapi.RouteKillAll, s.handleKillAll)
+	fenced("POST "+agentapi.RoutePidWait, s.handlePidWait) // pidwait.go
 	fenced("GET "+agentapi.RouteCheckpoint, s.handleCheckpoint)
 	fenced("POST "+agentapi.RoutePTYs, s.handlePTYCreate)
 	fenced("GET "+agentapi.RoutePTYs, s.handlePTYList)

@@ -311,6 +311,15 @@ func (c *Client) KillAll(ctx context.Context) (KillAllResult, error) {
 	return res, err
 }
 
+// WaitPid calls POST /v1/pids/{pid}/wait: it returns when process pid has
+// gone, the timeout has passed, or (with marker) at once when the marker
+// file does not exist. ctx should outlast the timeout.
+func (c *Client) WaitPid(ctx context.Context, pid int, req PidWaitRequest) (PidWaitResult, error) {
+	var res PidWaitResult
+	err := c.Do(ctx, http.MethodPost, strings.Replace(RoutePidWait, "{pid}", strconv.Itoa(pid), 1), req, &res)
+	return res, err
+}
+
 // ReadFile calls GET /v1/files and returns the body; the caller closes it.
 // length <= 0 reads to the end of the file. A read over the agent's limit
 // answers *Error with Code CodeTooLarge (413).

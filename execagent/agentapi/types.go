@@ -96,6 +96,7 @@ const (
 	RouteFileList      = "/v1/files/list"            // GET (?path=)
 	RouteFileArchive   = "/v1/files/archive"         // GET tar of a dir, PUT tar(.gz) to extract (?path=)
 	RouteKillAll       = "/v1/kill-all"              // POST: SIGKILL to every process but the agent
+	RoutePidWait       = "/v1/pids/{pid}/wait"       // POST: wait until a process of the sandbox exits, or a timeout (PidWaitRequest)
 	// RouteCheckpoint: GET a checkpoint archive of paths
 	// (?path=&path=&exclude=&compression=), PUT one back atomically
 	// (?sha256=), answered with RestoreResult. See docs/ARCHITECTURE.md,
@@ -435,6 +436,30 @@ type FileInfo struct {
 type FileList struct {
 	Path    string     `json:"path"`
 	Entries []FileInfo `json:"entries"`
+}
+
+// PidWaitRequest is the body of POST /v1/pids/{pid}/wait: wait until
+// process pid of the sandbox has exited, or TimeoutMS has passed, or the
+// caller leaves. With Marker set, the agent waits only when that file
+// exists (a marker the process's starter left right after starting it)
+// and the process started before the marker was written (it is the
+// process the marker names, not a later one with its pid); otherwise it
+// answers at once with Skipped. The agent removes the marker once the
+// process is gone.
+type PidWaitRequest struct {
+	TimeoutMS int64  `json:"timeout_ms"`
+	Marker    string `json:"marker,omitempty"`
+}
+
+// PidWaitResult is the answer of POST /v1/pids/{pid}/wait: Exited when the
+// process is gone (it exited and its parent reaped it, or no such process
+// existed), Skipped when the marker was missing (nothing was waited for).
+// A process that exited but that its parent has not reaped yet is not
+// Exited: "kill -0" still finds it.
+type PidWaitResult struct {
+	Exited   bool  `json:"exited"`
+	Skipped  bool  `json:"skipped,omitempty"`
+	WaitedMS int64 `json:"waited_ms"`
 }
 
 // KillAllResult is the answer of POST /v1/kill-all, which sends SIGKILL to
