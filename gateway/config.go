@@ -8,6 +8,7 @@ import (
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/defaults"
+	"github.com/quarryhq/quarry/rockcompat"
 )
 
 // Config is the gateway's configuration. cmd/gateway fills it with envconfig
@@ -96,6 +97,14 @@ type Config struct {
 	// WSPingInterval is how often the relay pings both ends of a WebSocket;
 	// an end silent for two intervals is closed (default 30s).
 	WSPingInterval time.Duration `envconfig:"QUARRY_WS_PING_INTERVAL"`
+	// RockPollHold is how long ROCK's SDK's "kill -0 PID" check of a nohup
+	// job is held until the job ends (default 8s; "off": answered at once;
+	// docs/ROCK.md).
+	RockPollHold rockcompat.PollHoldSetting `envconfig:"QUARRY_ROCK_POLL_HOLD"`
+	// RockNohupExit is what reading a finished nohup job's output answers
+	// ROCK's SDK: "rock" (default), success as ROCK answers, or "real", the
+	// job's exit code (docs/ROCK.md).
+	RockNohupExit string `envconfig:"QUARRY_ROCK_NOHUP_EXIT"`
 }
 
 // Defaults of Config's zero fields.

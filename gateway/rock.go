@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
@@ -29,6 +30,8 @@ func (g *Gateway) newRock(images map[string]string) (*rockcompat.Service, error)
 		MaxCommandTimeout: g.cfg.MaxCommandTimeout,
 		TimeoutMargin:     g.cfg.TimeoutMargin,
 		RetryAfter:        g.cfg.RetryAfter,
+		PollHold:          time.Duration(g.cfg.RockPollHold),
+		NohupExit:         g.cfg.RockNohupExit,
 	}, rockcompat.Deps{
 		Leases: g.mgr,
 		Owner:  ownerOf,
@@ -37,6 +40,9 @@ func (g *Gateway) newRock(images map[string]string) (*rockcompat.Service, error)
 		},
 		Logger: g.log.With("api", "rock"),
 		Clock:  g.clock,
+		Leave: func(c *fiber.Ctx, leave func()) func() {
+			return watchLeave(c.Context().Conn(), leave).stop
+		},
 	})
 }
 

@@ -328,6 +328,9 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 		return nil, badinput.New("session", "session %q does not exist in sandbox %s; call create_session first", name, req.SandboxID)
 	}
 	cmd := *req.Command
+	if pid := pollPid(cmd); pid != 0 && s.cfg.PollHold > 0 && !s.holdPoll(c, ctx, ac, l, pid) {
+		return nil, errClientLeft
+	}
 	cmd = rewriteNohup(cmd, s.stateDir(l))
 	rcFile, nohupOut := nohupRead(cmd, s.stateDir(l))
 	nohupCode, haveCode := 0, false
@@ -373,7 +376,7 @@ func (s *Service) runInSession(c *fiber.Ctx, owner string) (any, error) {
 	obs := observation{SessionType: "bash", Output: output}
 	if haveCode {
 		_ = s.writeSmall(ctx, ac, rcFile, "")
-		if nohupCode != 0 {
+		if nohupCode != 0 && s.cfg.NohupExit == NohupExitReal {
 			reason := fmt.Sprintf("the nohup command writing %s exited with code %d", nohupOut, nohupCode)
 			if check == "raise" {
 				return nil, &errclass.CommandError{Message: fmt.Sprintf("%s. Here is its output:\n%s", reason, output)}

@@ -1,9 +1,18 @@
 package rockcompat
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"regexp"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/errclass"
+	"github.com/quarryhq/quarry/warmpool"
 )
 
 // The SDK's nohup mode (arun(..., mode="nohup")) starts
@@ -41,7 +50,8 @@ func rcFile(stateDir, out string) string {
 }
 
 // rewriteNohup returns cmd, rewritten when it is the SDK's nohup start
-// command so that the job's exit status is kept.
+// command so that the job's exit status is kept and its PID is marked as
+// a nohup job's (jobMarker), for the polls of pollHeld.
 func rewriteNohup(cmd, stateDir string) string {
 	m := nohupStart.FindStringSubmatch(cmd)
 	if m == nil {
@@ -49,9 +59,75 @@ func rewriteNohup(cmd, stateDir string) string {
 	}
 	body, out := m[1], m[2]
 	rc := rcFile(stateDir, out)
-	return "mkdir -p " + stateDir + "/rc; rm -f " + rc + "\n" +
+	return "mkdir -p " + stateDir + "/rc " + stateDir + "/jobs; rm -f " + rc + "\n" +
 		"( trap '' HUP; ( " + body + "\n) < /dev/null > " + out + " 2>&1; echo $? > " + rc + " ) > /dev/null 2>&1 &\n" +
-		"echo PIDSTART${!}PIDEND; disown 2> /dev/null || :"
+		": > " + stateDir + "/jobs/$! 2> /dev/null; echo PIDSTART${!}PIDEND; disown 2> /dev/null || :"
+}
+
+// jobMarker is the file the rewritten start command leaves for the nohup
+// job of PID pid: the agent holds a poll of that PID only when it exists
+// (and is younger than the process), so that "kill -0" of any other
+// process is answered at once.
+func jobMarker(stateDir string, pid int) string {
+	return stateDir + "/jobs/" + strconv.Itoa(pid)
+}
+
+// The SDK waits for a nohup job (Sandbox.wait_for_process_completion) by
+// running "kill -0 PID" in the job's session, then sleeping
+// max(5, wait_interval) seconds, until the check fails, which it reads as
+// the job's end; each check may take min(2 × interval, wait_timeout)
+// seconds before the SDK counts it as timed out. Quarry holds such a check
+// of a job it started (pollHeld) until the job is gone or PollHold has
+// passed, and only then runs the check itself: its answer is the truth at
+// that moment, and a job that ends within the hold is seen to end at once
+// rather than at the next poll, five seconds or more later. The hold (8 s
+// by default) is below the shortest check timeout of a wait_timeout of 10
+// s or more (10 s), so a check never times out because of it; a shorter
+// wait_timeout makes the SDK give up its check before the hold ends, and
+// the gateway stops holding when the SDK's connection closes
+// (docs/ROCK.md, "Nohup jobs without the five-second polls").
+var killZero = regexp.MustCompile(`^kill -0 ([1-9][0-9]{0,9})$`)
+
+// pollPid returns the PID that cmd checks when it is exactly the SDK's
+// "kill -0 PID" (0 otherwise).
+func pollPid(cmd string) int {
+	m := killZero.FindStringSubmatch(cmd)
+	if m == nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(m[1])
+	if err != nil || pid > maxPid {
+		return 0
+	}
+	return pid
+}
+
+// errClientLeft answers a held check whose client has gone (nobody reads
+// it; a command failure is not logged as the service's).
+var errClientLeft error = &errclass.CommandError{Message: "the client closed its connection before the check ran"}
+
+// maxPid is Linux's largest PID (PID_MAX_LIMIT on 64-bit systems).
+const maxPid = 1 << 22
+
+// holdPoll holds c's "kill -0 pid" until the job of that PID is gone, the
+// service's PollHold passes, or c's client leaves (false: the caller
+// answers nothing more). A failed wait is not the caller's failure: the
+// check then runs at once, as without a hold.
+func (s *Service) holdPoll(c *fiber.Ctx, ctx context.Context, ac *agentapi.Client, l warmpool.Lease, pid int) bool {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PollHold+s.cfg.ManagerTimeout)
+	defer cancel()
+	var left atomic.Bool
+	stop := s.leave(c, func() { left.Store(true); cancel() })
+	_, err := ac.WaitPid(ctx, pid, agentapi.PidWaitRequest{
+		TimeoutMS: s.cfg.PollHold.Milliseconds(), Marker: jobMarker(s.stateDir(l), pid)})
+	stop()
+	if left.Load() {
+		return false
+	}
+	if err != nil {
+		s.log.Debug("hold kill -0 poll", "sandbox", l.ID, "pid", pid, "err", err)
+	}
+	return true
 }
 
 // nohupRead returns the status file and output file of cmd when it is the

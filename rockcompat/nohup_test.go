@@ -146,3 +146,69 @@ func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+func TestPollPid_OnlyTheSDKsCheck(t *testing.T) {
+	for _, tc := range []struct {
+		cmd string
+		pid int
+	}{
+		{cmd: "kill -0 1234", pid: 1234},
+		{cmd: "kill -0 4194304", pid: 4194304},
+		{cmd: "kill -0 4194305"}, // above Linux's largest pid
+		{cmd: "kill -0 0"},
+		{cmd: "kill -0 -1"},
+		{cmd: "kill -0 12 34"},
+		{cmd: "kill -0 1234; echo x"},
+		{cmd: " kill -0 1234"},
+		{cmd: "kill -9 1234"},
+		{cmd: "kill -0 01234"},
+	} {
+		assert.Equal(t, tc.pid, pollPid(tc.cmd), tc.cmd)
+	}
+}
+
+// The rewritten start marks the job's pid right after starting it, where
+// the agent looks for it (jobMarker).
+func TestRewriteNohup_MarksTheJob(t *testing.T) {
+	got := rewriteNohup(sdkNohup("python x.py", "/tmp/o.out"), "/state")
+	assert.Contains(t, got, "mkdir -p /state/rc /state/jobs;")
+	assert.Contains(t, got, "&\n: > /state/jobs/$! 2> /dev/null; echo PIDSTART${!}PIDEND")
+	assert.Equal(t, "/state/jobs/42", jobMarker("/state", 42))
+}
+
+func TestPollHoldSetting_Decode(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		err  bool
+	}{
+		{in: "8s", want: 8 * time.Second},
+		{in: "250ms", want: 250 * time.Millisecond},
+		{in: "off", want: PollHoldOff},
+		{in: "0", want: PollHoldOff},
+		{in: "0s", want: PollHoldOff},
+		{in: "1m", want: time.Minute},
+		{in: "61s", err: true},
+		{in: "-1s", err: true},
+		{in: "soon", err: true},
+	} {
+		var h PollHoldSetting
+		err := h.Decode(tc.in)
+		if tc.err {
+			assert.Error(t, err, tc.in)
+			continue
+		}
+		require.NoError(t, err, tc.in)
+		assert.Equal(t, tc.want, time.Duration(h), tc.in)
+	}
+	cfg := Config{PollHold: 2 * time.Minute}
+	assert.ErrorContains(t, cfg.Validate(), "PollHold")
+	assert.Equal(t, DefaultPollHold, Config{}.WithDefaults().PollHold)
+	assert.Equal(t, PollHoldOff, Config{PollHold: PollHoldOff}.WithDefaults().PollHold)
+}
+
+func TestConfig_NohupExit(t *testing.T) {
+	assert.Equal(t, NohupExitROCK, Config{}.WithDefaults().NohupExit, "ROCK's answer by default: its own classes rely on it")
+	assert.NoError(t, Config{NohupExit: NohupExitReal}.WithDefaults().Validate())
+	assert.ErrorContains(t, Config{NohupExit: "true"}.WithDefaults().Validate(), "QUARRY_ROCK_NOHUP_EXIT")
+}

@@ -93,6 +93,16 @@ type Config struct {
 	// StateDir is the directory inside each sandbox where session names and
 	// nohup exit codes are kept (default /tmp/.quarry-rock).
 	StateDir string
+	// PollHold is how long the SDK's "kill -0 PID" check of a nohup job is
+	// held until the job ends (default DefaultPollHold; PollHoldOff: not
+	// held). See holdPoll and docs/ROCK.md.
+	PollHold time.Duration
+	// NohupExit is what the read of a finished nohup job's output answers:
+	// NohupExitROCK (the default), success whatever the job's exit code,
+	// as ROCK answers and as ROCK's own classes expect (RuntimeEnv's
+	// "test -x python" fails in every sandbox and passes on ROCK);
+	// NohupExitReal, Failed naming the real exit code (ROCK issue #685).
+	NohupExit string
 }
 
 // Defaults of Config.
@@ -101,7 +111,41 @@ const (
 	// SDKDefaultImage is the image the ROCK SDK asks for when its user names
 	// none (SandboxConfig.image).
 	SDKDefaultImage = "python:3.11"
+	// DefaultPollHold is below the SDK's shortest check timeout of a nohup
+	// job (10 s, for wait_timeout ≥ 10 s), with 2 s to spare for the check
+	// itself and the network.
+	DefaultPollHold = 8 * time.Second
+	// MaxPollHold bounds PollHold: at most the SDK's longest usual check
+	// timeout (2 × a wait_interval of 30 s).
+	MaxPollHold = time.Minute
+	// PollHoldOff turns the hold off: checks are answered at once.
+	PollHoldOff time.Duration = -1
+	// NohupExitROCK and NohupExitReal are the values of Config.NohupExit.
+	NohupExitROCK = "rock"
+	NohupExitReal = "real"
 )
+
+// PollHoldSetting is the value of QUARRY_ROCK_POLL_HOLD: a duration of at
+// most MaxPollHold, or "off" (or 0) for no hold; unset, DefaultPollHold.
+type PollHoldSetting time.Duration
+
+// Decode parses s (envconfig.Decoder).
+func (h *PollHoldSetting) Decode(s string) error {
+	s = strings.TrimSpace(s)
+	if s == "off" {
+		*h = PollHoldSetting(PollHoldOff)
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 || d > MaxPollHold {
+		return fmt.Errorf("want a duration from 0s to %s, or off; got %q", MaxPollHold, s)
+	}
+	if d == 0 {
+		d = PollHoldOff
+	}
+	*h = PollHoldSetting(d)
+	return nil
+}
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -116,6 +160,8 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.TimeoutMargin, 10*time.Second)
 	defaults.Set(&c.RetryAfter, 2*time.Second)
 	defaults.Set(&c.StateDir, DefaultStateDir)
+	defaults.Set(&c.PollHold, DefaultPollHold)
+	defaults.Set(&c.NohupExit, NohupExitROCK)
 	return c
 }
 
@@ -128,6 +174,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxJSONBody < 0 || c.MaxUploadBody < 0 || c.MaxReadFile < 0 {
 		return errors.New("rockcompat: body limits must not be negative")
+	}
+	if c.PollHold > MaxPollHold || c.PollHold < 0 && c.PollHold != PollHoldOff {
+		return fmt.Errorf("rockcompat: PollHold must be at most %s (or PollHoldOff), got %s", MaxPollHold, c.PollHold)
+	}
+	if c.NohupExit != "" && c.NohupExit != NohupExitROCK && c.NohupExit != NohupExitReal {
+		return fmt.Errorf("rockcompat: NohupExit (QUARRY_ROCK_NOHUP_EXIT) must be %q or %q, got %q", NohupExitROCK, NohupExitReal, c.NohupExit)
 	}
 	if c.StateDir != "" && (c.StateDir[0] != '/' || !safePath(c.StateDir)) {
 		return fmt.Errorf("rockcompat: StateDir %q must be an absolute path of letters, digits, '.', '_', '-' and '/'", c.StateDir)
@@ -176,6 +228,10 @@ type Deps struct {
 	Logger *slog.Logger
 	// Clock decides whether a lease has expired (nil: clock.System).
 	Clock clock.Clock
+	// Leave runs leave once if c's client closes its connection before
+	// stop is called (nil: a client that leaves is not noticed, and a held
+	// poll lasts its hold).
+	Leave func(c *fiber.Ctx, leave func()) (stop func())
 }
 
 // PoolConfigs is an optional capability of Leases: the configured pools
@@ -201,6 +257,7 @@ type Service struct {
 	http   *http.Client
 	log    *slog.Logger
 	clock  clock.Clock
+	leave  func(*fiber.Ctx, func()) func()
 
 	poolsMu sync.Mutex
 	pools   []warmpool.PoolConfig
@@ -239,7 +296,10 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		return nil, errors.New("rockcompat: Deps.Leases and Deps.Owner are required")
 	}
 	s := &Service{cfg: cfg.WithDefaults(), leases: deps.Leases, owner: deps.Owner, body: deps.Body,
-		http: deps.HTTP, log: deps.Logger, clock: deps.Clock}
+		http: deps.HTTP, log: deps.Logger, clock: deps.Clock, leave: deps.Leave}
+	if s.leave == nil {
+		s.leave = func(*fiber.Ctx, func()) func() { return func() {} }
+	}
 	if s.body == nil {
 		s.body = func(c *fiber.Ctx, limit int64) (io.Reader, error) {
 			return io.LimitReader(bytesReader(c.Body()), limit+1), nil
