@@ -3,11 +3,14 @@
 # Debian userland for sandboxes that run Python programs (the model relay's Docker test runs the
 # official openai client in one).
 #
-#   quarry-test/python   Debian bookworm (debootstrap minbase) with python3, ca-certificates, bash
+#   quarry-test/python   Debian bookworm (debootstrap minbase) with python3, ca-certificates, procps
+#                        (kill and ps: ROCK's model service stops its server with /bin/kill), bash
 #                        and /bin/sh (dash); the openai package and its dependencies
 #                        (scripts/python-deps.sh) baked into /usr/local/lib/python3.11/dist-packages,
 #                        which Debian's python3 has on sys.path: `import openai` works for any user,
-#                        with no mount and no PYTHONPATH. The example envs of docs/ENVS.md are in
+#                        with no mount and no PYTHONPATH. ROCK's SDK (rl-rock) is there too, with its
+#                        `rock` command in /usr/local/bin, and /data/logs writable by every user:
+#                        ROCK's ModelService runs in the sandbox (docs/ROCK.md). The example envs of docs/ENVS.md are in
 #                        /opt/quarry/envs.
 #
 # Two steps, each cached:
@@ -27,10 +30,10 @@ source scripts/deps.sh
 
 force=""
 [ "${1:-}" = "--force" ] && force=1
-version=1 # bump when the layout below changes
+version=2 # bump when the layout below changes
 image=quarry-test/python:latest
 suite=bookworm
-include=python3,ca-certificates
+include=python3,ca-certificates,procps
 site=usr/local/lib/python3.11/dist-packages
 cache=.cache/images/python-$suite
 
@@ -69,11 +72,19 @@ fi
 # way for python-deps (the engine refuses a tar with a path twice); the host's console scripts
 # (bin/, whose shebangs name the host's python) are left out of it. The example envs
 # (examples/envs, docs/ENVS.md) go to /opt/quarry/envs.
+# The `rock` console script, with the image's python in its shebang (pip wrote the host's), and
+# /data/logs, writable by every user: ROCK's model service keeps its log there by default.
+extra="$PWD/.cache/images/python-extra"
+rm -rf "$extra" && mkdir -p "$extra/usr/local/bin" "$extra/data/logs"
+printf '#!/usr/bin/python3\nimport sys\nfrom rock.cli.main import main\nsys.exit(main())\n' >"$extra/usr/local/bin/rock"
+chmod 755 "$extra/usr/local/bin/rock" "$extra/data"
+chmod 1777 "$extra/data/logs"
 as_root tar --numeric-owner -c \
     --exclude=./dev/* --exclude=./proc/* --exclude=./sys/* --exclude=./.quarry-debootstrap --exclude="./$site" \
     -C "$cache" . \
     --exclude=python-deps/bin --transform="s,^python-deps,$site," \
     -C "$(dirname "$deps")" "$(basename "$deps")" \
-    --exclude=__pycache__ --transform="s,^envs,opt/quarry/envs," -C "$PWD/examples" envs |
+    --exclude=__pycache__ --transform="s,^envs,opt/quarry/envs," -C "$PWD/examples" envs \
+    --owner=0 --group=0 -C "$extra" ./usr/local/bin/rock ./data |
   docker import --change "LABEL quarry-test.inputs=$want" --change 'CMD ["/bin/bash"]' - "$image" >/dev/null
 echo "== built $image"
