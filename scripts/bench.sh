@@ -9,6 +9,8 @@
 #  5. envbench: the env API (episodes of reset + 20 steps + close on the terminal task, 1 and 64
 #     clients, step overhead over a session run)
 #  5a. ptybench: a PTY keystroke's echo round trip through the gateway's WebSocket relay, p50/p99
+#  5c. rockbench: ROCK's unmodified SDK with the gateway's hold of nohup checks on and off (a nohup
+#     arun of true; one ModelService anti_call_llm turn in Docker) and the same turn through the relay
 #  5b. pysdk: the Python SDK (bench/pysdk): a session run's overhead over raw httpx, and one asyncio
 #     process driving 1,000 sandboxes (acquire, 10 session runs each, release; the client's CPU)
 #  6. the ECS launch controller against a fake that enforces AWS's limits
@@ -50,6 +52,7 @@ run relaybench go run ./bench/relaybench -dynamodb -json "$out/relaybench.json"
 run envbench go run ./bench/envbench -bin bin -json "$out/envbench.json"
 run portbench go run ./bench/portbench -bin bin -json "$out/portbench.json"
 run ptybench go run ./bench/ptybench -bin bin -json "$out/ptybench.json"
+run rockbench go run ./bench/rockbench -bin bin -python "$(scripts/rock-sdk.sh)" -json "$out/rockbench.json"
 run pysdk "$(scripts/python-sdk-deps.sh)" bench/pysdk/bench.py --bin bin --json "$out/pysdk.json"
 run ecs go test -run '^$' -bench . -benchtime 50x ./providers/ecs/
 run warmpool go test -run '^$' -bench 'BenchmarkStore_Claim|BenchmarkManager_AcquireWarm' -benchtime=2000x ./warmpool/ ./warmpool/boltstore/

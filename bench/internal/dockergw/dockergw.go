@@ -40,9 +40,10 @@ type Options struct {
 	Env       []string // more QUARRY_* settings
 }
 
-// Gateway is one gateway process; C is a client of it.
+// Gateway is one gateway process; C is a client of it, at Base.
 type Gateway struct {
 	C    *client.Client
+	Base string // http://127.0.0.1:port
 	Dir  string
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -79,7 +80,7 @@ func Start(o Options) (*Gateway, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{C: client.New("http://"+addr, o.Key), Dir: o.Dir, cmd: cmd, done: make(chan struct{})}
+	g := &Gateway{C: client.New("http://"+addr, o.Key), Base: "http://" + addr, Dir: o.Dir, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(g.done) }()
 	return g, nil
 }
