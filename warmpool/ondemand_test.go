@@ -685,6 +685,10 @@ func secondReplicaGated(t *testing.T, e *env, ip *imageProvider) (*warmpool.Mana
 
 // slowCounts is a store whose count reads take a while, as DynamoDB's do,
 // so that an on-demand pool's class pass and its wake-up refills overlap.
+// The sleep is the store's modelled latency, not a wait for a condition:
+// with the fix the passes take turns whatever it is, so no timing makes
+// the test fail; it only makes the overlap likely without the fix (every
+// run did).
 type slowCounts struct{ warmpool.Store }
 
 func (s slowCounts) CountTasks(ctx context.Context, pool string) (warmpool.TaskCounts, error) {
