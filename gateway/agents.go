@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -236,4 +237,21 @@ func (a *agentClients) newClient(agentURL string) (*agentClient, error) {
 func (ac *agentClient) closeIdle() {
 	ac.unary.CloseIdleConnections()
 	ac.stream.CloseIdleConnections()
+}
+
+// newAgentHTTP returns the net/http client of the typed agent clients
+// (sandboxAgent.client): no total timeout (every call carries its own
+// deadline), and larger buffers than the default 4 KiB, since archives
+// stream through it (128 KiB per connection: a fork of 100 holds 12.5 MiB
+// of them while it restores).
+func newAgentHTTP(cfg Config) *http.Client {
+	dialer := &net.Dialer{Timeout: cfg.AgentDialTimeout}
+	return &http.Client{Transport: &http.Transport{
+		DialContext:         dialer.DialContext,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     cfg.IdleTimeout,
+		DisableCompression:  true,
+		WriteBufferSize:     64 << 10,
+		ReadBufferSize:      64 << 10,
+	}}
 }

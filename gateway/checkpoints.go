@@ -134,7 +134,7 @@ func (g *Gateway) poolImage(ctx context.Context, pool string) (string, error) {
 // ckAgent returns a client of lease's agent for the streaming checkpoint
 // routes.
 func (g *Gateway) ckAgent(lease warmpool.Lease) *agentapi.Client {
-	return agentapi.New(lease.AgentURL, lease.AgentToken, g.ck.http).WithGeneration(lease.Generation)
+	return g.agentClient(lease)
 }
 
 // toCheckpoint converts a stored checkpoint for a client.

@@ -6,16 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
-	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
@@ -272,20 +269,15 @@ func (e envSandboxes) Acquire(ctx context.Context, req envs.AcquireRequest) (str
 // Open reads the lease (active, unexpired, owned by owner) and returns a
 // client of its agent.
 func (e envSandboxes) Open(ctx context.Context, owner, id string) (envs.Sandbox, error) {
-	mctx, cancel := context.WithTimeout(ctx, e.g.cfg.ManagerTimeout)
-	defer cancel()
-	lease, err := e.g.mgr.Get(mctx, id, owner)
+	lease, err := e.g.usableLease(ctx, id, owner)
 	if err != nil {
 		return envs.Sandbox{}, err
 	}
-	if gone := e.g.leaseGone(lease); gone != nil {
-		return envs.Sandbox{}, gone
-	}
-	ac, err := e.g.agents.get(lease.AgentURL)
+	agent, err := e.g.agentOf(id, lease)
 	if err != nil {
 		return envs.Sandbox{}, err
 	}
-	return envs.Sandbox{Labels: lease.Labels, Agent: &envAgent{g: e.g, lease: lease, ac: ac}}, nil
+	return envs.Sandbox{Labels: lease.Labels, Agent: &agent}, nil
 }
 
 // Release ends the lease as DELETE /v1/sandboxes/{id} does.
@@ -297,68 +289,4 @@ func (e envSandboxes) Release(ctx context.Context, owner, id string) error {
 		e.g.leaseGone(l) // drops the agent's client
 	}
 	return err
-}
-
-// envAgent calls one sandbox's agent on the gateway's pooled agent client,
-// with the lease's token and generation.
-type envAgent struct {
-	g     *Gateway
-	lease warmpool.Lease
-	ac    *agentClient
-}
-
-var _ envs.Agent = (*envAgent)(nil)
-
-// StartProcess calls POST /v1/processes.
-func (a *envAgent) StartProcess(ctx context.Context, req agentapi.ProcessStartRequest) (agentapi.ProcessInfo, error) {
-	var info agentapi.ProcessInfo
-	err := a.do(ctx, agentapi.RouteProcesses, req, &info)
-	return info, err
-}
-
-// CallProcess calls POST /v1/processes/{id}/call.
-func (a *envAgent) CallProcess(ctx context.Context, id string, req agentapi.ProcessCallRequest) (agentapi.ProcessCallResult, error) {
-	var res agentapi.ProcessCallResult
-	err := a.do(ctx, agentapi.RouteProcesses+"/"+id+"/call", req, &res)
-	return res, err
-}
-
-// do POSTs in to path and decodes a 2xx answer into out. The agent's
-// refusals are *agentapi.Error; a failed call is an *agentapi.CallError, or the
-// lease's end when the manager finds the task dead. The call is bounded by
-// ctx's deadline (RequestTimeout without one).
-func (a *envAgent) do(ctx context.Context, path string, in, out any) error {
-	body, err := json.Marshal(in)
-	if err != nil {
-		return fmt.Errorf("encode agent request: %w", err)
-	}
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(a.ac.base + path)
-	req.Header.SetMethod(fiber.MethodPost)
-	req.Header.Set(fiber.HeaderAuthorization, "Bearer "+a.lease.AgentToken)
-	req.Header.Set(agentapi.HeaderGeneration, strconv.FormatInt(a.lease.Generation, 10))
-	req.Header.SetContentType(fiber.MIMEApplicationJSON)
-	req.SetBodyRaw(body)
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(a.g.cfg.RequestTimeout)
-	}
-	if err := a.ac.unary.DoDeadline(req, resp, deadline); err != nil {
-		return a.g.agentCallFailed(ctx, a.lease, err)
-	}
-	if status := resp.StatusCode(); status < 200 || status > 299 {
-		var eb agentapi.ErrorBody
-		_ = json.Unmarshal(resp.Body(), &eb)
-		if eb.Error.Code == agentapi.CodeStaleGeneration {
-			a.g.agents.evict(a.lease.AgentURL)
-		}
-		return &agentapi.Error{Status: status, Code: eb.Error.Code, Message: eb.Error.Message}
-	}
-	if err := json.Unmarshal(resp.Body(), out); err != nil {
-		return fmt.Errorf("decode agent answer to %s: %w", path, err)
-	}
-	return nil
 }

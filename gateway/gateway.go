@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -89,18 +90,22 @@ type Deps struct {
 // ServeTLS (or hand App to an adapter); stop it with Shutdown. Safe for
 // concurrent use.
 type Gateway struct {
-	cfg     Config
-	mgr     Manager
-	model   *modelservice.Service
-	envs    *envs.Service // nil without Deps.Envs
-	log     *slog.Logger
-	clock   clock.Clock
-	keys    keyring
-	agents  *agentClients
-	metrics *metrics
-	app     *fiber.App
-	routes  map[string]bool // registered route templates (metrics labels)
-	conns   *connSet        // connections accepted by Serve and ServeTLS
+	cfg    Config
+	mgr    Manager
+	model  *modelservice.Service
+	envs   *envs.Service // nil without Deps.Envs
+	log    *slog.Logger
+	clock  clock.Clock
+	keys   keyring
+	agents *agentClients
+	// agentHTTP is the net/http transport to agents of the typed clients
+	// (agentcall.go sandboxAgent.client): checkpoint streams and ROCK's
+	// routes.
+	agentHTTP *http.Client
+	metrics   *metrics
+	app       *fiber.App
+	routes    map[string]bool // registered route templates (metrics labels)
+	conns     *connSet        // connections accepted by Serve and ServeTLS
 
 	parksMu sync.Mutex
 	parks   []*parkListener // the listeners of Serve, ServeTLS and ServeRelay
@@ -146,6 +151,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	g.agents = newAgentClients(cfg, g.log)
+	g.agentHTTP = newAgentHTTP(cfg)
 	if g.clock == nil {
 		g.clock = clock.System{}
 	}
@@ -302,8 +308,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		}
 	}
 	g.agents.closeIdle()
-	g.ck.http.CloseIdleConnections()
-	g.rock.CloseIdle()
+	g.agentHTTP.CloseIdleConnections()
 	if err == nil {
 		err = wsErr
 	}
@@ -316,14 +321,13 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 // route is one route of the API: the lease routes and operations have a
 // handler; sandbox calls are proxied to the agent by kind.
 type route struct {
-	method  string
-	path    string
-	auth    bool
+	method string
+	path   string
+	// cred is the credential its caller presents, checked before the
+	// handler (credentials.go); every route names one.
+	cred    credential
 	handler fiber.Handler
 	proxy   proxyKind
-	// ws: a WebSocket route; auth also accepts the API key in the
-	// quarry.auth. subprotocol (authenticateWS).
-	ws bool
 }
 
 // routeTable lists every route. openapi.json documents exactly these
@@ -331,104 +335,104 @@ type route struct {
 func (g *Gateway) routeTable() []route {
 	const sbx = "/v1/sandboxes/:id"
 	return append([]route{
-		{method: fiber.MethodGet, path: "/healthz", handler: g.healthz},
-		{method: fiber.MethodGet, path: "/readyz", handler: g.readyz},
-		{method: fiber.MethodGet, path: "/openapi.json", handler: serveOpenAPI},
-		{method: fiber.MethodGet, path: "/metrics", auth: true, handler: g.metrics.handler},
+		{method: fiber.MethodGet, path: "/healthz", cred: credNone, handler: g.healthz},
+		{method: fiber.MethodGet, path: "/readyz", cred: credNone, handler: g.readyz},
+		{method: fiber.MethodGet, path: "/openapi.json", cred: credNone, handler: serveOpenAPI},
+		{method: fiber.MethodGet, path: "/metrics", cred: credAPIKey, handler: g.metrics.handler},
 
-		// The web console's static files (console.go, docs/CONSOLE.md): no
-		// auth, the page sends the API key on every call it makes.
-		{method: fiber.MethodGet, path: "/ui", handler: g.serveConsole},
-		{method: fiber.MethodGet, path: "/ui/:file", handler: g.serveConsole},
-		{method: fiber.MethodGet, path: "/ui/vendor/:pkg/:file", handler: g.serveConsole},
+		// The web console's static files (console.go, docs/CONSOLE.md): the
+		// page sends the API key on every call it makes.
+		{method: fiber.MethodGet, path: "/ui", cred: credNone, handler: g.serveConsole},
+		{method: fiber.MethodGet, path: "/ui/:file", cred: credNone, handler: g.serveConsole},
+		{method: fiber.MethodGet, path: "/ui/vendor/:pkg/:file", cred: credNone, handler: g.serveConsole},
 
-		{method: fiber.MethodPost, path: "/v1/sandboxes", auth: true, handler: g.createSandbox},
-		{method: fiber.MethodGet, path: "/v1/sandboxes", auth: true, handler: g.listSandboxes},
-		{method: fiber.MethodGet, path: sbx, auth: true, handler: g.getSandbox},
-		{method: fiber.MethodDelete, path: sbx, auth: true, handler: g.releaseSandbox},
-		{method: fiber.MethodPost, path: sbx + "/heartbeat", auth: true, handler: g.heartbeatSandbox},
-		{method: fiber.MethodGet, path: "/v1/pools", auth: true, handler: g.listPools},
-		{method: fiber.MethodGet, path: "/v1/whoami", auth: true, handler: g.whoami},
+		{method: fiber.MethodPost, path: "/v1/sandboxes", cred: credAPIKey, handler: g.createSandbox},
+		{method: fiber.MethodGet, path: "/v1/sandboxes", cred: credAPIKey, handler: g.listSandboxes},
+		{method: fiber.MethodGet, path: sbx, cred: credAPIKey, handler: g.getSandbox},
+		{method: fiber.MethodDelete, path: sbx, cred: credAPIKey, handler: g.releaseSandbox},
+		{method: fiber.MethodPost, path: sbx + "/heartbeat", cred: credAPIKey, handler: g.heartbeatSandbox},
+		{method: fiber.MethodGet, path: "/v1/pools", cred: credAPIKey, handler: g.listPools},
+		{method: fiber.MethodGet, path: "/v1/whoami", cred: credAPIKey, handler: g.whoami},
 
 		// Images on demand (images.go).
-		{method: fiber.MethodPost, path: "/v1/images/prefetch", auth: true, handler: g.prefetchImages},
-		{method: fiber.MethodGet, path: "/v1/images", auth: true, handler: g.listImages},
-		{method: fiber.MethodPost, path: "/v1/images/build", auth: true, handler: g.buildImage},
+		{method: fiber.MethodPost, path: "/v1/images/prefetch", cred: credAPIKey, handler: g.prefetchImages},
+		{method: fiber.MethodGet, path: "/v1/images", cred: credAPIKey, handler: g.listImages},
+		{method: fiber.MethodPost, path: "/v1/images/build", cred: credAPIKey, handler: g.buildImage},
 
-		{method: fiber.MethodPost, path: sbx + "/exec", auth: true, proxy: kindCommand},
-		{method: fiber.MethodPost, path: sbx + "/sessions", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/sessions", auth: true, proxy: kindJSON},
-		{method: fiber.MethodDelete, path: sbx + "/sessions/:sid", auth: true, proxy: kindJSON},
-		{method: fiber.MethodPost, path: sbx + "/sessions/:sid/run", auth: true, proxy: kindCommand},
-		{method: fiber.MethodPost, path: sbx + "/processes", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/processes", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/processes/:pid", auth: true, proxy: kindJSON},
-		{method: fiber.MethodDelete, path: sbx + "/processes/:pid", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/processes/:pid/output", auth: true, proxy: kindOutput},
-		{method: fiber.MethodPost, path: sbx + "/processes/:pid/signal", auth: true, proxy: kindJSON},
-		{method: fiber.MethodPost, path: sbx + "/processes/:pid/stdin", auth: true, proxy: kindUpload},
-		{method: fiber.MethodPost, path: sbx + "/processes/:pid/call", auth: true, proxy: kindCommand},
-		{method: fiber.MethodGet, path: sbx + "/files", auth: true, proxy: kindDownload},
-		{method: fiber.MethodPut, path: sbx + "/files", auth: true, proxy: kindUpload},
-		{method: fiber.MethodDelete, path: sbx + "/files", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/files/stat", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/files/list", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/files/archive", auth: true, proxy: kindDownload},
-		{method: fiber.MethodPut, path: sbx + "/files/archive", auth: true, proxy: kindUpload},
-		{method: fiber.MethodPost, path: sbx + "/kill-all", auth: true, proxy: kindJSON},
+		{method: fiber.MethodPost, path: sbx + "/exec", cred: credAPIKey, proxy: kindCommand},
+		{method: fiber.MethodPost, path: sbx + "/sessions", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/sessions", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodDelete, path: sbx + "/sessions/:sid", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodPost, path: sbx + "/sessions/:sid/run", cred: credAPIKey, proxy: kindCommand},
+		{method: fiber.MethodPost, path: sbx + "/processes", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/processes", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/processes/:pid", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodDelete, path: sbx + "/processes/:pid", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/processes/:pid/output", cred: credAPIKey, proxy: kindOutput},
+		{method: fiber.MethodPost, path: sbx + "/processes/:pid/signal", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodPost, path: sbx + "/processes/:pid/stdin", cred: credAPIKey, proxy: kindUpload},
+		{method: fiber.MethodPost, path: sbx + "/processes/:pid/call", cred: credAPIKey, proxy: kindCommand},
+		{method: fiber.MethodGet, path: sbx + "/files", cred: credAPIKey, proxy: kindDownload},
+		{method: fiber.MethodPut, path: sbx + "/files", cred: credAPIKey, proxy: kindUpload},
+		{method: fiber.MethodDelete, path: sbx + "/files", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/files/stat", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/files/list", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/files/archive", cred: credAPIKey, proxy: kindDownload},
+		{method: fiber.MethodPut, path: sbx + "/files/archive", cred: credAPIKey, proxy: kindUpload},
+		{method: fiber.MethodPost, path: sbx + "/kill-all", cred: credAPIKey, proxy: kindJSON},
 
 		// Terminals (pty.go, wsrelay.go): the WebSocket, and the REST fallback.
-		{method: fiber.MethodGet, path: sbx + "/pty", auth: true, ws: true, handler: g.ptyWebSocket},
-		{method: fiber.MethodPost, path: sbx + "/ptys", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/ptys", auth: true, proxy: kindJSON},
-		{method: fiber.MethodGet, path: sbx + "/ptys/:pid", auth: true, proxy: kindJSON},
-		{method: fiber.MethodDelete, path: sbx + "/ptys/:pid", auth: true, proxy: kindJSON},
-		{method: fiber.MethodPost, path: sbx + "/ptys/:pid/resize", auth: true, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/pty", cred: credAPIKeyOrWS, handler: g.ptyWebSocket},
+		{method: fiber.MethodPost, path: sbx + "/ptys", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/ptys", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodGet, path: sbx + "/ptys/:pid", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodDelete, path: sbx + "/ptys/:pid", cred: credAPIKey, proxy: kindJSON},
+		{method: fiber.MethodPost, path: sbx + "/ptys/:pid/resize", cred: credAPIKey, proxy: kindJSON},
 
 		// Checkpoints (checkpoints.go).
-		{method: fiber.MethodPost, path: sbx + "/checkpoints", auth: true, handler: g.createCheckpoint},
-		{method: fiber.MethodPost, path: sbx + "/restore", auth: true, handler: g.restoreSandbox},
-		{method: fiber.MethodPost, path: sbx + "/fork", auth: true, handler: g.forkSandbox},
-		{method: fiber.MethodGet, path: "/v1/checkpoints", auth: true, handler: g.listCheckpoints},
-		{method: fiber.MethodGet, path: "/v1/checkpoints/:id", auth: true, handler: g.getCheckpoint},
-		{method: fiber.MethodDelete, path: "/v1/checkpoints/:id", auth: true, handler: g.deleteCheckpoint},
+		{method: fiber.MethodPost, path: sbx + "/checkpoints", cred: credAPIKey, handler: g.createCheckpoint},
+		{method: fiber.MethodPost, path: sbx + "/restore", cred: credAPIKey, handler: g.restoreSandbox},
+		{method: fiber.MethodPost, path: sbx + "/fork", cred: credAPIKey, handler: g.forkSandbox},
+		{method: fiber.MethodGet, path: "/v1/checkpoints", cred: credAPIKey, handler: g.listCheckpoints},
+		{method: fiber.MethodGet, path: "/v1/checkpoints/:id", cred: credAPIKey, handler: g.getCheckpoint},
+		{method: fiber.MethodDelete, path: "/v1/checkpoints/:id", cred: credAPIKey, handler: g.deleteCheckpoint},
 
 		// The model relay: the sandbox side authenticates with the lease's
 		// relay token (model.go), the trainer side with an API key.
-		{method: fiber.MethodPost, path: sbx + "/model/v1/chat/completions", handler: g.modelCall("chat/completions")},
-		{method: fiber.MethodPost, path: sbx + "/model/v1/completions", handler: g.modelCall("completions")},
-		{method: fiber.MethodGet, path: sbx + "/model/v1/models", handler: g.modelModels},
-		{method: fiber.MethodGet, path: sbx + "/model/transcript", auth: true, handler: g.modelTranscript},
-		{method: fiber.MethodGet, path: "/v1/model/requests", auth: true, handler: g.claimModelRequests},
-		{method: fiber.MethodPost, path: "/v1/model/requests/:rid/response", auth: true, handler: g.answerModelRequest},
+		{method: fiber.MethodPost, path: sbx + "/model/v1/chat/completions", cred: credRelayToken, handler: g.modelCall("chat/completions")},
+		{method: fiber.MethodPost, path: sbx + "/model/v1/completions", cred: credRelayToken, handler: g.modelCall("completions")},
+		{method: fiber.MethodGet, path: sbx + "/model/v1/models", cred: credRelayToken, handler: g.modelModels},
+		{method: fiber.MethodGet, path: sbx + "/model/transcript", cred: credAPIKey, handler: g.modelTranscript},
+		{method: fiber.MethodGet, path: "/v1/model/requests", cred: credAPIKey, handler: g.claimModelRequests},
+		{method: fiber.MethodPost, path: "/v1/model/requests/:rid/response", cred: credAPIKey, handler: g.answerModelRequest},
 
 		// The env API (envs.go, docs/ENVS.md).
-		{method: fiber.MethodGet, path: "/v1/envs", auth: true, handler: g.listEnvs},
-		{method: fiber.MethodPost, path: "/v1/envs", auth: true, handler: g.makeEnv},
-		{method: fiber.MethodPost, path: sbx + "/env/reset", auth: true, handler: g.resetEnv},
-		{method: fiber.MethodPost, path: sbx + "/env/step", auth: true, handler: g.stepEnv},
-		{method: fiber.MethodPost, path: sbx + "/env/close", auth: true, handler: g.closeEnv},
+		{method: fiber.MethodGet, path: "/v1/envs", cred: credAPIKey, handler: g.listEnvs},
+		{method: fiber.MethodPost, path: "/v1/envs", cred: credAPIKey, handler: g.makeEnv},
+		{method: fiber.MethodPost, path: sbx + "/env/reset", cred: credAPIKey, handler: g.resetEnv},
+		{method: fiber.MethodPost, path: sbx + "/env/step", cred: credAPIKey, handler: g.stepEnv},
+		{method: fiber.MethodPost, path: sbx + "/env/close", cred: credAPIKey, handler: g.closeEnv},
 	}, g.portRoutes()...) // ports and preview URLs (ports.go)
 }
 
 func (g *Gateway) register() {
 	g.app.Use(g.observe)
-	for _, rt := range g.routeTable() {
-		h := rt.handler
-		if h == nil {
-			h = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
+	for _, rt := range append(g.routeTable(), g.rockRoutes()...) {
+		if rt.handler == nil {
+			rt.handler = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
 		}
-		switch {
-		case rt.auth && rt.ws:
-			g.app.Add(rt.method, rt.path, g.authenticateWS, h)
-		case rt.auth:
-			g.app.Add(rt.method, rt.path, g.authenticate, h)
-		default:
-			g.app.Add(rt.method, rt.path, h)
-		}
-		g.routes[rt.path] = true
+		g.add(rt)
 	}
-	g.registerRock()
+}
+
+// add registers rt behind its credential's check.
+func (g *Gateway) add(rt route) {
+	if check := g.admit(rt.cred); check != nil {
+		g.app.Add(rt.method, rt.path, check, rt.handler)
+	} else {
+		g.app.Add(rt.method, rt.path, rt.handler)
+	}
+	g.routes[rt.path] = true
 }
 
 // observe wraps every request: it maps a handler's error to its answer,

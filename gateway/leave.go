@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-
-	"github.com/quarryhq/quarry/warmpool"
 )
 
 // leaveWatch notices that a client closed its connection while the agent
@@ -79,10 +77,10 @@ func (w *leaveWatch) stop() {
 // waits for the agent's next keep-alive; the watch does not wait. The many
 // calls that end within disconnectPoll cost a timer and nothing else. The
 // caller stops the watch when the call is over.
-func (g *Gateway) cancelIfClientLeaves(c *fiber.Ctx, ac *agentClient, lease warmpool.Lease, callID string) *leaveWatch {
+func (g *Gateway) cancelIfClientLeaves(c *fiber.Ctx, agent *sandboxAgent, callID string) *leaveWatch {
 	return watchLeave(c.Context().Conn(), func() {
-		if err := g.cancelAgentCall(ac, lease, callID); err != nil {
-			g.log.Debug("cancel agent call", "sandbox", lease.ID, "call", callID, "err", err)
+		if err := agent.cancel(callID); err != nil {
+			g.log.Debug("cancel agent call", "sandbox", agent.id, "call", callID, "err", err)
 		}
 	})
 }

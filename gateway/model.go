@@ -43,7 +43,7 @@ var errRelayOff = errclass.New(http.StatusNotFound, agentapi.CodeNotFound,
 var errAgentLeft = errors.New("the agent disconnected")
 
 // relayLease authenticates a sandbox-side relay call by its relay token and
-// returns its active lease.
+// returns its active lease (credRelayToken's check).
 func (g *Gateway) relayLease(c *fiber.Ctx) (warmpool.Lease, error) {
 	if g.model == nil {
 		return warmpool.Lease{}, errRelayOff
@@ -52,7 +52,7 @@ func (g *Gateway) relayLease(c *fiber.Ctx) (warmpool.Lease, error) {
 	if err != nil {
 		return warmpool.Lease{}, err
 	}
-	token, err := bearer(c)
+	token, err := relayToken(c)
 	if err != nil {
 		return warmpool.Lease{}, err
 	}
@@ -68,31 +68,12 @@ func (g *Gateway) relayLease(c *fiber.Ctx) (warmpool.Lease, error) {
 	return lease, nil
 }
 
-// bearer returns the bearer token of c (401 when there is none).
-func bearer(c *fiber.Ctx) (string, error) {
-	h := c.Request().Header.Peek(fiber.HeaderAuthorization)
-	if len(h) == 0 {
-		return "", errclass.Unauthorized("missing relay token: send Authorization: Bearer $OPENAI_API_KEY")
-	}
-	if len(h) < len(bearerPrefix) || !bytes.EqualFold(h[:len(bearerPrefix)], bearerPrefix) {
-		return "", errclass.Unauthorized("malformed Authorization header: expected Bearer <relay token>")
-	}
-	tok := bytes.TrimSpace(h[len(bearerPrefix):])
-	if len(tok) == 0 || len(tok) > maxAPIKeyLen {
-		return "", modelservice.ErrBadToken
-	}
-	return string(tok), nil
-}
-
 // modelCall handles POST /v1/sandboxes/{id}/model/v1/{route}: the agent's
 // OpenAI call, queued for the trainer (or forwarded to the upstream) and
 // answered when the answer arrives.
 func (g *Gateway) modelCall(route string) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		lease, err := g.relayLease(c)
-		if err != nil {
-			return err
-		}
+		lease := relayLeaseOf(c)
 		bb, err := readBody(c, g.cfg.MaxJSONBody)
 		if err != nil {
 			return err
@@ -138,10 +119,7 @@ func agentLeft(c *fiber.Ctx) error {
 
 // modelModels handles GET /v1/sandboxes/{id}/model/v1/models.
 func (g *Gateway) modelModels(c *fiber.Ctx) error {
-	lease, err := g.relayLease(c)
-	if err != nil {
-		return err
-	}
+	lease := relayLeaseOf(c)
 	upstream, key, err := g.model.Upstream(lease)
 	if err != nil {
 		return errclass.Sandbox(lease.ID, err)

@@ -27,10 +27,9 @@ func (g *Gateway) portRoutes() []route {
 	const path = "/v1/sandboxes/:id/ports/:port/*"
 	// The preview route comes first: POST to a program's own path /url is
 	// not reachable through the proxy (docs/API.md).
-	rts := []route{{method: fiber.MethodPost, path: "/v1/sandboxes/:id/ports/:port/url", auth: true, handler: g.createPreviewURL}}
+	rts := []route{{method: fiber.MethodPost, path: "/v1/sandboxes/:id/ports/:port/url", cred: credAPIKey, handler: g.createPreviewURL}}
 	for _, m := range portMethods {
-		// Authenticated by proxyPort itself: the API key or a preview token.
-		rts = append(rts, route{method: m, path: path, handler: g.proxyPort})
+		rts = append(rts, route{method: m, path: path, cred: credPreviewOrKey, handler: g.proxyPort})
 	}
 	return rts
 }
@@ -70,48 +69,37 @@ func isPortPath(uri []byte) bool {
 }
 
 // proxyPort handles /v1/sandboxes/{id}/ports/{port}/{path...} (every method):
-// the caller is authenticated by a preview token (query quarry_preview or
-// its cookie) or else by the API key, the lease is read (active, the
-// caller's, and for a token the generation it was issued for), and the call
-// is relayed to the agent's port proxy.
+// the caller was admitted by a preview token or the API key
+// (credPreviewOrKey), the lease is read (active, the caller's, and for a
+// token the generation it was issued for), and the call is relayed to the
+// agent's port proxy.
 func (g *Gateway) proxyPort(c *fiber.Ctx) error {
 	id, port, err := portPathParams(c)
 	if err != nil {
 		return err
 	}
-	var lease warmpool.Lease
-	tok, fromQuery := previewToken(c)
-	if tok == "" {
-		if err := g.checkKey(c); err != nil {
-			return err
-		}
-		if lease, err = g.activeLease(c, id); err != nil {
-			return err
-		}
-	} else {
-		cl, err := g.preview.verify(tok, id, port, g.clock.Now())
+	lease, err := g.activeLease(c, id)
+	if pg := previewGrantOf(c); pg != nil {
 		if err != nil {
-			return err
-		}
-		c.Locals(ownerLocal, cl.Owner)
-		if lease, err = g.activeLease(c, id); err != nil {
 			return errPreviewLease(err)
 		}
-		if lease.Generation != cl.Generation {
-			return errPreview("it was issued for an earlier lease of this sandbox (generation %d, now %d)", cl.Generation, lease.Generation)
+		if lease.Generation != pg.claims.Generation {
+			return errPreview("it was issued for an earlier lease of this sandbox (generation %d, now %d)", pg.claims.Generation, lease.Generation)
 		}
-		if fromQuery {
+		if pg.fromQuery {
 			ck := fasthttp.AcquireCookie()
 			ck.SetKey(previewParam)
-			ck.SetValue(tok)
+			ck.SetValue(pg.token)
 			ck.SetPath(portPath(id, port))
 			ck.SetHTTPOnly(true)
 			ck.SetSameSite(fasthttp.CookieSameSiteStrictMode)
 			ck.SetSecure(c.Protocol() == "https")
-			ck.SetExpire(time.Unix(cl.Expires, 0))
+			ck.SetExpire(time.Unix(pg.claims.Expires, 0))
 			c.Response().Header.SetCookie(ck)
 			fasthttp.ReleaseCookie(ck)
 		}
+	} else if err != nil {
+		return err
 	}
 	return g.relayPort(c, portCall{id: id, port: port, lease: lease, rest: "/" + c.Params("*")})
 }
@@ -148,17 +136,15 @@ func (g *Gateway) relayPort(c *fiber.Ctx, pc portCall) error {
 	if websocket.FastHTTPIsWebSocketUpgrade(c.Context()) {
 		return g.relayPortWS(c, pc)
 	}
-	ac, err := g.agents.get(pc.lease.AgentURL)
+	agent, err := g.agentOf(pc.id, pc.lease)
 	if err != nil {
-		return errclass.Sandbox(pc.id, err)
+		return err
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	req.SetRequestURI(ac.base + agentPortURI(pc, c.Request().URI().QueryString()))
+	req.SetRequestURI(agent.url(agentPortURI(pc, c.Request().URI().QueryString())))
 	req.Header.SetMethodBytes(c.Request().Header.Method())
 	copyPortHeaders(&c.Request().Header, &req.Header, pc)
-	req.Header.Set(fiber.HeaderAuthorization, "Bearer "+pc.lease.AgentToken)
-	req.Header.Set(agentapi.HeaderGeneration, strconv.FormatInt(pc.lease.Generation, 10))
 	if cl := c.Request().Header.ContentLength(); cl > 0 || cl == -1 {
 		br, err := openBody(c, g.cfg.MaxUploadBody)
 		if err != nil {
@@ -166,11 +152,9 @@ func (g *Gateway) relayPort(c *fiber.Ctx, pc portCall) error {
 		}
 		req.SetBodyStream(br, cl)
 	}
-	// Not reused: the client may leave before the end of the answer.
-	req.SetConnectionClose()
 	up := fasthttp.AcquireResponse()
 	up.StreamBody = true
-	if err := ac.stream.Do(req, up); err != nil {
+	if err := agent.stream(req, up); err != nil {
 		fasthttp.ReleaseResponse(up)
 		return g.agentFailed(c, pc.id, pc.lease, err)
 	}
@@ -178,7 +162,7 @@ func (g *Gateway) relayPort(c *fiber.Ctx, pc portCall) error {
 		// The agent's own answer (refused token, stale generation, bad
 		// port, nothing listening), not the program's.
 		if s := up.StatusCode(); s == http.StatusConflict || s == http.StatusUnauthorized {
-			if err := g.inspectAgentError(up, pc.lease, s); err != nil {
+			if err := g.agentRefusal(up, pc.lease); err != nil {
 				fasthttp.ReleaseResponse(up)
 				return errclass.Sandbox(pc.id, err)
 			}

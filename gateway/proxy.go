@@ -6,8 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -20,7 +18,6 @@ import (
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
-	"github.com/quarryhq/quarry/warmpool"
 )
 
 // proxyKind says how a sandbox call travels to the agent and back.
@@ -41,10 +38,6 @@ const (
 	// kindUpload: the request body is streamed (bounded by MaxUploadBody).
 	kindUpload
 )
-
-// maxAgentErrorBody bounds how much of a streamed agent error answer is read
-// to inspect it.
-const maxAgentErrorBody = 64 << 10
 
 // proxyRoute is a sandbox route's agent side: its kind and the agent path
 // template, e.g. ["/v1/sessions/", ":sid", "/run"].
@@ -93,13 +86,13 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	if err != nil {
 		return err
 	}
-	ac, err := g.agents.get(lease.AgentURL)
+	agent, err := g.agentOf(id, lease)
 	if err != nil {
-		return errclass.Sandbox(id, err)
+		return err
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	if err := buildAgentRequest(c, rt, ac.base, lease, req); err != nil {
+	if err := buildAgentRequest(c, rt, agent.ac.base, req); err != nil {
 		return err
 	}
 
@@ -157,17 +150,16 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	if command {
 		callID := newCallID()
 		req.Header.Set(agentapi.HeaderCallID, callID)
-		leave = g.cancelIfClientLeaves(c, ac, lease, callID)
+		leave = g.cancelIfClientLeaves(c, &agent, callID)
 	}
 
 	resp := c.Response()
 	if stream {
-		// A stream's connection is not reused: the client may leave before
-		// the end, and what is left unread must not reach the next call.
-		req.SetConnectionClose()
+		// A stream's connection is not reused (stream): the client may leave
+		// before the end, and what is left unread must not reach the next call.
 		up := fasthttp.AcquireResponse()
 		up.StreamBody = true
-		if err := ac.stream.Do(req, up); err != nil {
+		if err := agent.stream(req, up); err != nil {
 			leave.stop()
 			fasthttp.ReleaseResponse(up)
 			return g.agentFailed(c, id, lease, err)
@@ -175,7 +167,7 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 		// The watch goes on while the answer streams: the body stops it.
 		g.passStream(context.WithoutCancel(c.UserContext()), id, lease, up, resp, leave)
 	} else {
-		err := ac.unary.DoTimeout(req, resp, timeout)
+		err := agent.unary(req, resp, timeout)
 		leave.stop()
 		if err != nil {
 			return g.agentFailed(c, id, lease, err)
@@ -184,12 +176,10 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	// The agent's Connection: close concerns the gateway's connection to it,
 	// not the client's.
 	resp.Header.ResetConnectionClose()
-	switch status := resp.StatusCode(); status {
-	case http.StatusConflict, http.StatusUnauthorized, http.StatusServiceUnavailable:
-		if err := g.inspectAgentError(resp, lease, status); err != nil {
-			return errclass.Sandbox(id, err)
-		}
-	case http.StatusGone:
+	if err := g.agentRefusal(resp, lease); err != nil {
+		return errclass.Sandbox(id, err)
+	}
+	if resp.StatusCode() == http.StatusGone {
 		// The agent ended the call because it is shutting down: say how
 		// the lease ended when the manager knows.
 		if gone := g.checkTask(c.UserContext(), lease); gone != nil {
@@ -202,25 +192,10 @@ func (g *Gateway) forward(c *fiber.Ctx, rt *proxyRoute) error {
 	return nil
 }
 
-// activeLease reads the sandbox's lease and returns it if the caller may use
-// it now.
-func (g *Gateway) activeLease(c *fiber.Ctx, id string) (warmpool.Lease, error) {
-	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)
-	defer cancel()
-	lease, err := g.mgr.Get(ctx, id, ownerOf(c))
-	if err != nil {
-		return lease, errclass.Sandbox(id, err)
-	}
-	if gone := g.leaseGone(lease); gone != nil {
-		return lease, errclass.Sandbox(id, gone)
-	}
-	return lease, nil
-}
-
 // buildAgentRequest fills req with the agent URL of the call (path from the
-// route, query string as sent), the agent's token, the lease generation and
-// the client's Content-Type and Accept.
-func buildAgentRequest(c *fiber.Ctx, rt *proxyRoute, base string, lease warmpool.Lease, req *fasthttp.Request) error {
+// route, query string as sent) and the client's Content-Type and Accept; the
+// agent's credentials are the sandboxAgent's to set.
+func buildAgentRequest(c *fiber.Ctx, rt *proxyRoute, base string, req *fasthttp.Request) error {
 	var arr [256]byte
 	uri := append(arr[:0], base...)
 	for _, p := range rt.parts {
@@ -242,10 +217,6 @@ func buildAgentRequest(c *fiber.Ctx, rt *proxyRoute, base string, lease warmpool
 	req.SetRequestURIBytes(uri)
 	req.Header.SetMethodBytes(c.Request().Header.Method())
 
-	auth := append(arr[:0], "Bearer "...)
-	auth = append(auth, lease.AgentToken...)
-	req.Header.SetBytesV(fiber.HeaderAuthorization, auth)
-	req.Header.SetBytesV(agentapi.HeaderGeneration, strconv.AppendInt(arr[:0], lease.Generation, 10))
 	if ct := c.Request().Header.ContentType(); len(ct) > 0 {
 		req.Header.SetContentTypeBytes(ct)
 	}
@@ -272,98 +243,9 @@ func (g *Gateway) commandTimeout(body []byte) time.Duration {
 	return min(d+g.cfg.TimeoutMargin, g.cfg.MaxCommandTimeout)
 }
 
-// inspectAgentError looks at an agent's 401/409/503 answer: a stale
-// generation means the lease is gone (410), a refused token (401) is the
-// gateway's problem (502), a sandbox at its pids limit (503 pids_limit) is
-// answered with its kill-all route and Retry-After; any other answer passes
-// through unchanged (nil). A 403 (code forbidden) is the sandbox's own
-// refusal and is not inspected.
-func (g *Gateway) inspectAgentError(resp *fasthttp.Response, lease warmpool.Lease, status int) error {
-	var body []byte
-	if s := resp.BodyStream(); s != nil {
-		b, _ := io.ReadAll(io.LimitReader(s, maxAgentErrorBody))
-		body = b
-		resp.SetBody(b) // closes the stream; the answer passes on from memory
-	} else {
-		body = resp.Body()
-	}
-	var eb agentapi.ErrorBody
-	_ = json.Unmarshal(body, &eb)
-	ae := &agentapi.Error{Status: status, Code: eb.Error.Code, Message: eb.Error.Message}
-	switch {
-	case status == http.StatusConflict && ae.Code == agentapi.CodeStaleGeneration:
-		g.agents.evict(lease.AgentURL)
-		return ae
-	case status == http.StatusUnauthorized,
-		status == http.StatusServiceUnavailable && ae.Code == agentapi.CodePidsLimit:
-		return ae
-	}
-	return nil
-}
-
-// agentFailed turns a failed agent call into its answer. The client's own
-// body problems come first (413, 400); otherwise, when the agent may be
-// down, the manager checks the task and a dead task's lease answers 410.
-func (g *Gateway) agentFailed(c *fiber.Ctx, id string, lease warmpool.Lease, err error) error {
-	if br, _ := c.Locals(bodyLocal).(*bodyReader); br != nil && br.err != nil {
-		return br.err
-	}
-	return errclass.Sandbox(id, g.agentCallFailed(c.UserContext(), lease, err))
-}
-
-// agentCallFailed turns a call to lease's agent that got no usable answer
-// (err) into its error: when the agent may be down, the manager checks the
-// task, and a dead task's lease answers how it ended
-// (*warmpool.LeaseEndedError); otherwise an *agentapi.CallError.
-func (g *Gateway) agentCallFailed(ctx context.Context, lease warmpool.Lease, err error) error {
-	ce := &agentapi.CallError{Err: err}
-	if errclass.AgentMayBeDown(ce) {
-		if gone := g.checkTask(ctx, lease); gone != nil {
-			return gone
-		}
-	}
-	return ce
-}
-
-// checkTask asks the manager whether the lease's task still lives; it
-// returns why the lease is gone, or nil (alive, or the check failed). The
-// check runs even when ctx's client has gone, bounded by ManagerTimeout.
-func (g *Gateway) checkTask(ctx context.Context, lease warmpool.Lease) *warmpool.LeaseEndedError {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ManagerTimeout)
-	defer cancel()
-	l, err := g.mgr.CheckTask(ctx, lease)
-	if err != nil {
-		g.log.Warn("check task after agent failure", "lease", lease.ID, "task", lease.TaskID, "err", err)
-		return nil
-	}
-	return g.leaseGone(l)
-}
-
-// cancelCallTimeout bounds the call that cancels an agent call.
-const cancelCallTimeout = 5 * time.Second
-
 // newCallID returns a random agentapi.HeaderCallID value.
 func newCallID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// cancelAgentCall sends DELETE /v1/calls/{callID} to the agent of lease.
-func (g *Gateway) cancelAgentCall(ac *agentClient, lease warmpool.Lease, callID string) error {
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(ac.base + "/v1/calls/" + callID)
-	req.Header.SetMethod(fiber.MethodDelete)
-	req.Header.Set(fiber.HeaderAuthorization, "Bearer "+lease.AgentToken)
-	req.Header.Set(agentapi.HeaderGeneration, strconv.FormatInt(lease.Generation, 10))
-	if err := ac.unary.DoTimeout(req, resp, cancelCallTimeout); err != nil {
-		return err
-	}
-	if s := resp.StatusCode(); s != fiber.StatusNoContent && s != fiber.StatusNotFound {
-		return fmt.Errorf("agent answered %d: %s", s, resp.Body())
-	}
-	return nil
 }

@@ -50,14 +50,14 @@ func (g *Gateway) ptyWebSocket(c *fiber.Ctx) error {
 				c.Set(agentapi.HeaderPTY, ptyID)
 				return agentapi.PTYPath(ptyID, "/attach"), nil
 			}
-			ac, err := g.agents.get(lease.AgentURL)
+			agent, err := g.agentOf(id, lease)
 			if err != nil {
 				return "", err
 			}
 			ctx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
 			defer cancel()
 			var info agentapi.PTYInfo
-			if err := (&envAgent{g: g, lease: lease, ac: ac}).do(ctx, agentapi.RoutePTYs, create, &info); err != nil {
+			if err := agent.call(ctx, agentapi.RoutePTYs, create, &info); err != nil {
 				return "", err
 			}
 			c.Set(agentapi.HeaderPTY, info.ID) // on the 101: the client can reattach to it

@@ -242,19 +242,6 @@ func (g *Gateway) endOrExtend(c *fiber.Ctx, op func(ctx context.Context, id, own
 	return c.JSON(g.toSandbox(lease))
 }
 
-// leaseGone returns why l can no longer be used (nil while it is active and
-// unexpired) and drops the cached client of its agent when it cannot.
-func (g *Gateway) leaseGone(l warmpool.Lease) *warmpool.LeaseEndedError {
-	gone := l.Ended(g.clock.Now())
-	if gone == nil {
-		return nil
-	}
-	if l.AgentURL != "" {
-		g.agents.evict(l.AgentURL)
-	}
-	return gone
-}
-
 // listPools handles GET /v1/pools.
 func (g *Gateway) listPools(c *fiber.Ctx) error {
 	ctx, cancel := context.WithTimeout(c.UserContext(), g.cfg.ManagerTimeout)

@@ -3,13 +3,11 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,43 +221,6 @@ func offeredProtocols(h *fasthttp.RequestHeader) []string {
 	return out
 }
 
-// wsAuthKey returns the API key a browser carries in the quarry.auth.
-// subprotocol, or nil.
-func wsAuthKey(h *fasthttp.RequestHeader) ([]byte, error) {
-	for _, p := range bytes.Split(h.Peek(fiber.HeaderSecWebSocketProtocol), []byte(",")) {
-		enc, ok := bytes.CutPrefix(bytes.TrimSpace(p), []byte(WSAuthProtocolPrefix))
-		if !ok {
-			continue
-		}
-		key, err := base64.RawURLEncoding.AppendDecode(nil, enc)
-		if err != nil {
-			return nil, errclass.Unauthorized("malformed " + WSAuthProtocolPrefix + " subprotocol: want base64url(API key) without padding")
-		}
-		return key, nil
-	}
-	return nil, nil
-}
-
-// authenticateWS is the middleware of the WebSocket routes: the
-// Authorization header as on every route or, for browsers, the API key in
-// the subprotocol quarry.auth.<base64url(key)>. Never a query parameter.
-func (g *Gateway) authenticateWS(c *fiber.Ctx) error {
-	if len(c.Request().Header.Peek(fiber.HeaderAuthorization)) > 0 {
-		return g.authenticate(c)
-	}
-	key, err := wsAuthKey(&c.Request().Header)
-	if err != nil {
-		return err
-	}
-	if key == nil {
-		return errclass.Unauthorized("missing API key: send Authorization: Bearer <api key> or the subprotocol " + WSAuthProtocolPrefix + "<base64url(api key)>")
-	}
-	if err := g.admitKey(c, key); err != nil {
-		return err
-	}
-	return c.Next()
-}
-
 // wsClose is a close frame to send: its code and reason.
 type wsClose struct {
 	code   int
@@ -324,7 +285,10 @@ func (g *Gateway) relayWS(c *fiber.Ctx, t wsTarget) error {
 	var agent *websocket.Conn
 	if first == nil {
 		if t.path, err = t.Path(c.UserContext(), lease); err == nil {
-			agent, err = g.dialAgentWS(c.UserContext(), t)
+			var sa sandboxAgent
+			if sa, err = g.agentOf(t.ID, lease); err == nil {
+				agent, err = sa.dialWS(c.UserContext(), t.path, t.Header, t.Protocols, t.MaxMessage)
+			}
 		}
 		if err != nil {
 			cl := wsCloseOf(errclass.Sandbox(t.ID, err))
@@ -414,50 +378,6 @@ func closeWS(conn *websocket.Conn, cl wsClose) {
 		}
 	}
 	_ = conn.Close()
-}
-
-// dialAgentWS opens the agent's side of t: the lease's agent URL with ws(s),
-// the agent token and the lease generation as buildAgentRequest sends them,
-// t.Protocols offered. The dial and the handshake are bounded by
-// QUARRY_AGENT_DIAL_TIMEOUT. A refusal is the agent's answer (*agentapi.Error;
-// a stale generation evicts the agent's client), a failed call an
-// *agentapi.CallError or how the lease ended when its task is dead.
-func (g *Gateway) dialAgentWS(ctx context.Context, t wsTarget) (*websocket.Conn, error) {
-	ac, err := g.agents.get(t.lease.AgentURL)
-	if err != nil {
-		return nil, errclass.Sandbox(t.ID, err)
-	}
-	u := "ws" + strings.TrimPrefix(ac.base, "http") + t.path
-	h := t.Header.Clone()
-	if h == nil {
-		h = http.Header{}
-	}
-	h.Set(fiber.HeaderAuthorization, "Bearer "+t.lease.AgentToken)
-	h.Set(agentapi.HeaderGeneration, strconv.FormatInt(t.lease.Generation, 10))
-	d := *g.ws.dialer
-	d.Subprotocols = t.Protocols
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.AgentDialTimeout)
-	defer cancel()
-	conn, resp, err := d.DialContext(ctx, u, h)
-	if err == nil {
-		conn.SetReadLimit(t.MaxMessage)
-		return conn, nil
-	}
-	if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-		var ae *agentapi.Error
-		errors.As(agentapi.CheckResponse(resp), &ae)
-		_ = resp.Body.Close()
-		if ae.Code == agentapi.CodeStaleGeneration {
-			g.agents.evict(t.lease.AgentURL)
-		}
-		if resp.StatusCode == http.StatusGone {
-			if gone := g.checkTask(ctx, t.lease); gone != nil {
-				return nil, errclass.Sandbox(t.ID, gone)
-			}
-		}
-		return nil, errclass.Sandbox(t.ID, ae)
-	}
-	return nil, errclass.Sandbox(t.ID, g.agentCallFailed(ctx, t.lease, err))
 }
 
 // wsSession is one relayed socket: the client's and the agent's
@@ -682,26 +602,9 @@ func (s *wsSession) watch() {
 			_ = s.client.WriteControl(websocket.PingMessage, nil, dl)
 			_ = s.agent.WriteControl(websocket.PingMessage, nil, dl)
 		case <-check.C:
-			if s.leaseGone() {
+			if !s.g.stillHeld(context.Background(), s.t.ID, s.t.owner, s.t.lease.Generation) {
 				s.closeBoth(WSCloseLeaseGone, WSReasonLeaseGone)
 			}
 		}
 	}
-}
-
-// leaseGone reads the lease (bounded by QUARRY_MANAGER_TIMEOUT): true when
-// it has ended or belongs to a newer generation. A failed read keeps the
-// socket (the next check decides).
-func (s *wsSession) leaseGone() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), s.g.cfg.ManagerTimeout)
-	defer cancel()
-	l, err := s.g.mgr.Get(ctx, s.t.ID, s.t.owner)
-	switch {
-	case errors.Is(err, warmpool.ErrNotFound):
-		return true
-	case err != nil:
-		s.g.log.Warn("websocket lease check", "sandbox", s.t.ID, "err", err)
-		return false
-	}
-	return l.Generation != s.t.lease.Generation || s.g.leaseGone(l) != nil
 }

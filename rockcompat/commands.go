@@ -19,11 +19,6 @@ import (
 	"github.com/quarryhq/quarry/warmpool"
 )
 
-// agent returns a client of the lease's exec agent.
-func (s *Service) agent(l warmpool.Lease) *agentapi.Client {
-	return agentapi.New(l.AgentURL, l.AgentToken, s.http).WithGeneration(l.Generation)
-}
-
 // agentDefaultTimeout is the exec agent's default command timeout, which
 // applies when ROCK's timeout is None.
 const agentDefaultTimeout = 300 * time.Second

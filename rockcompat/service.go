@@ -6,14 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
+
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/clock"
 	"github.com/quarryhq/quarry/internal/defaults"
 	"github.com/quarryhq/quarry/warmpool"
@@ -221,9 +221,9 @@ type Deps struct {
 	// Body returns a reader of the request body bounded by limit (nil: the
 	// body fasthttp read).
 	Body func(c *fiber.Ctx, limit int64) (io.Reader, error)
-	// HTTP calls the exec agents (nil: a pooled client without a total
-	// timeout; every call carries its own deadline).
-	HTTP *http.Client
+	// Agent returns the client of a lease's agent (required): the
+	// gateway's one agent-call path. Every call carries its own deadline.
+	Agent func(l warmpool.Lease) *agentapi.Client
 	// Logger receives server-side failures (nil: discard).
 	Logger *slog.Logger
 	// Clock decides whether a lease has expired (nil: clock.System).
@@ -254,7 +254,7 @@ type Service struct {
 	leases Leases
 	owner  func(*fiber.Ctx) string
 	body   func(*fiber.Ctx, int64) (io.Reader, error)
-	http   *http.Client
+	agent  func(l warmpool.Lease) *agentapi.Client
 	log    *slog.Logger
 	clock  clock.Clock
 	leave  func(*fiber.Ctx, func()) func()
@@ -292,11 +292,11 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if deps.Leases == nil || deps.Owner == nil {
-		return nil, errors.New("rockcompat: Deps.Leases and Deps.Owner are required")
+	if deps.Leases == nil || deps.Owner == nil || deps.Agent == nil {
+		return nil, errors.New("rockcompat: Deps.Leases, Deps.Owner and Deps.Agent are required")
 	}
 	s := &Service{cfg: cfg.WithDefaults(), leases: deps.Leases, owner: deps.Owner, body: deps.Body,
-		http: deps.HTTP, log: deps.Logger, clock: deps.Clock, leave: deps.Leave}
+		agent: deps.Agent, log: deps.Logger, clock: deps.Clock, leave: deps.Leave}
 	if s.leave == nil {
 		s.leave = func(*fiber.Ctx, func()) func() { return func() {} }
 	}
@@ -304,13 +304,6 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		s.body = func(c *fiber.Ctx, limit int64) (io.Reader, error) {
 			return io.LimitReader(bytesReader(c.Body()), limit+1), nil
 		}
-	}
-	if s.http == nil {
-		dialer := &net.Dialer{Timeout: 5 * time.Second}
-		s.http = &http.Client{Transport: &http.Transport{
-			DialContext: dialer.DialContext, MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second,
-			DisableCompression: true, ResponseHeaderTimeout: 0,
-		}}
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -320,9 +313,6 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	return s, nil
 }
-
-// CloseIdle closes the idle connections to agents (call on shutdown).
-func (s *Service) CloseIdle() { s.http.CloseIdleConnections() }
 
 // Route is one ROCK route: method, full path and handler. Every route needs
 // an authenticated caller (Deps.Owner).
