@@ -1,30 +1,50 @@
-// Package gateway is Quarry's REST API: a fiber v2 app that authenticates
-// callers by API key, validates what the gateway owns (sandbox ids, the
-// create body, list filters), maps every error to one JSON shape in one place
-// (errors.go; the 404 of an unknown path outside /v1 also has the top-level
-// code and message that E2B's SDK reads, allow.go), reads one lease per request and proxies sandbox calls (exec,
-// sessions, processes, files) to the sandbox's exec agent with the agent's
-// token and the lease generation, streaming bodies both ways. It also serves
-// /healthz, /readyz, /metrics and the embedded OpenAPI document, and the
-// model relay's routes (model.go, over a *modelservice.Service: OpenAI
-// calls from sandboxes authenticated by their relay token, and the
-// trainer's claims, answers and transcripts authenticated by API key),
-// and the checkpoint routes (checkpoints.go, over a checkpoints.Store:
-// archives stream from an agent into the store and back, never whole in
-// memory; restore, from_checkpoint and fork).
+// Package gateway is Quarry's HTTP API: one fiber v2 app that serves
+// Quarry's REST API (/v1), ROCK's routes (rockcompat) and the web console,
+// plain (Serve), over TLS (ServeTLS), on the relay's Unix socket
+// (ServeRelay), or without a listener (App: cmd/gateway's Lambda adapter).
+//
+// Its rooms, each the one place for what it holds:
+//
+//   - gateway.go: the route table (every route with its credential and
+//     handler or proxy kind), New, Serve and Shutdown, and the request
+//     wrapper (observe: errors, body limits, metrics).
+//   - credentials.go: who may call a route. Each route names a credential
+//     (API key; API key or WebSocket subprotocol; relay token; preview
+//     token or API key; ROCK's headers), checked by one middleware before
+//     the handler, with one bearer parser.
+//   - fence.go: whether a request may reach a sandbox: the lease read
+//     (active, unexpired, the caller's), the generation a long-lived
+//     connection keeps, and how an agent's failure or refusal maps to the
+//     lease's end or the agent's error.
+//   - agentcall.go, agents.go: the one way to call a sandbox's agent
+//     (sandboxAgent: token and generation set in one place; request,
+//     stream, JSON, WebSocket and typed-client forms) over a bounded cache
+//     of pooled clients per agent URL.
+//   - proxy.go, stream.go, body.go, leave.go: the proxied sandbox routes
+//     (exec, sessions, processes, files, PTYs' REST side), streamed bodies
+//     with their bounds, and cancelling an agent call whose client left.
+//   - sandboxes.go, images.go: leases (create, list, get, heartbeat,
+//     release), pools and images on demand.
+//   - wsrelay.go, pty.go, ports.go, portsws.go, preview.go: relayed
+//     WebSockets (terminals, ports), the port proxy and signed preview URLs.
+//   - model.go, relaysocket.go: the model relay's routes over a
+//     *modelservice.Service (sandbox side by relay token, trainer side by
+//     API key) and the relay socket.
+//   - checkpoints.go: the checkpoint routes over the checkpoint workflows;
+//     envs.go: the env API over envs.Service; rock.go, rockports.go: ROCK's
+//     routes (rockcompat) and ports.
+//   - errors.go, allow.go: every error rendered in one JSON shape from its
+//     classification; 404 and 405 for unknown routes.
+//   - console.go, openapi.go, metrics.go, config.go: the console's files,
+//     the OpenAPI document, Prometheus metrics, Config.
 //
 // The gateway keeps no state that matters: leases live in the lease store
-// behind the Manager interface; the only cache (HTTP clients per agent URL)
-// is rebuilt on demand. The same *Gateway serves plain HTTP (Serve), HTTPS
-// (ServeTLS) and, later, a Lambda adapter (App).
+// behind the Manager interface, and the only cache (HTTP clients per agent
+// URL) is rebuilt on demand; any number of replicas serve the same API.
 //
-// Its answers on sandboxes, pools and the relay's trainer side are the wire
-// types of package api, which the Go client (client) decodes.
-//
-// It depends on the warmpool, providers, agentapi, modelservice and
-// checkpoints contracts, the wire types (api) and the envs service (envs.go: the env
-// API's routes, with envs.Sandboxes implemented over the gateway's own
-// lease checks) only. It must not import a concrete provider
-// (providers/...), a concrete store (warmpool/boltstore,
-// checkpoints/filestore, ...) or cmd/; its tests use the embedded stores.
+// It depends on the contracts (warmpool, providers, agentapi, modelservice,
+// checkpoints, envs), the wire types (api) and rockcompat. It must not
+// import a concrete provider (providers/...), a concrete store
+// (warmpool/boltstore, checkpoints/filestore, ...) or cmd/; its tests use
+// the embedded stores.
 package gateway
