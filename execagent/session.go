@@ -32,11 +32,16 @@ import (
 // agent rewrites the session's command file (in StateDir) and writes one
 // control line:
 //
-//	. FILE </dev/null 99>&-; printf '%d\n' $? >&99      (sh: `command .`, fd 9)
+//	. FILE </dev/null 2>&98 98>&- 99>&-; printf '%d\n' $? >&99   (sh: `command .`, fds 8 and 9)
 //
 // The exit status comes back on a dedicated status pipe (fd 99, or 9 for
 // sh, whose redirections stop at fd 9), never parsed out of the output;
-// stdout and stderr share one output pipe. Sourcing a file rather than
+// stdout and stderr share one output pipe. The shell's own stderr is
+// /dev/null once it is initialized: a command's stderr is the output pipe,
+// kept for it at fd 98 (sh: 8), so the shell's diagnostics between runs
+// never land in a run's output (an interactive bash that reaps a command
+// killed by the interrupt may print "tcsetattr: Inappropriate ioctl for
+// device" after the resync, which the next run would otherwise get). Sourcing a file rather than
 // eval-ing a string read from a pipe was measured: it avoids bash's
 // byte-at-a-time `read -d ""`, `return` ends just the command, a syntax
 // error returns 2 and the session lives on, and because bash runs sourced
@@ -44,7 +49,7 @@ import (
 // notices like "[1] 123", no "exit" on exit). The command's stdin is
 // /dev/null and the status fd is closed for it, so it can neither eat the
 // control stream nor clobber the status pipe. Commands of sh sessions
-// should not use fd 9 themselves.
+// should not use fds 8 and 9 themselves.
 //
 // Output framing without markers: one goroutine owns the output pipe and
 // appends to the current run (or discards between runs, so background jobs
@@ -56,15 +61,14 @@ import (
 // command and makes the interactive shell abandon the command line without
 // exiting, even inside a builtin loop; a resync line (printf of a token to
 // the status pipe) confirms the shell is back. A timed-out run reports exit
-// code 130 (128+SIGINT); its output usually ends with a newline the shell
-// prints on the interrupt. If the shell is not back within InterruptGrace,
+// code 130 (128+SIGINT). If the shell is not back within InterruptGrace,
 // the agent SIGKILLs the group's other members, then interrupts the shell
 // again, then kills the session (the run reports closed).
 const (
-	bashInit    = "exec 99>&3 3>&-; set +o history +H +m; PS1= PS2= PROMPT_COMMAND=; unset HISTFILE; printf 'ready\\n' >&99\n"
-	bashRunLine = ". %s </dev/null 99>&-; printf '%%d\\n' $? >&99\n"
-	shInit      = "exec 9>&3 3>&-; set +m; PS1= PS2=; printf 'ready\\n' >&9\n"
-	shRunLine   = "command . %s </dev/null 9>&-; printf '%%d\\n' $? >&9\n"
+	bashInit    = "exec 99>&3 98>&2 3>&- 2>/dev/null; set +o history +H +m; PS1= PS2= PROMPT_COMMAND=; unset HISTFILE; printf 'ready\\n' >&99\n"
+	bashRunLine = ". %s </dev/null 2>&98 98>&- 99>&-; printf '%%d\\n' $? >&99\n"
+	shInit      = "exec 9>&3 8>&2 3>&- 2>/dev/null; set +m; PS1= PS2=; printf 'ready\\n' >&9\n"
+	shRunLine   = "command . %s </dev/null 2>&8 8>&- 9>&-; printf '%%d\\n' $? >&9\n"
 	// bashStatusPrefix starts a bash run line whose run must see $? = N: it
 	// sources the status file, which holds "return N" (no fork). sh uses
 	// shStatusPrefix, a subshell: dash and busybox abandon the line when
@@ -692,7 +696,8 @@ func (ss *session) statusFD() int {
 }
 
 // flush runs one more resync round trip after an escalated interrupt and
-// discards its output: a late SIGINT makes the idle shell print a newline,
+// discards its output: a late SIGINT makes the idle shell print a newline
+// (to its stderr, /dev/null, but a command's trap may write to the output),
 // which must not land in the next run's output.
 func (ss *session) flush(grace time.Duration) {
 	r := &sessionRun{state: runInterrupting, done: make(chan struct{})}
