@@ -409,27 +409,7 @@ func (s *Store) Claim(ctx context.Context, req warmpool.ClaimRequest) (warmpool.
 			return nil
 		}
 		old := task
-		task.State = warmpool.TaskLeased
-		task.LeaseID = req.Lease.ID
-		task.Generation++
-		task.Version++
-		task.Reason = ""
-		task.UpdatedAt = req.Now
-		l := req.Lease
-		l.Pool = req.Pool
-		l.TaskID = task.ID
-		l.Generation = task.Generation
-		l.AgentURL = task.AgentURL
-		l.AgentToken = task.AgentToken
-		l.ProviderTaskID = task.ProviderID
-		l.Provider = task.Provider
-		l.State = warmpool.LeaseActive
-		l.Reason = ""
-		l.EndedAt = time.Time{}
-		l.Version = 1
-		if l.CreatedAt.IsZero() {
-			l.CreatedAt = req.Now
-		}
+		l, task := warmpool.ClaimedLease(req, task)
 		if err := t.putTask(&old, task); err != nil {
 			return err
 		}
