@@ -1,7 +1,8 @@
 // Package client is the Go client of the Quarry gateway's REST API
-// (docs/API.md): leasing sandboxes, running commands, sessions and background
-// processes in them, and moving files. The CLI (cmd/quarry), the end-to-end
-// tests and the benchmarks use it.
+// (docs/API.md): leasing sandboxes, running commands, sessions, background
+// processes and PTYs in them, moving files, reaching their ports,
+// checkpoints, and images of on-demand pools. The CLI (cmd/quarry), the
+// end-to-end tests and the benchmarks use it.
 //
 // The exec, session, process and file calls use the wire types of
 // execagent/agentapi, which the gateway proxies byte for byte. Non-2xx answers

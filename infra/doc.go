@@ -13,5 +13,6 @@
 //
 // It must not be imported; its tests may import only the stores' schema
 // (warmpool/dynamostore, modelservice/dynamobroker, checkpoints/s3store)
-// and the ECS provider's renderer (providers/ecs).
+// and the ECS provider's renderer (providers/ecs, with the providers.Spec it
+// renders).
 package infra

@@ -15,7 +15,7 @@
 // turns a whole completion into OpenAI stream chunks; passthrough.go
 // forwards calls to an upstream and records them.
 //
-// It depends on the warmpool contract (leases, pool configuration) only. It
-// must not import the gateway, a concrete broker, store or provider, or
-// cmd/.
+// It depends on the warmpool contract (leases, pool configuration) and
+// internal helpers only. It must not import the gateway, a concrete broker,
+// store or provider, or cmd/.
 package modelservice

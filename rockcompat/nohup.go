@@ -25,11 +25,13 @@ import (
 // backgrounded job also writes CMD's exit status to a file in the sandbox
 // (<StateDir>/<lease id>/rc/<hash of FILE>), with the same PID semantics (the PID is
 // alive exactly until CMD has ended). When the SDK then reads FILE, Quarry
-// reads that status once: a non-zero status makes the read fail (check
-// "raise", the SDK's default), so the SDK's Observation has exit_code 1 and
-// its failure_reason and output name the real exit code and carry the
-// command's output; with check "silent" the read answers the real exit code
-// itself. Commands that do not have the SDK's exact shape run unchanged.
+// reads that status once. With Config.NohupExit "real", a non-zero status
+// makes the read fail (check "raise", the SDK's default), so the SDK's
+// Observation has exit_code 1 and its failure_reason and output name the
+// real exit code and carry the command's output; with check "silent" the
+// read answers the real exit code itself. By default ("rock") the read
+// answers success, as ROCK does. Commands that do not have the SDK's exact
+// shape run unchanged.
 //
 // The job ignores SIGHUP with the shell's own "trap '' HUP" (an ignored
 // signal stays ignored across exec) instead of running the nohup program,

@@ -133,21 +133,6 @@ func (m *Manager) handleEvent(ctx context.Context, provider string, ev providers
 	return eventHandled
 }
 
-// nudge makes the starter check task id (describing it) at its next
-// round; false when it does not start it.
-func (s *starter) nudge(id string) bool {
-	s.mu.Lock()
-	_, ok := s.tasks[id]
-	if ok {
-		s.nudged[id] = true
-	}
-	s.mu.Unlock()
-	if ok {
-		signal(s.wake)
-	}
-	return ok
-}
-
 // watching reports whether provider name delivers task events now.
 func (m *Manager) watching(name string) bool {
 	m.watchMu.Lock()

@@ -85,6 +85,21 @@ func (s *starter) size() int {
 	return len(s.tasks)
 }
 
+// nudge makes the starter check task id (describing it) at its next
+// round; false when it does not start it.
+func (s *starter) nudge(id string) bool {
+	s.mu.Lock()
+	_, ok := s.tasks[id]
+	if ok {
+		s.nudged[id] = true
+	}
+	s.mu.Unlock()
+	if ok {
+		signal(s.wake)
+	}
+	return ok
+}
+
 // startAll hands launched tasks to the pool's starter.
 func (m *Manager) startAll(p *pool, recs []TaskRecord, chunk *chunkResult) {
 	s := p.start

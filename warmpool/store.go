@@ -200,7 +200,8 @@ type ClaimRequest struct {
 	TaskID string
 	// Lease is the lease to create. ID, Owner, Duration, ExpiresAt, Labels,
 	// Env, IdempotencyKey and RequestDigest are taken from it; the store fills TaskID,
-	// Generation, AgentURL, AgentToken, ProviderTaskID, State and Version.
+	// Generation, AgentURL, AgentToken, ProviderTaskID, State and Version
+	// (ClaimedLease says how).
 	Lease Lease
 	Now   time.Time
 }
@@ -531,6 +532,41 @@ type LeaseStore interface {
 	// PurgeLeases deletes leases that ended before endedBefore and returns
 	// how many it deleted.
 	PurgeLeases(ctx context.Context, endedBefore time.Time) (int, error)
+}
+
+// ClaimedLease returns what a successful Claim of task writes: the lease
+// (req.Lease with Pool, TaskID, Generation, AgentURL, AgentToken,
+// ProviderTaskID and Provider taken from the task, state active, Reason and
+// EndedAt cleared, Version 1, CreatedAt req.Now when it is zero) and the
+// task (leased by the lease, Generation and Version incremented, Reason
+// cleared, UpdatedAt req.Now). It is pure: it checks nothing and writes
+// nothing. Every store calls it for the records it writes, so that all
+// stores fill a claim alike; the store decides whether the claim may
+// happen (task ready or launching, at the version it read).
+func ClaimedLease(req ClaimRequest, task TaskRecord) (Lease, TaskRecord) {
+	task.State = TaskLeased
+	task.LeaseID = req.Lease.ID
+	task.Generation++
+	task.Version++
+	task.Reason = ""
+	task.UpdatedAt = req.Now
+
+	l := req.Lease
+	l.Pool = req.Pool
+	l.TaskID = task.ID
+	l.Generation = task.Generation
+	l.AgentURL = task.AgentURL
+	l.AgentToken = task.AgentToken
+	l.ProviderTaskID = task.ProviderID
+	l.Provider = task.Provider
+	l.State = LeaseActive
+	l.Reason = ""
+	l.EndedAt = time.Time{}
+	l.Version = 1
+	if l.CreatedAt.IsZero() {
+		l.CreatedAt = req.Now
+	}
+	return l, task
 }
 
 // Locker holds named locks as expiring leases in the store, so that work

@@ -102,6 +102,41 @@ func TestCheckClaim(t *testing.T) {
 	}
 }
 
+func TestClaimedLease(t *testing.T) {
+	task := warmpool.TaskRecord{
+		ID: "t", Pool: "p", Provider: "ecs", ProviderID: "arn:t", Spec: "s1", Class: "c", State: warmpool.TaskReady,
+		AgentURL: "http://10.0.0.1:49983", AgentToken: "tok", Generation: 3, Reason: "warm",
+		CreatedAt: checkNow.Add(-time.Hour), UpdatedAt: checkNow.Add(-time.Minute), Version: 7,
+	}
+	lease := warmpool.Lease{
+		ID: "sbx-1", Owner: "o", Image: "img", Labels: map[string]string{"run": "a"}, Env: map[string]string{"A": "1"},
+		IdempotencyKey: "k", RequestDigest: "d", Duration: time.Minute, ExpiresAt: checkNow.Add(time.Minute),
+		// What the store fills, set wrong by the caller: overwritten.
+		Pool: "q", TaskID: "x", State: warmpool.LeaseExpired, Reason: "old", Generation: 9, AgentURL: "u", AgentToken: "v",
+		ProviderTaskID: "w", Provider: "docker", EndedAt: checkNow, Version: 5,
+	}
+	req := warmpool.ClaimRequest{Pool: "p", Lease: lease, Now: checkNow}
+
+	l, got := warmpool.ClaimedLease(req, task)
+
+	assert.Equal(t, warmpool.TaskRecord{
+		ID: "t", Pool: "p", Provider: "ecs", ProviderID: "arn:t", Spec: "s1", Class: "c", State: warmpool.TaskLeased,
+		AgentURL: "http://10.0.0.1:49983", AgentToken: "tok", LeaseID: "sbx-1", Generation: 4,
+		CreatedAt: checkNow.Add(-time.Hour), UpdatedAt: checkNow, Version: 8,
+	}, got)
+	assert.Equal(t, warmpool.Lease{
+		ID: "sbx-1", Pool: "p", TaskID: "t", Owner: "o", State: warmpool.LeaseActive, Generation: 4,
+		AgentURL: "http://10.0.0.1:49983", AgentToken: "tok", ProviderTaskID: "arn:t", Provider: "ecs",
+		Image: "img", Labels: map[string]string{"run": "a"}, Env: map[string]string{"A": "1"},
+		IdempotencyKey: "k", RequestDigest: "d", Duration: time.Minute,
+		CreatedAt: checkNow, ExpiresAt: checkNow.Add(time.Minute), Version: 1,
+	}, l)
+
+	req.Lease.CreatedAt = checkNow.Add(-time.Second)
+	l, _ = warmpool.ClaimedLease(req, task)
+	assert.Equal(t, checkNow.Add(-time.Second), l.CreatedAt, "a CreatedAt given is kept")
+}
+
 func TestCheckRenew(t *testing.T) {
 	assert.NoError(t, warmpool.CheckRenew(checkNow))
 	assert.EqualError(t, warmpool.CheckRenew(time.Time{}), "renew lease: now is zero")

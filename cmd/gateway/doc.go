@@ -31,4 +31,8 @@
 // QUARRY_SECRET_ARNS names Secrets Manager secrets whose values become
 // variables at start-up (secrets.go), so that no secret value is in the
 // function's configuration.
+//
+// It is where the concrete providers, stores and brokers are wired to the
+// gateway (cmd/ builds the map from name to constructor): it may import any
+// package of the module, and no package imports it.
 package main

@@ -1,7 +1,9 @@
 // Package agentapi is the wire protocol of the exec agent: routes, request
-// and response types, error codes, and a small Go client. The agent
-// (package execagent), the providers (health checks) and the gateway (init,
-// proxying) all speak it through this package.
+// and response types, error codes, the agent's token derivation, and a
+// small Go client. The agent (package execagent), the warm pool (health
+// checks, init), the providers (the agent's token; their conformance
+// suite's health checks) and the gateway (proxying) all speak it through
+// this package.
 //
 // This package must not import any other Quarry package.
 package agentapi

@@ -27,7 +27,7 @@
 //
 // CreateTables and DeleteTables manage the table (the quarry CLI's
 // `tables` command calls them). It implements the modelservice.Broker
-// contract and passes modelservice/brokertest. It imports modelservice and
-// the AWS SDK only; it must not import the gateway, the warm pool or
-// another broker.
+// contract and passes modelservice/brokertest. It imports modelservice, the
+// AWS SDK and internal helpers only; it must not import the gateway, the
+// warm pool or another broker.
 package dynamobroker

@@ -6,6 +6,7 @@
 // their retention (Purge, called by the Service's janitor).
 //
 // It implements the modelservice.Broker contract and passes its conformance
-// suite (modelservice/brokertest). It imports only modelservice; it must not
-// import the gateway, the warm pool or another broker.
+// suite (modelservice/brokertest). It imports only modelservice and
+// internal/clock; it must not import the gateway, the warm pool or another
+// broker.
 package membroker

@@ -2,8 +2,13 @@ package ecs
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
 
 	"github.com/quarryhq/quarry/providers"
 )
@@ -203,4 +208,164 @@ func batchContext(items []*launchItem, stop context.Context) (ctx context.Contex
 		}
 		cancel()
 	}
+}
+
+// batchSize is the most names one RunTask call starts: ECS's limit of 10,
+// or fewer when the cap on tasks starting at once is lower (a batch takes
+// its start slots together).
+func (p *Provider) batchSize() int { return min(maxPerCall, p.cfg.MaxStarting) }
+
+// dispatch gives the launch queue's batches out until Close: for each, in
+// the queue's fair order, it takes one start slot per name and waits for
+// the RunTask rate (one batch at a time: this is what makes the order
+// hold), then starts the batch's RunTask and the waits for its tasks in
+// their own goroutine.
+func (p *Provider) dispatch() {
+	for {
+		items := p.queue.take(p.life, p.batchSize())
+		if items == nil {
+			p.failQueued()
+			return
+		}
+		ctx, release := batchContext(items, p.life)
+		n := int64(len(items))
+		if err := p.launcher.starting.Acquire(ctx, n); err != nil {
+			release()
+			if end := p.waitEnded(items[0]); end != nil {
+				err = end
+			}
+			p.failAll(items, fmt.Errorf("wait for a start slot: %w", err))
+			continue
+		}
+		if err := p.launcher.rate.Wait(ctx, len(items)); err != nil {
+			release()
+			p.launcher.starting.Release(n)
+			if end := p.waitEnded(items[0]); end != nil {
+				err = end
+			} else { // the limiter failed (a shared one's store): no launch is admitted now
+				err = fmt.Errorf("%w: %w", providers.ErrThrottled, err)
+			}
+			p.failAll(items, fmt.Errorf("wait for the run task rate: %w", err))
+			continue
+		}
+		if p.life.Err() != nil {
+			release()
+			p.launcher.starting.Release(n)
+			p.failAll(items, errors.New("provider closed"))
+			continue
+		}
+		live := items[:0]
+		for _, it := range items {
+			switch {
+			case !it.state.CompareAndSwap(itemDispatched, itemRunning): // its Launch gave up
+				p.launcher.starting.Release(1)
+			case it.ctx.Err() != nil:
+				p.launcher.starting.Release(1)
+				it.finish(nil, fmt.Errorf("wait in the launch queue: %w", it.ctx.Err()))
+			default:
+				live = append(live, it)
+			}
+		}
+		if len(live) == 0 {
+			release()
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer release()
+			p.runBatch(ctx, live)
+		}()
+	}
+}
+
+// waitEnded says why a wait of a batch ended when it was its item's ctx
+// or the provider's end, else nil.
+func (p *Provider) waitEnded(it *launchItem) error {
+	switch {
+	case it.ctx.Err() != nil:
+		return it.ctx.Err()
+	case p.life.Err() != nil:
+		return errors.New("provider closed")
+	}
+	return nil
+}
+
+// failAll fails every item with err.
+func (p *Provider) failAll(items []*launchItem, err error) {
+	for _, it := range items {
+		it.finish(nil, err)
+	}
+}
+
+// failQueued fails the names still queued when the provider closes.
+func (p *Provider) failQueued() {
+	for {
+		items := p.queue.pop(maxPerCall)
+		if len(items) == 0 {
+			return
+		}
+		p.failAll(items, errors.New("provider closed"))
+	}
+}
+
+// runBatch starts the tasks of items with one RunTask call (its ctx ends
+// when every item's has) and waits until each runs, delivering each
+// item's task or error. The batch holds one start slot per item; each is
+// released when its task runs, stops or is given up.
+func (p *Provider) runBatch(ctx context.Context, items []*launchItem) {
+	n := len(items)
+	first := items[0]
+	start := time.Now()
+	batch, err := newBatchID()
+	if err != nil {
+		p.launcher.starting.Release(int64(n))
+		p.failAll(items, err)
+		return
+	}
+	in := p.runTaskInput(first.spec, first.set, first.taskDef, batch, start)
+	started, failures, err := p.launcher.runTask(ctx, in, n)
+	if err != nil {
+		p.launcher.starting.Release(int64(n))
+		switch {
+		case isInactive(err) && first.set.taskDef == "":
+			// Deregistered behind this replica's memory (another replica's
+			// ForgetImage): forgotten here too, registered again by the
+			// next launch.
+			p.images.forget(familyOf(first.taskDef), first.taskDef)
+			err = fmt.Errorf("run task: task definition %s is INACTIVE (deregistered elsewhere); the next launch registers it again: %w",
+				first.taskDef, providers.ErrThrottled)
+		case isInvalid(err):
+			_, msg := apiError(err)
+			err = providers.InvalidSpec(first.spec, "run task: "+msg)
+		}
+		p.failAll(items, err)
+		return
+	}
+	for _, extra := range started[min(n, len(started)):] { // ECS never starts more than count
+		arn := aws.ToString(extra.TaskArn)
+		err := p.giveUp(ctx, arn, errors.New("started beyond the count of its RunTask call"))
+		p.logger.Warn("run task: stopped a task beyond the call's count", "arn", arn, "batch", batch, "err", err)
+	}
+	started = started[:min(n, len(started))]
+	shared := tagMap(in.Tags)
+	var wg sync.WaitGroup
+	for i, it := range items {
+		if i >= len(started) {
+			p.launcher.starting.Release(1)
+			if j := i - len(started); j < len(failures) {
+				it.finish(nil, failureError(failures[j]))
+			} else {
+				it.finish(nil, errors.New("run task: ECS started fewer tasks than asked and reported no failure"))
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer p.launcher.starting.Release(1)
+			it.finish(p.startOne(it.ctx, it.spec, it.name, shared, started[i], start))
+		}()
+	}
+	wg.Wait()
 }

@@ -9,17 +9,18 @@
 // ("task_definition" option, e.g. from Terraform).
 //
 // Launches go through a launch controller: a bounded launch queue, one
-// FIFO per pool, gives names out in batches of up to 10 of one pool at a
-// time, taking the pools in turn; one RunTask call (count = the batch's
-// size, shared tags) per batch, then one TagResource per task for its
-// name tag. A RateLimiter keeps RunTask calls and task launches within
-// the account's rates (in-process by default; ddbrate shares it between
-// replicas through DynamoDB), token buckets keep TagResource and
-// DescribeTasks within the process's, throttles (including
-// InvalidParameterException "Rate exceeded") are retried with jittered
-// backoff, a semaphore caps the tasks starting at once, and one watcher
-// per provider polls every starting task with DescribeTasks in batches of
-// 100 until each runs with a private IP, stops (it is reported with ECS's
+// FIFO per pool, whose dispatcher gives names out in batches of up to 10
+// of one pool at a time, taking the pools in turn; one RunTask call (count
+// = the batch's size, shared tags) per batch, then one TagResource per
+// task for its name tag. A RateLimiter keeps RunTask calls and task
+// launches within the account's rates (in-process by default; ddbrate
+// shares it between replicas through DynamoDB), token buckets keep
+// TagResource and DescribeTasks within the process's, throttles (including
+// InvalidParameterException and ClientException "Rate exceeded") are
+// retried with jittered backoff, a semaphore caps the tasks starting at
+// once, and one watcher per provider polls every starting task with
+// DescribeTasks in batches of 100 (and, with events, learns from them too)
+// until each runs with a private IP, stops (it is reported with ECS's
 // stopped reason) or passes its deadline (it is stopped).
 //
 // Images on demand (images.go, imagetable.go, pullerrors.go): the
@@ -52,6 +53,20 @@
 // from the ECS task metadata endpoint), and the agent and the provider both
 // derive the token with agentapi.DeriveToken. docs/ECS.md has the whole
 // story.
+//
+// Files: provider.go the Provider (New, Close, Launch, Describe, List,
+// Stop) and the start of each task (its RunTask input, its name tag, the
+// wait until it runs); dispatch.go the launch queue and its dispatcher,
+// which runs each batch's RunTask; launcher.go the AWS side of launches
+// (rates, retries, start slots) and the watcher of starting tasks; rate.go
+// the RateLimiter and its in-process buckets; spec.go a pool's settings
+// (options, Fargate sizes) and its rendered task definition; render.go
+// RenderTaskDefinition, for tools; images.go, imagetable.go and
+// pullerrors.go images on demand; events.go Watching (the events queue);
+// task.go an ECS task as a providers.Task; names.go the bounded cache of
+// task names by ARN; errors.go ECS's errors read as throttled, invalid,
+// inactive or not found; metrics.go the Prometheus collectors; api.go the
+// narrow ECS and SQS interfaces; config.go Config (defaults, Validate).
 //
 // This package must not import gateway, warmpool or another provider
 // (providers/ecs/ddbrate, its shared rate, imports none of them either).

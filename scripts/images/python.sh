@@ -21,8 +21,9 @@
 #  2. one tar stream of that tree plus .cache/python-deps (renamed to dist-packages on the fly)
 #     loaded with `docker import` (a few seconds). The image carries the label
 #     quarry-test.inputs, a hash of its inputs; the import is skipped when the label matches.
-# The mirror is the host's Debian mirror (/etc/apt/sources.list.d/debian.sources), else
-# deb.debian.org. Called by scripts/images/build.sh; usable on its own.
+# The mirror is the Debian archive the host's apt sources name (apt_mirror, scripts/deps.sh); the
+# script fails, saying what to add, when they name none. Called by scripts/images/build.sh; usable
+# on its own.
 # Usage: scripts/images/python.sh [--force]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,8 +38,7 @@ include=python3,ca-certificates,procps
 site=usr/local/lib/python3.11/dist-packages
 cache=.cache/images/python-$suite
 
-mirror="$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
-mirror="${mirror:-http://deb.debian.org/debian}"
+mirror="$(apt_mirror "$suite")"
 
 ensure_apt debootstrap command -v debootstrap
 timeout 10 docker info >/dev/null 2>&1 || { echo "no Docker engine answers: run scripts/docker-up.sh first" >&2; exit 1; }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quarryhq/quarry/warmpool"
+	bolt "go.etcd.io/bbolt"
 )
 
 // Buckets of on-demand pools (warmpool.PoolStore).
@@ -145,20 +146,9 @@ func (s *Store) GetPool(ctx context.Context, name string) (warmpool.PoolRecord, 
 // ListPoolsPage implements warmpool.PoolStore, in name order; the cursor
 // is the last name of the page.
 func (s *Store) ListPoolsPage(ctx context.Context, class, cursor string, limit int) (warmpool.PoolPage, error) {
-	if err := warmpool.CheckPage(limit); err != nil {
-		return warmpool.PoolPage{}, err
-	}
-	var page warmpool.PoolPage
-	err := s.view(ctx, "list pools page", func(t *tx) error {
-		b, prefix := t.pools, []byte(nil)
-		if class != "" {
-			b, prefix = t.poolsClass, lp(class)
-		}
-		var err error
-		page.Pools, page.Next, err = walkPage(b, prefix, cursor, limit, "class index names missing pool", t.getPool)
-		return err
-	})
-	return page, err
+	buckets := func(t *tx) (*bolt.Bucket, *bolt.Bucket) { return t.pools, t.poolsClass }
+	pools, next, err := listPage(s, ctx, "list pools page", buckets, class, cursor, limit, "class index names missing pool", (*tx).getPool)
+	return warmpool.PoolPage{Pools: pools, Next: next}, err
 }
 
 // ReserveClassTasks implements warmpool.PoolStore: the pool's record, its

@@ -319,29 +319,7 @@ func (c *claim) settle(ctx context.Context, res warmpool.ClaimResult, outcome cl
 // try claims task (as read, at its version) in one transaction.
 func (c *claim) try(ctx context.Context, task warmpool.TaskRecord) (warmpool.ClaimResult, claimOutcome, error) {
 	cfg := c.s.cfg
-	next := task
-	next.State = warmpool.TaskLeased
-	next.LeaseID = c.req.Lease.ID
-	next.Generation++
-	next.Version++
-	next.Reason = ""
-	next.UpdatedAt = c.req.Now
-
-	l := c.req.Lease
-	l.Pool = c.req.Pool
-	l.TaskID = task.ID
-	l.Generation = next.Generation
-	l.AgentURL = task.AgentURL
-	l.AgentToken = task.AgentToken
-	l.ProviderTaskID = task.ProviderID
-	l.Provider = task.Provider
-	l.State = warmpool.LeaseActive
-	l.Reason = ""
-	l.EndedAt = time.Time{}
-	l.Version = 1
-	if l.CreatedAt.IsZero() {
-		l.CreatedAt = c.req.Now
-	}
+	l, next := warmpool.ClaimedLease(c.req, task)
 
 	te := newExpr()
 	te.Set(fState, avS(string(next.State)))
