@@ -7,6 +7,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/errclass"
 )
@@ -87,7 +88,7 @@ func failureOf(err error) failure {
 	c := errclass.Of(err)
 	code := codeBadRequest
 	switch {
-	case c.Code == errclass.CodeCommandFailed:
+	case c.Code == api.CodeCommandFailed:
 		code = codeCommand
 	case c.Retryable || c.Status >= 500:
 		code = codeInternal

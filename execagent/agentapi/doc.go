@@ -3,5 +3,8 @@
 // (package execagent), the providers (health checks) and the gateway (init,
 // proxying) all speak it through this package.
 //
-// This package must not import any other Quarry package.
+// Its error codes and error body are api's (the gateway passes the agent's
+// errors on to its own callers), so that each code is declared once.
+//
+// This package must not import any other Quarry package but api.
 package agentapi
