@@ -8,7 +8,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/quarryhq/quarry/internal/errclass"
+	"github.com/quarryhq/quarry/errclass"
 )
 
 // ownerLocal is the fiber Locals key of the authenticated caller's owner id.

@@ -5,8 +5,8 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
-	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // writeError answers c with err in Quarry's one JSON error shape, rendered

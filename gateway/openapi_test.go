@@ -18,7 +18,7 @@ import (
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/checkpoints/filestore"
 	"github.com/quarryhq/quarry/envs"
-	"github.com/quarryhq/quarry/internal/errclass"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/warmpool"
 )

@@ -8,8 +8,8 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/quarryhq/quarry/api"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // ROCK's result codes (rock._codes): 2xxx ok, 4xxx the caller's fault,

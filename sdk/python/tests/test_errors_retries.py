@@ -16,7 +16,7 @@ from gateway import ROOT, Gateway
 
 from quarry import AsyncQuarry, errors
 
-# Every code of internal/errclass, agentapi and envs, with its status and class.
+# Every code of api.Codes() (api/errors.go), with its status and class.
 CODES = [
     (400, "bad_request", errors.BadRequest), (400, "invalid_action", errors.InvalidAction),
     (401, "unauthorized", errors.Unauthorized), (403, "forbidden", errors.Forbidden),
