@@ -11,7 +11,15 @@
 // It stands between the contracts and the surfaces: it imports api and
 // the contract packages it classifies (which is why it is not under
 // internal/, whose packages import no domain package), and the surfaces
-// import it. It must not import the surfaces (gateway, rockcompat) or any
+// import it. It must not import the surfaces (gateway, rockcompat), any
 // backend (providers/*, warmpool/boltstore, warmpool/dynamostore,
-// modelservice/*broker, checkpoints/*store).
+// modelservice/*broker, checkpoints/*store) or an HTTP framework: a
+// surface translates its framework's errors before it classifies them
+// (gateway/errors.go turns fiber's into a StatusError). One exception is
+// left: agentcall.go still knows fasthttp's errors inside an
+// agentapi.CallError (it says why).
+//
+// Files: errclass.go holds Of, Class and the errors this package owns;
+// agentcall.go the calls to an agent that got no answer; deprecated.go
+// the old names of api's codes.
 package errclass

@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
-
-	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/checkpoints"
@@ -96,20 +92,26 @@ type BodyReadError struct{ Err error }
 func (e *BodyReadError) Error() string { return fmt.Sprintf("read request body: %v", e.Err) }
 func (e *BodyReadError) Unwrap() error { return e.Err }
 
+// StatusError is an answer the HTTP stack decided by its status alone: a
+// router's 404 or 405, a server's 408 or 413. A surface translates its
+// framework's own errors into it (gateway/errors.go, fiber's), so that
+// this package knows no framework; Of gives it the code of its status.
+// Err is the framework's error, kept for logs and errors.As.
+type StatusError struct {
+	Status  int
+	Message string
+	Err     error
+}
+
+func (e *StatusError) Error() string { return e.Message }
+func (e *StatusError) Unwrap() error { return e.Err }
+
 // CommandError: a command ran and failed where the caller asked for that
 // to be an error (api.CodeCommandFailed, 422). Message says how it failed and
 // carries its output.
 type CommandError struct{ Message string }
 
 func (e *CommandError) Error() string { return e.Message }
-
-// AgentMayBeDown reports whether err, from a call to a sandbox's agent,
-// suggests that the task itself may be gone (so its lease should be
-// checked), as opposed to the gateway's own limits or the agent's answer.
-func AgentMayBeDown(err error) bool {
-	var ce *agentapi.CallError
-	return errors.As(err, &ce) && !errors.Is(ce.Err, fasthttp.ErrNoFreeConns) && !errors.Is(ce.Err, fasthttp.ErrBodyTooLarge)
-}
 
 // Of classifies err. It is the one mapping from Quarry's errors (the
 // contracts' sentinels and typed errors, wrapped or not) to what clients
@@ -155,7 +157,7 @@ func ofRequest(err error) (Class, bool) {
 		bad   *badinput.Error
 		body  *BodyReadError
 		cmd   *CommandError
-		fe    *fiber.Error
+		se    *StatusError
 	)
 	switch {
 	case errors.As(err, &fixed):
@@ -168,27 +170,27 @@ func ofRequest(err error) (Class, bool) {
 		return Class{Code: api.CodeBadRequest, Status: http.StatusBadRequest, Message: "body: " + body.Err.Error()}, true
 	case errors.As(err, &cmd):
 		return Class{Code: api.CodeCommandFailed, Status: http.StatusUnprocessableEntity, Message: cmd.Message}, true
-	case errors.As(err, &fe):
-		return ofFiber(fe), true
+	case errors.As(err, &se):
+		return ofStatus(se), true
 	}
 	return Class{}, false
 }
 
-func ofFiber(fe *fiber.Error) Class {
+func ofStatus(se *StatusError) Class {
 	code := api.CodeInternal
 	switch {
-	case fe.Code == http.StatusNotFound:
+	case se.Status == http.StatusNotFound:
 		code = api.CodeNotFound
-	case fe.Code == http.StatusMethodNotAllowed:
+	case se.Status == http.StatusMethodNotAllowed:
 		code = api.CodeMethodNotAllowed
-	case fe.Code == http.StatusRequestEntityTooLarge:
+	case se.Status == http.StatusRequestEntityTooLarge:
 		code = api.CodeTooLarge
-	case fe.Code == http.StatusRequestTimeout:
+	case se.Status == http.StatusRequestTimeout:
 		code = api.CodeTimeout
-	case fe.Code >= 400 && fe.Code < 500:
+	case se.Status >= 400 && se.Status < 500:
 		code = api.CodeBadRequest
 	}
-	return Class{Code: code, Status: fe.Code, Message: fe.Message}
+	return Class{Code: code, Status: se.Status, Message: se.Message}
 }
 
 // ofCheckpoint classifies the checkpoint store's errors (checkpoints). It
@@ -359,25 +361,6 @@ func ofAgentAnswer(subject, killAll string, ae *agentapi.Error) Class {
 	default:
 		return Class{Code: api.CodeAgentUnreachable, Status: http.StatusBadGateway,
 			Message: "the agent of " + subject + " failed: " + ae.Message}
-	}
-}
-
-func ofAgentCall(subject string, ce *agentapi.CallError) Class {
-	var ne net.Error
-	switch {
-	case errors.Is(ce.Err, fasthttp.ErrNoFreeConns):
-		return Class{Code: api.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
-			Message: "too many concurrent calls to the agent of " + subject + "; retry later"}
-	case errors.Is(ce.Err, fasthttp.ErrBodyTooLarge):
-		return Class{Code: api.CodeAgentUnreachable, Status: http.StatusBadGateway,
-			Message: "the agent of " + subject + " answered with a body over the gateway's limit (QUARRY_MAX_AGENT_RESPONSE)"}
-	case errors.Is(ce.Err, fasthttp.ErrTimeout), errors.Is(ce.Err, fasthttp.ErrDialTimeout),
-		errors.Is(ce.Err, context.DeadlineExceeded), errors.As(ce.Err, &ne) && ne.Timeout():
-		return Class{Code: api.CodeTimeout, Status: http.StatusGatewayTimeout,
-			Message: "the agent of " + subject + " did not answer in time"}
-	default:
-		return Class{Code: api.CodeAgentUnreachable, Status: http.StatusBadGateway,
-			Message: "the agent of " + subject + " is unreachable: " + ce.Err.Error()}
 	}
 }
 
