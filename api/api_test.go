@@ -124,6 +124,9 @@ var wireTests = []struct {
 	{name: "ForkError/zero", v: api.ForkError{}, json: `{"status":0,"code":"","message":""}`},
 	{name: "Transcript", v: api.Transcript{SandboxID: "sbx-1", Exchanges: []api.Exchange{}, NextAfter: "r1"},
 		json: `{"sandbox_id":"sbx-1","exchanges":[],"next_after":"r1"}`},
+	{name: "ErrorBody", v: api.ErrorBody{Error: api.ErrorDetail{Code: api.CodeNotFound, Message: "sandbox sbx-1 not found"}},
+		json: `{"error":{"code":"not_found","message":"sandbox sbx-1 not found"}}`},
+	{name: "ErrorDetail/zero", v: api.ErrorDetail{}, json: `{"code":"","message":""}`},
 	{name: "Transcript/last page", v: api.Transcript{SandboxID: "sbx-1", Exchanges: []api.Exchange{}},
 		json: `{"sandbox_id":"sbx-1","exchanges":[]}`},
 }
@@ -171,5 +174,5 @@ func TestWire_EveryTypeIsPinned(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, 28, declared, "the package's types")
+	assert.Equal(t, 30, declared, "the package's types")
 }

@@ -7,6 +7,12 @@
 // sessions, processes, files) use execagent/agentapi's types, which the
 // gateway proxies unchanged.
 //
+// errors.go is the error vocabulary: ErrorBody, the one shape of every
+// error answer, and the codes it carries, each named once in Codes(). The
+// agent's codes (agentapi.Code*) and the env programs' (envs.Kind) are
+// these constants; gateway/openapi.json, docs/API.md and the Python SDK are
+// tested against Codes().
+//
 // Changing a type here changes the wire format: api_test.go pins the JSON
 // of each type.
 //

@@ -35,7 +35,7 @@ type Checkpoint struct {
 func (c Checkpoint) Expired(now time.Time) bool { return !now.Before(c.ExpiresAt) }
 
 // The contract's sentinel errors. Stores wrap them with what they were
-// doing (errors.Is finds them); internal/errclass classifies them.
+// doing (errors.Is finds them); errclass classifies them.
 var (
 	// ErrNotFound: no such checkpoint for this owner: unknown, expired,
 	// being deleted, or another owner's (which must be indistinguishable).

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/api"
 )
 
 // maxErrorBody bounds how much of an error answer is read.
@@ -22,7 +22,7 @@ const maxErrorBody = 64 << 10
 // between, say), Code is the status text and Message the body's first bytes.
 type Error struct {
 	Status  int    // HTTP status; 0 for an error event inside a stream
-	Code    string // e.g. agentapi.CodeNotFound ("not_found")
+	Code    string // e.g. api.CodeNotFound ("not_found")
 	Message string // the gateway's message, meant for a person
 	// RetryAfter is the Retry-After of a 503 (no_capacity, unavailable); 0 when absent.
 	RetryAfter time.Duration
@@ -48,7 +48,7 @@ func checkResponse(resp *http.Response) error {
 	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	e := &Error{Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
-	var eb agentapi.ErrorBody
+	var eb api.ErrorBody
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
 		e.Code, e.Message = eb.Error.Code, oneLine(eb.Error.Message)
 		return e
@@ -104,47 +104,47 @@ func hasStatusOrCode(err error, status int, codes ...string) bool {
 
 // IsBadRequest reports a 400: the input was malformed; the message names the field.
 func IsBadRequest(err error) bool {
-	return hasStatusOrCode(err, http.StatusBadRequest, agentapi.CodeBadRequest)
+	return hasStatusOrCode(err, http.StatusBadRequest, api.CodeBadRequest)
 }
 
 // IsUnauthorized reports a 401: the API key is missing or wrong.
 func IsUnauthorized(err error) bool {
-	return hasStatusOrCode(err, http.StatusUnauthorized, agentapi.CodeUnauthorized)
+	return hasStatusOrCode(err, http.StatusUnauthorized, api.CodeUnauthorized)
 }
 
 // IsNotFound reports a 404: an unknown sandbox (or another key's), session,
 // process or file.
 func IsNotFound(err error) bool {
-	return hasStatusOrCode(err, http.StatusNotFound, agentapi.CodeNotFound)
+	return hasStatusOrCode(err, http.StatusNotFound, api.CodeNotFound)
 }
 
 // IsConflict reports a 409: a concurrent change, or a busy session.
 func IsConflict(err error) bool {
-	return hasStatusOrCode(err, http.StatusConflict, agentapi.CodeConflict, agentapi.CodeBusy)
+	return hasStatusOrCode(err, http.StatusConflict, api.CodeConflict, api.CodeBusy)
 }
 
 // IsBusy reports a 409 "busy": the session is already running a command.
-func IsBusy(err error) bool { return HasCode(err, agentapi.CodeBusy) }
+func IsBusy(err error) bool { return HasCode(err, api.CodeBusy) }
 
 // IsGone reports a 410: the sandbox's lease was released, expired or lost.
 func IsGone(err error) bool {
-	return hasStatusOrCode(err, http.StatusGone, agentapi.CodeGone)
+	return hasStatusOrCode(err, http.StatusGone, api.CodeGone)
 }
 
 // IsTooLarge reports a 413: a body or a file over its limit.
 func IsTooLarge(err error) bool {
-	return hasStatusOrCode(err, http.StatusRequestEntityTooLarge, agentapi.CodeTooLarge)
+	return hasStatusOrCode(err, http.StatusRequestEntityTooLarge, api.CodeTooLarge)
 }
 
 // IsAgentUnreachable reports a 502 "agent_unreachable": the sandbox's agent
 // did not answer.
-func IsAgentUnreachable(err error) bool { return HasCode(err, agentapi.CodeAgentUnreachable) }
+func IsAgentUnreachable(err error) bool { return HasCode(err, api.CodeAgentUnreachable) }
 
 // IsUnavailable reports a 503 (unavailable or no_capacity): retry after
 // the error's RetryAfter.
 func IsUnavailable(err error) bool {
-	return hasStatusOrCode(err, http.StatusServiceUnavailable, agentapi.CodeUnavailable, agentapi.CodeNoCapacity)
+	return hasStatusOrCode(err, http.StatusServiceUnavailable, api.CodeUnavailable, api.CodeNoCapacity)
 }
 
 // IsNoCapacity reports a 503 "no_capacity": the pool is at max_total.
-func IsNoCapacity(err error) bool { return HasCode(err, agentapi.CodeNoCapacity) }
+func IsNoCapacity(err error) bool { return HasCode(err, api.CodeNoCapacity) }

@@ -3,6 +3,8 @@ package envs
 import (
 	"errors"
 	"fmt"
+
+	"github.com/quarryhq/quarry/api"
 )
 
 // ErrNotEnv: the sandbox was not made by Make (it has no LabelEnv label), or
@@ -16,23 +18,24 @@ var ErrOff = errors.New("the env API is not configured on this gateway (QUARRY_E
 // Kind classifies an *Error.
 type Kind string
 
-// Kinds of *Error, with the HTTP status the gateway answers.
+// Kinds of *Error, with the HTTP status the gateway answers. Each is the
+// error code of Quarry's API that answers it (api.Code*).
 const (
 	// KindInvalidAction: the env program refused the action (its reply
 	// {"error": ..., "code": "invalid_action"}); 400.
-	KindInvalidAction Kind = "invalid_action"
+	KindInvalidAction Kind = api.CodeInvalidAction
 	// KindNotRunning: no episode is running: step before reset, after the
 	// episode ended (the program's reply code "episode_not_running"), or
 	// after the program exited; 409. The next reset starts a fresh program
 	// when needed.
-	KindNotRunning Kind = "episode_not_running"
+	KindNotRunning Kind = api.CodeEpisodeNotRunning
 	// KindEnv: the env program failed: it exited before replying, wrote a
 	// malformed or invalid reply, or replied with an error of its own; 502.
-	KindEnv Kind = "env_error"
+	KindEnv Kind = api.CodeEnvError
 	// KindTimeout: the env program did not reply within the env's step or
 	// reset timeout (the agent killed it; the next reset starts a fresh
 	// one); 504.
-	KindTimeout Kind = "env_timeout"
+	KindTimeout Kind = api.CodeEnvTimeout
 )
 
 // Error is a failure of, or a refusal by, an env program. Message is for

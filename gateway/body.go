@@ -10,7 +10,7 @@ import (
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
-	"github.com/quarryhq/quarry/internal/errclass"
+	"github.com/quarryhq/quarry/errclass"
 )
 
 // bodyLocal is the fiber Locals key of the request's *bodyReader.

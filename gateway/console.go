@@ -14,8 +14,8 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
-	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // consoleCSP is the console's Content-Security-Policy: its own origin for

@@ -7,15 +7,17 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/gofiber/fiber/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
@@ -152,3 +154,38 @@ func TestErrors_EverySurfaceRendersOneClassification(t *testing.T) {
 type rawJSON string
 
 func (r rawJSON) MarshalJSON() ([]byte, error) { return []byte(r), nil }
+
+// TestFromFiber_FiberErrorsAreClassifiedByStatus holds the translation of
+// fiber's own errors at the edge (errclass knows no fiber): each keeps its
+// status and message, and gets the code of its status.
+func TestFromFiber_FiberErrorsAreClassifiedByStatus(t *testing.T) {
+	tests := []struct {
+		name   string
+		err    error
+		status int
+		code   string
+	}{
+		{name: "route not found", err: fiber.NewError(fiber.StatusNotFound, "Cannot GET /v1/nope"), status: 404, code: api.CodeNotFound},
+		{name: "method not allowed", err: fiber.ErrMethodNotAllowed, status: 405, code: api.CodeMethodNotAllowed},
+		{name: "body over the server's limit", err: fiber.ErrRequestEntityTooLarge, status: 413, code: api.CodeTooLarge},
+		{name: "request timeout", err: fiber.ErrRequestTimeout, status: 408, code: api.CodeTimeout},
+		{name: "other 4xx", err: fiber.ErrRequestHeaderFieldsTooLarge, status: 431, code: api.CodeBadRequest},
+		{name: "5xx", err: fiber.ErrServiceUnavailable, status: 503, code: api.CodeInternal},
+		{name: "wrapped", err: fmt.Errorf("route: %w", fiber.ErrNotFound), status: 404, code: api.CodeNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var fe *fiber.Error
+			require.ErrorAs(t, tt.err, &fe)
+			got := fromFiber(tt.err)
+			assert.ErrorIs(t, got, fe, "the fiber error stays wrapped")
+			a := errclass.Of(got)
+			assert.Equal(t, tt.status, a.Status)
+			assert.Equal(t, tt.code, a.Code)
+			assert.Equal(t, fe.Message, a.Message)
+		})
+	}
+
+	other := fmt.Errorf("acquire: %w", warmpool.ErrNoCapacity)
+	assert.Same(t, other, fromFiber(other), "an error of no fiber's passes unchanged")
+}

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quarryhq/quarry/api"
-	"github.com/quarryhq/quarry/internal/errclass"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/modelservice/membroker"
 	"github.com/quarryhq/quarry/modelservice/modeltest"

@@ -15,10 +15,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/checkpoints/filestore"
 	"github.com/quarryhq/quarry/envs"
-	"github.com/quarryhq/quarry/internal/errclass"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -514,4 +515,30 @@ func TestOpenAPI_StoreDownIs503WithRetryAfter(t *testing.T) {
 		statusCase{name: "make env", method: "POST", url: "/v1/envs", key: testKey, body: `{"env_id": "game"}`, status: 503},
 	)
 	checkStatuses(t, gw, doc, cases)
+}
+
+// TestOpenAPI_ErrorCodesAreAPIs holds the Error schema's code enum to
+// api.Codes(), every code Quarry's API answers: a code added in Go and
+// not here (or the other way) fails.
+func TestOpenAPI_ErrorCodesAreAPIs(t *testing.T) {
+	var doc struct {
+		Components struct {
+			Schemas struct {
+				Error struct {
+					Properties struct {
+						Error struct {
+							Properties struct {
+								Code struct {
+									Enum []string `json:"enum"`
+								} `json:"code"`
+							} `json:"properties"`
+						} `json:"error"`
+					} `json:"properties"`
+				} `json:"Error"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	require.NoError(t, json.Unmarshal(openAPI, &doc))
+	assert.ElementsMatch(t, api.Codes(), doc.Components.Schemas.Error.Properties.Error.Properties.Code.Enum,
+		"gateway/openapi.json's Error.code enum against api.Codes()")
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/quarryhq/quarry/internal/errclass"
+	"github.com/quarryhq/quarry/errclass"
 )
 
 func TestPreviewSigner_Verify(t *testing.T) {

@@ -15,9 +15,9 @@ import (
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // proxyKind says how a sandbox call travels to the agent and back.

@@ -8,8 +8,8 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
-	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // relayListener marks the connections of the relay socket (ServeRelay).

@@ -12,8 +12,8 @@ import (
 
 	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/warmpool"
 )
 

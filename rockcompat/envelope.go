@@ -7,8 +7,9 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/api"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // ROCK's result codes (rock._codes): 2xxx ok, 4xxx the caller's fault,
@@ -87,7 +88,7 @@ func failureOf(err error) failure {
 	c := errclass.Of(err)
 	code := codeBadRequest
 	switch {
-	case c.Code == errclass.CodeCommandFailed:
+	case c.Code == api.CodeCommandFailed:
 		code = codeCommand
 	case c.Retryable || c.Status >= 500:
 		code = codeInternal

@@ -13,8 +13,8 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // readFileRequest is ROCK's SandboxReadFileRequest.

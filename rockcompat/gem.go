@@ -7,8 +7,8 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/internal/errclass"
 )
 
 // GemPrefix is the path prefix of ROCK's GEM env routes.

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
@@ -127,7 +128,7 @@ func TestCheckpoints_Process(t *testing.T) {
 	for i, f := range fr.Forks {
 		if f.Error != nil {
 			assert.Equal(t, http.StatusServiceUnavailable, f.Error.Status, "fork %d: %s", i, f.Error.Message)
-			assert.Equal(t, agentapi.CodeNoCapacity, f.Error.Code, "fork %d", i)
+			assert.Equal(t, api.CodeNoCapacity, f.Error.Code, "fork %d", i)
 			continue
 		}
 		require.NotNil(t, f.Sandbox, "fork %d", i)
@@ -256,7 +257,7 @@ func TestCheckpoints_Docker(t *testing.T) {
 	made := 0
 	for i, f := range fr.Forks {
 		if f.Error != nil {
-			assert.Equal(t, agentapi.CodeNoCapacity, f.Error.Code, "fork %d: %s", i, f.Error.Message)
+			assert.Equal(t, api.CodeNoCapacity, f.Error.Code, "fork %d: %s", i, f.Error.Message)
 			continue
 		}
 		made++

@@ -50,7 +50,7 @@ func newCkGateway(t *testing.T) *ckGateway {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, api.ForkResult{Checkpoint: ck, Forks: []api.Fork{
 			{Sandbox: &api.Sandbox{ID: "sbx-2"}}, {Sandbox: &api.Sandbox{ID: "sbx-3"}},
-			{Error: &api.ForkError{Status: 503, Code: agentapi.CodeNoCapacity, Message: "no sandbox available"}},
+			{Error: &api.ForkError{Status: 503, Code: api.CodeNoCapacity, Message: "no sandbox available"}},
 		}})
 	})
 	mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {

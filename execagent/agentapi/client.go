@@ -31,7 +31,7 @@ func (e *Error) Error() string {
 // connection failed or timed out, or broke before the answer. Err is
 // the transport's error. Callers that reach agents another way (the
 // gateway's proxy) return it too, so that every surface classifies agent
-// failures alike (internal/errclass).
+// failures alike (errclass).
 type CallError struct {
 	Method, Path string
 	Err          error

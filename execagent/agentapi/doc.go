@@ -5,5 +5,8 @@
 // suite's health checks) and the gateway (proxying) all speak it through
 // this package.
 //
-// This package must not import any other Quarry package.
+// Its error codes and error body are api's (the gateway passes the agent's
+// errors on to its own callers), so that each code is declared once.
+//
+// This package must not import any other Quarry package but api.
 package agentapi

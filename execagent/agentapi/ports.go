@@ -1,5 +1,7 @@
 package agentapi
 
+import "github.com/quarryhq/quarry/api"
+
 // RoutePort is the agent's reverse proxy into the sandbox: any method on
 // /v1/ports/{port}/{path...} is relayed to http://127.0.0.1:{port}/{path...}
 // (query string as sent; streamed bodies both ways, SSE, chunked, and
@@ -13,7 +15,7 @@ const PortPathPrefix = "/v1/ports/"
 
 // CodePortClosed is the error code of a port proxy call whose target port
 // had nothing listening (502).
-const CodePortClosed = "port_closed"
+const CodePortClosed = api.CodePortClosed
 
 // MinPort and MaxPort bound the ports the proxy reaches.
 const (

@@ -3,6 +3,8 @@ package agentapi
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/quarryhq/quarry/api"
 )
 
 // Version is the wire-protocol version of the exec agent. It is reported by
@@ -104,60 +106,44 @@ const (
 	RouteCheckpoint = "/v1/checkpoint"
 )
 
-// Error codes used in ErrorBody by the agent and the gateway.
+// Error codes the agent answers, in ErrorBody. They are api's codes (the
+// gateway passes them on) but CodeStaleGeneration, the agent's alone, which
+// the gateway answers as api.CodeGone.
 const (
-	CodeBadRequest       = "bad_request"
-	CodeUnauthorized     = "unauthorized"
-	CodeForbidden        = "forbidden"
-	CodeNotFound         = "not_found"
-	CodeConflict         = "conflict"
-	CodeBusy             = "busy" // e.g. a session already running a command
-	CodeGone             = "gone" // lease ended; from the agent: shutting down, the command was killed
-	CodeTooLarge         = "payload_too_large"
-	CodeStaleGeneration  = "stale_generation"
-	CodeTimeout          = "timeout"
-	CodeAgentUnreachable = "agent_unreachable"
-	CodeUnavailable      = "unavailable"
-	CodeNoCapacity       = "no_capacity"
-	CodeInternal         = "internal"
-	// CodeProcessExited: an rpc process had exited before the call (409;
-	// nothing was written); the message carries its exit status and stderr
-	// tail.
-	CodeProcessExited = "process_exited"
-	// CodeNoReply: an rpc process exited (or closed its stdout) during a
-	// call, before it replied (409); the message carries its exit status
-	// and stderr tail.
-	CodeNoReply = "no_reply"
-	// CodeNameInUse: a process start named a running process's name (409).
-	CodeNameInUse = "name_in_use"
-	// CodeProtocolError: an rpc process wrote a reply line that is not one
-	// JSON value or is over the size limit (409); the agent killed it.
-	CodeProtocolError = "protocol_error"
-	// CodeInsufficientStorage: a write (a file, an archive upload) found
-	// the sandbox's disk full (ENOSPC) or over its quota (EDQUOT); 507. The
-	// message names the path and the size of the file system holding it.
-	// The write leaves nothing (a file, an archive upload); the sandbox is
-	// fine otherwise.
-	CodeInsufficientStorage = "insufficient_storage"
-	// CodePidsLimit: a command, session shell, process or PTY program
-	// could not start because the sandbox is at its limit of processes (the
-	// fork failed with EAGAIN: its cgroup's pids.max, which counts threads
-	// too); 503, retryable: nothing started. The message names the limit
-	// when the agent knows it.
-	CodePidsLimit = "pids_limit"
+	CodeBadRequest       = api.CodeBadRequest
+	CodeUnauthorized     = api.CodeUnauthorized
+	CodeForbidden        = api.CodeForbidden
+	CodeNotFound         = api.CodeNotFound
+	CodeConflict         = api.CodeConflict
+	CodeBusy             = api.CodeBusy // e.g. a session already running a command
+	CodeGone             = api.CodeGone // shutting down: the command was killed
+	CodeTooLarge         = api.CodeTooLarge
+	CodeTimeout          = api.CodeTimeout
+	CodeAgentUnreachable = api.CodeAgentUnreachable // the model relay is unreachable from the sandbox
+	CodeUnavailable      = api.CodeUnavailable
+	CodeInternal         = api.CodeInternal
+	// CodeStaleGeneration: the call's generation is older than the
+	// agent's (409): a newer lease holds the sandbox.
+	CodeStaleGeneration     = "stale_generation"
+	CodeProcessExited       = api.CodeProcessExited
+	CodeNoReply             = api.CodeNoReply
+	CodeNameInUse           = api.CodeNameInUse
+	CodeProtocolError       = api.CodeProtocolError
+	CodeInsufficientStorage = api.CodeInsufficientStorage
+	CodePidsLimit           = api.CodePidsLimit
+
+	// Deprecated: CodeNoCapacity is the gateway's code, not the agent's;
+	// use api.CodeNoCapacity. It stays until gateway/checkpoints_test.go,
+	// which another change is editing, names api's.
+	CodeNoCapacity = api.CodeNoCapacity
 )
 
 // ErrorBody is the one JSON shape of every error response, from the agent and
 // from the gateway: {"error": {"code": "...", "message": "..."}}.
-type ErrorBody struct {
-	Error ErrorDetail `json:"error"`
-}
+type ErrorBody = api.ErrorBody
 
 // ErrorDetail is the inner object of ErrorBody.
-type ErrorDetail struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+type ErrorDetail = api.ErrorDetail
 
 // Health is the answer of GET /healthz and POST /v1/init.
 type Health struct {

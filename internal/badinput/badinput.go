@@ -1,6 +1,6 @@
 // Package badinput holds Quarry's one type for bad input: a request (or a
 // config file) that a person can fix. Every package that validates input
-// returns an *Error; internal/errclass classifies it as a 400 bad_request,
+// returns an *Error; errclass classifies it as a 400 bad_request,
 // and every API surface renders it the same way. json.go reads a JSON
 // body's decoding error into one (the one message for malformed JSON).
 //

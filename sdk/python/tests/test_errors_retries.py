@@ -16,7 +16,7 @@ from gateway import ROOT, Gateway
 
 from quarry import AsyncQuarry, errors
 
-# Every code of internal/errclass, agentapi and envs, with its status and class.
+# Every code of api.Codes() (api/errors.go), with its status and class.
 CODES = [
     (400, "bad_request", errors.BadRequest), (400, "invalid_action", errors.InvalidAction),
     (401, "unauthorized", errors.Unauthorized), (403, "forbidden", errors.Forbidden),
@@ -31,7 +31,8 @@ CODES = [
     (429, "quota_exceeded", errors.QuotaExceeded),
     (500, "internal", errors.Internal),
     (500, "checkpoint_corrupt", errors.CheckpointCorrupt), (502, "agent_unreachable", errors.AgentUnreachable),
-    (502, "upstream_unreachable", errors.UpstreamUnreachable), (502, "env_error", errors.EnvError),
+    (502, "upstream_unreachable", errors.UpstreamUnreachable), (502, "port_closed", errors.PortClosed),
+    (502, "env_error", errors.EnvError),
     (503, "unavailable", errors.Unavailable), (503, "no_capacity", errors.NoCapacity),
     (503, "pids_limit", errors.PidsLimit), (503, "registry_unavailable", errors.RegistryUnavailable),
     (504, "timeout", errors.Timeout), (504, "env_timeout", errors.EnvTimeout),

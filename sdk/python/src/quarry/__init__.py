@@ -18,7 +18,7 @@ from .errors import (
     AgentUnreachable, BadRequest, BuildFailed, Busy, CheckpointCorrupt, CommandFailed, Conflict,
     EnvError, EnvTimeout, EpisodeNotRunning, Forbidden, Gone, ImageDenied, ImageFailed, ImageNotAllowed,
     ImageNotFound, InsufficientStorage, Internal, InvalidAction, MethodNotAllowed, NameInUse, NoCapacity,
-    NoReply, NotFound, PayloadTooLarge, PidsLimit, ProcessExited, ProtocolError, QuarryError,
+    NoReply, NotFound, PayloadTooLarge, PidsLimit, PortClosed, ProcessExited, ProtocolError, QuarryError,
     QuotaExceeded, RegistryUnavailable, Timeout, Unauthorized, Unavailable, UpstreamUnreachable,
 )
 from .types import (
@@ -35,7 +35,7 @@ __all__ = [
     "QuarryError", "BadRequest", "InvalidAction", "Unauthorized", "Forbidden", "NotFound",
     "MethodNotAllowed", "Conflict", "Busy", "NameInUse", "ProcessExited", "NoReply", "ProtocolError",
     "EpisodeNotRunning", "Gone", "PayloadTooLarge", "CommandFailed", "QuotaExceeded", "Internal",
-    "CheckpointCorrupt", "AgentUnreachable", "UpstreamUnreachable", "EnvError", "Unavailable",
+    "CheckpointCorrupt", "AgentUnreachable", "UpstreamUnreachable", "PortClosed", "EnvError", "Unavailable",
     "NoCapacity", "PidsLimit", "Timeout", "EnvTimeout", "InsufficientStorage", "ImageNotAllowed",
     "ImageDenied", "ImageNotFound", "RegistryUnavailable", "BuildFailed", "ImageFailed", "Checkpoint",
     "EnvInfo", "Exchange", "ExecEvent", "ExecResult",

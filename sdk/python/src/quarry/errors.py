@@ -41,6 +41,7 @@ __all__ = [
     "CheckpointCorrupt",
     "AgentUnreachable",
     "UpstreamUnreachable",
+    "PortClosed",
     "EnvError",
     "Unavailable",
     "NoCapacity",
@@ -295,6 +296,14 @@ class UpstreamUnreachable(AgentUnreachable):
     code = "upstream_unreachable"
 
 
+class PortClosed(AgentUnreachable):
+    """502 ``port_closed``: nothing listens on the sandbox port a proxied call
+    (``/v1/sandboxes/{id}/ports/{port}/...``, a preview URL) named; the agent is
+    fine, and the message names the port."""
+
+    code = "port_closed"
+
+
 class EnvError(AgentUnreachable):
     """502 ``env_error``: the env program crashed or answered something malformed."""
 
@@ -360,8 +369,8 @@ _BY_CODE: dict[str, type[QuarryError]] = {
         BadRequest, InvalidAction, Unauthorized, Forbidden, ImageNotAllowed, ImageDenied, NotFound,
         ImageNotFound, MethodNotAllowed, Conflict, Busy, NameInUse, ProcessExited, NoReply, ProtocolError,
         EpisodeNotRunning, Gone, PayloadTooLarge, CommandFailed, BuildFailed, QuotaExceeded, Internal,
-        CheckpointCorrupt, AgentUnreachable, UpstreamUnreachable, EnvError, Unavailable, NoCapacity,
-        PidsLimit, RegistryUnavailable, Timeout, EnvTimeout, InsufficientStorage,
+        CheckpointCorrupt, AgentUnreachable, UpstreamUnreachable, PortClosed, EnvError, Unavailable,
+        NoCapacity, PidsLimit, RegistryUnavailable, Timeout, EnvTimeout, InsufficientStorage,
     )
 }
 # The agent's own name for a newer lease; the gateway answers it as gone.

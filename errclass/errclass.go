@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
 
-	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/fasthttp"
-
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/execagent/agentapi"
@@ -23,45 +20,9 @@ import (
 	"github.com/quarryhq/quarry/warmpool"
 )
 
-// Codes that are not the agent's (agentapi.Code*): the gateway's own.
-const (
-	// CodeMethodNotAllowed: the path exists but not for this method (405).
-	CodeMethodNotAllowed = "method_not_allowed"
-	// CodeUpstreamUnreachable: a model relay upstream failed (502).
-	CodeUpstreamUnreachable = "upstream_unreachable"
-	// CodeCommandFailed: a command ran and failed where the caller asked
-	// for failure to be an error (ROCK's check "raise", a killed command);
-	// 422. ROCK's envelope answers it with its command code, 6000.
-	CodeCommandFailed = "command_failed"
-	// CodeCheckpointCorrupt: a checkpoint's stored archive does not match
-	// its sha256 or size (checkpoints.ErrCorrupt); 500. It was refused
-	// before anything was restored from it.
-	CodeCheckpointCorrupt = "checkpoint_corrupt"
-	// CodeQuotaExceeded: a quota of the caller's is spent (the checkpoint
-	// store's budget, checkpoints.ErrOverBudget); 429, not retryable: the
-	// same request fails until the caller frees some or an operator raises
-	// the limit the message names.
-	CodeQuotaExceeded = "quota_exceeded"
-	// CodeImageNotAllowed: the image a request named is not one the
-	// operator lets this key or class ask for (403); the message names
-	// the rules that refused it.
-	CodeImageNotAllowed = "image_not_allowed"
-	// CodeImageNotFound: the image does not exist in its registry (404).
-	CodeImageNotFound = "image_not_found"
-	// CodeImageDenied: the image's registry refused the gateway's
-	// credentials for it (403).
-	CodeImageDenied = "image_denied"
-	// CodeRegistryUnavailable: the image's registry did not answer (503,
-	// retryable).
-	CodeRegistryUnavailable = "registry_unavailable"
-	// CodeBuildFailed: an image build ran and failed (a step, a bad
-	// Dockerfile): 422 with the build's message.
-	CodeBuildFailed = "build_failed"
-)
-
 // Class is how every API surface answers one error.
 type Class struct {
-	// Code is the machine-readable code: an agentapi.Code* or one of the
+	// Code is the machine-readable code: an api.Code* or one of the
 	// Code* constants above (an env program's failure carries its
 	// envs.Kind).
 	Code string
@@ -79,7 +40,7 @@ type Class struct {
 
 // Unexpected reports whether the class is an unexpected server failure
 // (code internal), which surfaces log at error level.
-func (c Class) Unexpected() bool { return c.Code == agentapi.CodeInternal }
+func (c Class) Unexpected() bool { return c.Code == api.CodeInternal }
 
 // SandboxError names the sandbox an error is about, so that its message
 // can say which.
@@ -113,7 +74,7 @@ func New(status int, code, message string) error {
 
 // Unauthorized returns the 401 answer with message.
 func Unauthorized(message string) error {
-	return New(http.StatusUnauthorized, agentapi.CodeUnauthorized, message)
+	return New(http.StatusUnauthorized, api.CodeUnauthorized, message)
 }
 
 // RetryAfter is the Retry-After header value (whole seconds, at least 1)
@@ -131,20 +92,26 @@ type BodyReadError struct{ Err error }
 func (e *BodyReadError) Error() string { return fmt.Sprintf("read request body: %v", e.Err) }
 func (e *BodyReadError) Unwrap() error { return e.Err }
 
+// StatusError is an answer the HTTP stack decided by its status alone: a
+// router's 404 or 405, a server's 408 or 413. A surface translates its
+// framework's own errors into it (gateway/errors.go, fiber's), so that
+// this package knows no framework; Of gives it the code of its status.
+// Err is the framework's error, kept for logs and errors.As.
+type StatusError struct {
+	Status  int
+	Message string
+	Err     error
+}
+
+func (e *StatusError) Error() string { return e.Message }
+func (e *StatusError) Unwrap() error { return e.Err }
+
 // CommandError: a command ran and failed where the caller asked for that
-// to be an error (CodeCommandFailed, 422). Message says how it failed and
+// to be an error (api.CodeCommandFailed, 422). Message says how it failed and
 // carries its output.
 type CommandError struct{ Message string }
 
 func (e *CommandError) Error() string { return e.Message }
-
-// AgentMayBeDown reports whether err, from a call to a sandbox's agent,
-// suggests that the task itself may be gone (so its lease should be
-// checked), as opposed to the gateway's own limits or the agent's answer.
-func AgentMayBeDown(err error) bool {
-	var ce *agentapi.CallError
-	return errors.As(err, &ce) && !errors.Is(ce.Err, fasthttp.ErrNoFreeConns) && !errors.Is(ce.Err, fasthttp.ErrBodyTooLarge)
-}
 
 // Of classifies err. It is the one mapping from Quarry's errors (the
 // contracts' sentinels and typed errors, wrapped or not) to what clients
@@ -190,40 +157,40 @@ func ofRequest(err error) (Class, bool) {
 		bad   *badinput.Error
 		body  *BodyReadError
 		cmd   *CommandError
-		fe    *fiber.Error
+		se    *StatusError
 	)
 	switch {
 	case errors.As(err, &fixed):
 		return fixed.Class, true
 	case errors.As(err, &bad):
-		return Class{Code: agentapi.CodeBadRequest, Status: http.StatusBadRequest, Message: bad.Error()}, true
+		return Class{Code: api.CodeBadRequest, Status: http.StatusBadRequest, Message: bad.Error()}, true
 	case errors.Is(err, ErrTooLarge):
-		return Class{Code: agentapi.CodeTooLarge, Status: http.StatusRequestEntityTooLarge, Message: err.Error()}, true
+		return Class{Code: api.CodeTooLarge, Status: http.StatusRequestEntityTooLarge, Message: err.Error()}, true
 	case errors.As(err, &body):
-		return Class{Code: agentapi.CodeBadRequest, Status: http.StatusBadRequest, Message: "body: " + body.Err.Error()}, true
+		return Class{Code: api.CodeBadRequest, Status: http.StatusBadRequest, Message: "body: " + body.Err.Error()}, true
 	case errors.As(err, &cmd):
-		return Class{Code: CodeCommandFailed, Status: http.StatusUnprocessableEntity, Message: cmd.Message}, true
-	case errors.As(err, &fe):
-		return ofFiber(fe), true
+		return Class{Code: api.CodeCommandFailed, Status: http.StatusUnprocessableEntity, Message: cmd.Message}, true
+	case errors.As(err, &se):
+		return ofStatus(se), true
 	}
 	return Class{}, false
 }
 
-func ofFiber(fe *fiber.Error) Class {
-	code := agentapi.CodeInternal
+func ofStatus(se *StatusError) Class {
+	code := api.CodeInternal
 	switch {
-	case fe.Code == http.StatusNotFound:
-		code = agentapi.CodeNotFound
-	case fe.Code == http.StatusMethodNotAllowed:
-		code = CodeMethodNotAllowed
-	case fe.Code == http.StatusRequestEntityTooLarge:
-		code = agentapi.CodeTooLarge
-	case fe.Code == http.StatusRequestTimeout:
-		code = agentapi.CodeTimeout
-	case fe.Code >= 400 && fe.Code < 500:
-		code = agentapi.CodeBadRequest
+	case se.Status == http.StatusNotFound:
+		code = api.CodeNotFound
+	case se.Status == http.StatusMethodNotAllowed:
+		code = api.CodeMethodNotAllowed
+	case se.Status == http.StatusRequestEntityTooLarge:
+		code = api.CodeTooLarge
+	case se.Status == http.StatusRequestTimeout:
+		code = api.CodeTimeout
+	case se.Status >= 400 && se.Status < 500:
+		code = api.CodeBadRequest
 	}
-	return Class{Code: code, Status: fe.Code, Message: fe.Message}
+	return Class{Code: code, Status: se.Status, Message: se.Message}
 }
 
 // ofCheckpoint classifies the checkpoint store's errors (checkpoints). It
@@ -234,20 +201,20 @@ func ofCheckpoint(err error) (Class, bool) {
 	var budget *checkpoints.BudgetError
 	switch {
 	case errors.As(err, &budget):
-		return Class{Code: CodeQuotaExceeded, Status: http.StatusTooManyRequests, Message: budgetMessage(budget)}, true
+		return Class{Code: api.CodeQuotaExceeded, Status: http.StatusTooManyRequests, Message: budgetMessage(budget)}, true
 	case errors.Is(err, checkpoints.ErrNotFound):
-		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: "checkpoint not found"}, true
+		return Class{Code: api.CodeNotFound, Status: http.StatusNotFound, Message: "checkpoint not found"}, true
 	case errors.Is(err, checkpoints.ErrTooLarge):
-		return Class{Code: agentapi.CodeTooLarge, Status: http.StatusRequestEntityTooLarge,
+		return Class{Code: api.CodeTooLarge, Status: http.StatusRequestEntityTooLarge,
 			Message: err.Error() + " (QUARRY_MAX_CHECKPOINT_BYTES): take a checkpoint of fewer paths, or exclude some"}, true
 	case errors.Is(err, checkpoints.ErrCorrupt):
-		return Class{Code: CodeCheckpointCorrupt, Status: http.StatusInternalServerError,
+		return Class{Code: api.CodeCheckpointCorrupt, Status: http.StatusInternalServerError,
 			Message: "the checkpoint's stored archive is damaged (its bytes do not match its sha256 or size) and was refused; take a new checkpoint"}, true
 	case errors.Is(err, checkpoints.ErrExists):
-		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Retryable: true,
+		return Class{Code: api.CodeConflict, Status: http.StatusConflict, Retryable: true,
 			Message: "the checkpoint id is taken; retry"}, true
 	case errors.Is(err, checkpoints.ErrUnavailable), errors.Is(err, checkpoints.ErrClosed):
-		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+		return Class{Code: api.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: "the checkpoint store is unavailable; retry later"}, true
 	}
 	return Class{}, false
@@ -292,30 +259,30 @@ func ofModel(subject string, err error) (Class, bool) {
 	var up *modelservice.UpstreamError
 	switch {
 	case errors.Is(err, modelservice.ErrBadToken):
-		return Class{Code: agentapi.CodeUnauthorized, Status: http.StatusUnauthorized,
+		return Class{Code: api.CodeUnauthorized, Status: http.StatusUnauthorized,
 			Message: "invalid relay token: send this sandbox's $OPENAI_API_KEY"}, true
 	case errors.Is(err, modelservice.ErrUpstreamNotAllowed):
-		return Class{Code: agentapi.CodeForbidden, Status: http.StatusForbidden, Message: err.Error()}, true
+		return Class{Code: api.CodeForbidden, Status: http.StatusForbidden, Message: err.Error()}, true
 	case errors.As(err, &up):
-		return Class{Code: CodeUpstreamUnreachable, Status: http.StatusBadGateway,
+		return Class{Code: api.CodeUpstreamUnreachable, Status: http.StatusBadGateway,
 			Message: "the model upstream of " + subject + " failed: " + up.Err.Error()}, true
 	case errors.Is(err, modelservice.ErrTimeout):
-		return Class{Code: agentapi.CodeTimeout, Status: http.StatusGatewayTimeout,
+		return Class{Code: api.CodeTimeout, Status: http.StatusGatewayTimeout,
 			Message: "no trainer answered the model request within its timeout"}, true
 	case errors.Is(err, modelservice.ErrNotFound):
-		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: "model request not found"}, true
+		return Class{Code: api.CodeNotFound, Status: http.StatusNotFound, Message: "model request not found"}, true
 	case errors.Is(err, modelservice.ErrAnswered):
-		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Message: "the model request was answered already"}, true
+		return Class{Code: api.CodeConflict, Status: http.StatusConflict, Message: "the model request was answered already"}, true
 	case errors.Is(err, modelservice.ErrConflict):
-		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Message: err.Error()}, true
+		return Class{Code: api.CodeConflict, Status: http.StatusConflict, Message: err.Error()}, true
 	case errors.Is(err, modelservice.ErrGone):
-		return Class{Code: agentapi.CodeGone, Status: http.StatusGone,
+		return Class{Code: api.CodeGone, Status: http.StatusGone,
 			Message: "the model request is gone: its agent disconnected or it timed out"}, true
 	case errors.Is(err, modelservice.ErrShuttingDown):
-		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+		return Class{Code: api.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: modelservice.ErrShuttingDown.Error()}, true
 	case errors.Is(err, modelservice.ErrFull), errors.Is(err, modelservice.ErrUnavailable), errors.Is(err, modelservice.ErrClosed):
-		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+		return Class{Code: api.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: "the model relay is unavailable (" + err.Error() + "); retry later"}, true
 	}
 	return Class{}, false
@@ -326,13 +293,13 @@ func ofEnv(subject string, err error) (Class, bool) {
 	var ee *envs.Error
 	switch {
 	case errors.Is(err, envs.ErrOff):
-		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: envs.ErrOff.Error()}, true
+		return Class{Code: api.CodeNotFound, Status: http.StatusNotFound, Message: envs.ErrOff.Error()}, true
 	case errors.Is(err, envs.ErrNotEnv):
 		msg := err.Error()
 		if sbx := (*SandboxError)(nil); errors.As(err, &sbx) {
 			msg = sbx.Err.Error()
 		}
-		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Message: msg}, true
+		return Class{Code: api.CodeConflict, Status: http.StatusConflict, Message: msg}, true
 	case errors.As(err, &ee):
 		status := http.StatusBadGateway
 		switch ee.Kind {
@@ -367,52 +334,33 @@ func ofAgent(subject, killAll string, err error) (Class, bool) {
 func ofAgentAnswer(subject, killAll string, ae *agentapi.Error) Class {
 	switch {
 	case ae.Code == agentapi.CodeStaleGeneration:
-		return Class{Code: agentapi.CodeGone, Status: http.StatusGone,
+		return Class{Code: api.CodeGone, Status: http.StatusGone,
 			Message: subject + ": its lease has ended (the sandbox belongs to a newer lease)"}
 	case ae.Status == http.StatusUnauthorized:
 		// Only a 401 means the gateway's token was refused; a 403 is the
 		// sandbox's own answer (e.g. a path it may not read) and passes on.
-		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
+		return Class{Code: api.CodeAgentUnreachable, Status: http.StatusBadGateway,
 			Message: "the agent of " + subject + " refused the gateway's credentials"}
 	case ae.Status >= 400 && ae.Status < 500:
 		return Class{Code: ae.Code, Status: ae.Status, Message: ae.Message}
-	case ae.Code == agentapi.CodePortClosed:
+	case ae.Code == api.CodePortClosed:
 		// Nothing listens on a sandbox port the caller named (the agent is
 		// fine): 502 with the agent's message naming the port.
-		return Class{Code: agentapi.CodePortClosed, Status: http.StatusBadGateway, Message: ae.Message}
-	case ae.Code == agentapi.CodeInsufficientStorage:
+		return Class{Code: api.CodePortClosed, Status: http.StatusBadGateway, Message: ae.Message}
+	case ae.Code == api.CodeInsufficientStorage:
 		// The sandbox's disk is full: its own state, which the caller can
 		// change (delete files, a larger disk); the agent is fine.
-		return Class{Code: agentapi.CodeInsufficientStorage, Status: http.StatusInsufficientStorage, Message: subject + ": " + ae.Message}
-	case ae.Code == agentapi.CodePidsLimit:
+		return Class{Code: api.CodeInsufficientStorage, Status: http.StatusInsufficientStorage, Message: subject + ": " + ae.Message}
+	case ae.Code == api.CodePidsLimit:
 		// The sandbox is at its limit of processes (a fork bomb, a burst
 		// of commands): nothing started, and a retry starts it once some
 		// have exited; kill-all ends them all. The agent's message names
 		// the limit.
-		return Class{Code: agentapi.CodePidsLimit, Status: http.StatusServiceUnavailable, Retryable: true,
+		return Class{Code: api.CodePidsLimit, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: ae.Message + " (" + killAll + ")"}
 	default:
-		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
+		return Class{Code: api.CodeAgentUnreachable, Status: http.StatusBadGateway,
 			Message: "the agent of " + subject + " failed: " + ae.Message}
-	}
-}
-
-func ofAgentCall(subject string, ce *agentapi.CallError) Class {
-	var ne net.Error
-	switch {
-	case errors.Is(ce.Err, fasthttp.ErrNoFreeConns):
-		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
-			Message: "too many concurrent calls to the agent of " + subject + "; retry later"}
-	case errors.Is(ce.Err, fasthttp.ErrBodyTooLarge):
-		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
-			Message: "the agent of " + subject + " answered with a body over the gateway's limit (QUARRY_MAX_AGENT_RESPONSE)"}
-	case errors.Is(ce.Err, fasthttp.ErrTimeout), errors.Is(ce.Err, fasthttp.ErrDialTimeout),
-		errors.Is(ce.Err, context.DeadlineExceeded), errors.As(ce.Err, &ne) && ne.Timeout():
-		return Class{Code: agentapi.CodeTimeout, Status: http.StatusGatewayTimeout,
-			Message: "the agent of " + subject + " did not answer in time"}
-	default:
-		return Class{Code: agentapi.CodeAgentUnreachable, Status: http.StatusBadGateway,
-			Message: "the agent of " + subject + " is unreachable: " + ce.Err.Error()}
 	}
 }
 
@@ -428,35 +376,35 @@ func ofLease(subject string, err error) Class {
 	)
 	switch {
 	case errors.As(err, &ended):
-		return Class{Code: agentapi.CodeGone, Status: http.StatusGone, Message: endedMessage(subject, ended)}
+		return Class{Code: api.CodeGone, Status: http.StatusGone, Message: endedMessage(subject, ended)}
 	case errors.Is(err, warmpool.ErrLeaseEnded):
-		return Class{Code: agentapi.CodeGone, Status: http.StatusGone, Message: subject + ": its lease has ended"}
+		return Class{Code: api.CodeGone, Status: http.StatusGone, Message: subject + ": its lease has ended"}
 	case errors.Is(err, warmpool.ErrNotFound), errors.Is(err, warmpool.ErrLeaseNotHeld):
-		return Class{Code: agentapi.CodeNotFound, Status: http.StatusNotFound, Message: subject + " not found"}
+		return Class{Code: api.CodeNotFound, Status: http.StatusNotFound, Message: subject + " not found"}
 	case errors.Is(err, warmpool.ErrIdempotencyMismatch):
-		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict,
+		return Class{Code: api.CodeConflict, Status: http.StatusConflict,
 			Message: "Idempotency-Key: it was first used with a different request (pool, lease_seconds, env or labels); a key makes one sandbox: use a new key"}
 	case errors.Is(err, warmpool.ErrConflict):
-		return Class{Code: agentapi.CodeConflict, Status: http.StatusConflict, Retryable: true,
+		return Class{Code: api.CodeConflict, Status: http.StatusConflict, Retryable: true,
 			Message: subject + " changed concurrently; retry"}
 	case errors.As(err, &img):
 		return ofImage(img)
 	case errors.As(err, &denied):
-		return Class{Code: CodeImageNotAllowed, Status: http.StatusForbidden, Message: denied.Error()}
+		return Class{Code: api.CodeImageNotAllowed, Status: http.StatusForbidden, Message: denied.Error()}
 	case errors.Is(err, warmpool.ErrNoCapacity), errors.Is(err, providers.ErrNoCapacity):
-		return Class{Code: agentapi.CodeNoCapacity, Status: http.StatusServiceUnavailable, Retryable: true,
+		return Class{Code: api.CodeNoCapacity, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: "no sandbox available: the pool is at its max_total; retry later"}
 	case errors.Is(err, warmpool.ErrUnavailable), errors.Is(err, warmpool.ErrClosed),
 		errors.Is(err, providers.ErrThrottled), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, context.Canceled):
-		return Class{Code: agentapi.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
+		return Class{Code: api.CodeUnavailable, Status: http.StatusServiceUnavailable, Retryable: true,
 			Message: "the lease store or provider is unavailable; retry later"}
 	case errors.As(err, &build):
-		return Class{Code: CodeBuildFailed, Status: http.StatusUnprocessableEntity, Message: build.Error()}
+		return Class{Code: api.CodeBuildFailed, Status: http.StatusUnprocessableEntity, Message: build.Error()}
 	case errors.As(err, &launch):
-		return Class{Code: agentapi.CodeInternal, Status: http.StatusInternalServerError, Message: launch.Error()}
+		return Class{Code: api.CodeInternal, Status: http.StatusInternalServerError, Message: launch.Error()}
 	default:
-		return Class{Code: agentapi.CodeInternal, Status: http.StatusInternalServerError, Message: "internal error"}
+		return Class{Code: api.CodeInternal, Status: http.StatusInternalServerError, Message: "internal error"}
 	}
 }
 
@@ -487,12 +435,12 @@ func endedMessage(subject string, e *warmpool.LeaseEndedError) string {
 func ofImage(e *providers.ImageError) Class {
 	switch e.Kind {
 	case providers.ImageNotFound:
-		return Class{Code: CodeImageNotFound, Status: http.StatusNotFound, Message: e.Error()}
+		return Class{Code: api.CodeImageNotFound, Status: http.StatusNotFound, Message: e.Error()}
 	case providers.ImageDenied:
-		return Class{Code: CodeImageDenied, Status: http.StatusForbidden, Message: e.Error()}
+		return Class{Code: api.CodeImageDenied, Status: http.StatusForbidden, Message: e.Error()}
 	case providers.ImageUnreachable:
-		return Class{Code: CodeRegistryUnavailable, Status: http.StatusServiceUnavailable, Retryable: true, Message: e.Error() + "; retry later"}
+		return Class{Code: api.CodeRegistryUnavailable, Status: http.StatusServiceUnavailable, Retryable: true, Message: e.Error() + "; retry later"}
 	default:
-		return Class{Code: agentapi.CodeBadRequest, Status: http.StatusBadRequest, Message: e.Error()}
+		return Class{Code: api.CodeBadRequest, Status: http.StatusBadRequest, Message: e.Error()}
 	}
 }

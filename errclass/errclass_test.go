@@ -7,15 +7,14 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/gofiber/fiber/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
+	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
-	"github.com/quarryhq/quarry/internal/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
@@ -38,8 +37,12 @@ func TestOf(t *testing.T) {
 		{name: "client body", err: &errclass.BodyReadError{Err: errors.New("unexpected EOF")}, status: 400, code: "bad_request", message: "body: unexpected EOF"},
 		{name: "too large", err: fmt.Errorf("body: larger than the limit of 10 bytes: %w", errclass.ErrTooLarge), status: 413, code: "payload_too_large", message: "larger than the limit of 10 bytes"},
 		{name: "unauthorized", err: errclass.Unauthorized("invalid API key"), status: 401, code: "unauthorized", message: "invalid API key"},
-		{name: "fiber 405", err: fiber.NewError(405, "Method Not Allowed"), status: 405, code: "method_not_allowed"},
-		{name: "fiber 408", err: fiber.ErrRequestTimeout, status: 408, code: "timeout"},
+		{name: "status 404", err: &errclass.StatusError{Status: 404, Message: "Cannot GET /v1/nope"}, status: 404, code: "not_found", message: "Cannot GET /v1/nope"},
+		{name: "status 405", err: &errclass.StatusError{Status: 405, Message: "Method Not Allowed"}, status: 405, code: "method_not_allowed"},
+		{name: "status 408", err: &errclass.StatusError{Status: 408, Message: "Request Timeout"}, status: 408, code: "timeout"},
+		{name: "status 413", err: &errclass.StatusError{Status: 413, Message: "Request Entity Too Large"}, status: 413, code: "payload_too_large"},
+		{name: "status 431", err: &errclass.StatusError{Status: 431, Message: "Request Header Fields Too Large"}, status: 431, code: "bad_request"},
+		{name: "status 500", err: &errclass.StatusError{Status: 500, Message: "Internal Server Error"}, status: 500, code: "internal"},
 		{name: "command failed", err: &errclass.CommandError{Message: "exit code 2"}, status: 422, code: "command_failed", message: "exit code 2"},
 		{name: "not found", err: errclass.Sandbox("sbx-1", warmpool.ErrNotFound), status: 404, code: "not_found", message: "sandbox sbx-1 not found"},
 		{name: "not held is not found", err: errclass.Sandbox("sbx-1", warmpool.ErrLeaseNotHeld), status: 404, code: "not_found", message: "sandbox sbx-1 not found"},
