@@ -9,9 +9,12 @@
 // model relay's routes (model.go, over a *modelservice.Service: OpenAI
 // calls from sandboxes authenticated by their relay token, and the
 // trainer's claims, answers and transcripts authenticated by API key),
-// and the checkpoint routes (checkpoints.go, over a checkpoints.Store:
-// archives stream from an agent into the store and back, never whole in
-// memory; restore, from_checkpoint and fork).
+// and the checkpoint routes (checkpoints.go, over the workflows of
+// checkpoints/ckflow, to which ckadapters.go gives the gateway's lease and
+// agent sides: archives stream from an agent into the store and back,
+// never whole in memory; restore, from_checkpoint and fork). Its
+// connections are parked between requests (internal/parkconn, wired in
+// gateway.go).
 //
 // The gateway keeps no state that matters: leases live in the lease store
 // behind the Manager interface; the only cache (HTTP clients per agent URL)

@@ -113,7 +113,7 @@ type Gateway struct {
 
 	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
-	ck   *ckService          // checkpoints (checkpoints.go)
+	ck   *ckService          // checkpoints (checkpoints.go, ckadapters.go)
 	ui   *console            // the web console's files (console.go)
 
 	preview *previewSigner // preview URLs of sandbox ports (preview.go)
@@ -168,7 +168,9 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if err := deps.CheckpointConfig.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	g.ck = newCkService(cfg, deps.Checkpoints, deps.CheckpointConfig)
+	if g.ck, err = newCkService(g, deps.Checkpoints, deps.CheckpointConfig); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	if g.rock, err = g.newRock(deps.RockImages); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
