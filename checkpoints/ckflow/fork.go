@@ -39,8 +39,8 @@ type ForkRequest struct {
 	KeepCheckpoint bool
 }
 
-// Fork is the outcome of one fork: its lease, or its error.
-type Fork struct {
+// ForkOutcome is the outcome of one fork: its lease, or its error.
+type ForkOutcome struct {
 	Lease warmpool.Lease
 	Err   error
 }
@@ -51,7 +51,7 @@ type Fork struct {
 // all within Config.ForkTimeout; each outcome is its sandbox or its own
 // error, in order. The error is Take's (then no sandbox is made) or
 // CheckCount's.
-func (s *Service) Fork(ctx context.Context, lease warmpool.Lease, req ForkRequest) (checkpoints.Checkpoint, []Fork, error) {
+func (s *Service) Fork(ctx context.Context, lease warmpool.Lease, req ForkRequest) (checkpoints.Checkpoint, []ForkOutcome, error) {
 	if err := CheckCount(req.Count); err != nil {
 		return checkpoints.Checkpoint{}, nil, err
 	}
@@ -59,7 +59,7 @@ func (s *Service) Fork(ctx context.Context, lease warmpool.Lease, req ForkReques
 	if err != nil {
 		return checkpoints.Checkpoint{}, nil, err
 	}
-	forks := make([]Fork, req.Count)
+	forks := make([]ForkOutcome, req.Count)
 	fctx, cancel := context.WithTimeout(ctx, s.cfg.ForkTimeout)
 	defer cancel()
 	var eg errgroup.Group // every fork runs: count is bounded by MaxForks
