@@ -11,7 +11,9 @@
 //
 // Backends are subpackages: filestore (embedded: content-addressed files
 // and bbolt under QUARRY_DATA_DIR) and s3store (objects in S3, metadata in
-// DynamoDB). checkpointtest is the conformance suite both pass.
+// DynamoDB). checkpointtest is the conformance suite both pass. ckflow is
+// not a backend: it is the workflows (take, restore, fork) over a Store
+// that the gateway's checkpoint routes call.
 //
 // Refinements of the contract as first written (issue 14's common
 // context), with their reasons:

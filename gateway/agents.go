@@ -250,8 +250,10 @@ func newAgentHTTP(cfg Config) *http.Client {
 		DialContext:         dialer.DialContext,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     cfg.IdleTimeout,
-		DisableCompression:  true,
-		WriteBufferSize:     64 << 10,
-		ReadBufferSize:      64 << 10,
+		// A checkpoint's agent walks the tree before its answer's headers;
+		// every call's context bounds it.
+		DisableCompression: true,
+		WriteBufferSize:    64 << 10,
+		ReadBufferSize:     64 << 10,
 	}}
 }

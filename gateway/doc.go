@@ -30,13 +30,17 @@
 //   - model.go, relaysocket.go: the model relay's routes over a
 //     *modelservice.Service (sandbox side by relay token, trainer side by
 //     API key) and the relay socket.
-//   - checkpoints.go: the checkpoint routes over the checkpoint workflows;
-//     envs.go: the env API over envs.Service; rock.go, rockports.go: ROCK's
-//     routes (rockcompat) and ports.
+//   - checkpoints.go, ckadapters.go: the checkpoint routes over the
+//     workflows of checkpoints/ckflow, and the lease and agent sides the
+//     gateway gives them; envs.go: the env API over envs.Service; rock.go,
+//     rockports.go: ROCK's routes (rockcompat) and ports.
 //   - errors.go, allow.go: every error rendered in one JSON shape from its
 //     classification; 404 and 405 for unknown routes.
 //   - console.go, openapi.go, metrics.go, config.go: the console's files,
 //     the OpenAPI document, Prometheus metrics, Config.
+//
+// Connection parking and idle deadlines are internal/parkconn's; the
+// gateway wires them (Serve, observe, Shutdown).
 //
 // The gateway keeps no state that matters: leases live in the lease store
 // behind the Manager interface, and the only cache (HTTP clients per agent

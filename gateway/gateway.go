@@ -21,6 +21,7 @@ import (
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/gateway/ui"
 	"github.com/quarryhq/quarry/internal/clock"
+	"github.com/quarryhq/quarry/internal/parkconn"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/rockcompat"
 	"github.com/quarryhq/quarry/warmpool"
@@ -105,10 +106,10 @@ type Gateway struct {
 	metrics   *metrics
 	app       *fiber.App
 	routes    map[string]bool // registered route templates (metrics labels)
-	conns     *connSet        // connections accepted by Serve and ServeTLS
+	conns     *parkconn.Set   // connections accepted by Serve and ServeTLS
 
 	parksMu sync.Mutex
-	parks   []*parkListener // the listeners of Serve, ServeTLS and ServeRelay
+	parks   []*parkconn.Listener // the listeners of Serve, ServeTLS and ServeRelay
 
 	// draining is closed when Shutdown starts: relay calls and trainer
 	// long-polls waiting on the broker end with 503 (model.go).
@@ -117,7 +118,7 @@ type Gateway struct {
 
 	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
-	ck   *ckService          // checkpoints (checkpoints.go)
+	ck   *ckService          // checkpoints (checkpoints.go, ckadapters.go)
 	ui   *console            // the web console's files (console.go)
 
 	preview *previewSigner // preview URLs of sandbox ports (preview.go)
@@ -142,7 +143,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		clock:  deps.Clock,
 		keys:   newKeyring(cfg.APIKeys),
 		routes: make(map[string]bool),
-		conns:  newConnSet(),
+		conns:  parkconn.NewSet(),
 
 		draining: make(chan struct{}),
 		preview:  newPreviewSigner(cfg.PreviewSecret),
@@ -173,7 +174,9 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if err := deps.CheckpointConfig.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	g.ck = newCkService(cfg, deps.Checkpoints, deps.CheckpointConfig)
+	if g.ck, err = newCkService(g, deps.Checkpoints, deps.CheckpointConfig); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	if g.rock, err = g.newRock(deps.RockImages); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -197,7 +200,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	})
 	srv := g.app.Server()
 	srv.HeaderReceived = g.headerReceived
-	srv.ConnState = connState
+	srv.ConnState = parkconn.ConnState
 	srv.CloseOnShutdown = true
 	g.register()
 	if err := g.registerNotMatched(); err != nil {
@@ -212,7 +215,7 @@ func (g *Gateway) App() *fiber.App { return g.app }
 
 // Serve serves plain HTTP on ln until Shutdown. Every connection's reads and
 // writes are bounded by the idle timeout; between requests it is parked
-// (parkListener).
+// (parkconn.Listener).
 func (g *Gateway) Serve(ln net.Listener) error {
 	if err := g.app.Listener(g.park(g.listener(ln))); err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -250,13 +253,15 @@ func (g *Gateway) ServeTLS(ln net.Listener, certFile, keyFile string) error {
 // listener wraps ln so that every connection's waits are bounded and
 // Shutdown can find connections that never sent a request.
 func (g *Gateway) listener(ln net.Listener) net.Listener {
-	return idleListener{Listener: ln, idle: g.cfg.IdleTimeout, set: g.conns}
+	return parkconn.NewIdleListener(ln, g.cfg.IdleTimeout, g.conns)
 }
 
-// park wraps ln in a parkListener over the app's server, which Shutdown
-// waits for.
-func (g *Gateway) park(ln net.Listener) *parkListener {
-	pl := newParkListener(ln, g.app.Server().ServeConn, g.cfg.ReadTimeout, g.cfg.IdleTimeout, g.acceptRetried)
+// park wraps ln in a parkconn.Listener over the app's server, which
+// Shutdown waits for.
+func (g *Gateway) park(ln net.Listener) *parkconn.Listener {
+	pl := parkconn.NewListener(ln, g.app.Server().ServeConn, parkconn.Config{
+		WaitFirst: g.cfg.ReadTimeout, WaitNext: g.cfg.IdleTimeout, Retried: g.acceptRetried,
+	})
 	g.parksMu.Lock()
 	g.parks = append(g.parks, pl)
 	g.parksMu.Unlock()
@@ -295,7 +300,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		case err = <-done:
 			waiting = false
 		case <-tick.C:
-			g.conns.closeUnserved(unservedAge)
+			g.conns.CloseUnserved(unservedAge)
 		}
 	}
 	g.parksMu.Lock()
@@ -303,7 +308,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.parksMu.Unlock()
 	for _, pl := range parks {
 		_ = pl.Close() // the server closed it already, unless it timed out
-		if werr := pl.wait(ctx); werr != nil && err == nil {
+		if werr := pl.Wait(ctx); werr != nil && err == nil {
 			err = werr
 		}
 	}
@@ -440,11 +445,7 @@ func (g *Gateway) add(rt route) {
 // streams, up to the start of the answer).
 func (g *Gateway) observe(c *fiber.Ctx) error {
 	start := time.Now()
-	conn := c.Context().Conn()
-	markServed(conn)
-	if pc := asParkConn(conn); pc != nil {
-		pc.ctx = c.Context() // its large bodies are dropped when it ends
-	}
+	parkconn.RequestStarted(c.Context()) // served; its large bodies are dropped when it ends
 	if err := g.onlyRelay(c); err != nil {
 		g.writeError(c, err)
 	} else if g.refuseDeclaredBody(c) {

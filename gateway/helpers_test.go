@@ -433,16 +433,3 @@ func refusedURL(t testing.TB) string {
 	require.NoError(t, err)
 	return fmt.Sprintf("http://127.0.0.1:%d", sa.(*unix.SockaddrInet4).Port)
 }
-
-// served returns how many open connections had a request reach the app.
-func (s *connSet) served() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for c := range s.m {
-		if c.served.Load() {
-			n++
-		}
-	}
-	return n
-}

@@ -4,15 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -60,9 +57,7 @@ func (g *Gateway) parked() int {
 	defer g.parksMu.Unlock()
 	n := 0
 	for _, pl := range g.parks {
-		pl.mu.Lock()
-		n += len(pl.parked)
-		pl.mu.Unlock()
+		n += pl.Parked()
 	}
 	return n
 }
@@ -175,64 +170,4 @@ func TestGateway_ParkedConnections_Close(t *testing.T) {
 		_, err = conn.Read(make([]byte, 1))
 		assert.ErrorIs(t, err, io.EOF)
 	})
-}
-
-// scriptedListener returns its errors, then its connections, then blocks
-// until closed.
-type scriptedListener struct {
-	errs   []error
-	conns  chan net.Conn
-	closed chan struct{}
-}
-
-func (l *scriptedListener) Accept() (net.Conn, error) {
-	if len(l.errs) > 0 {
-		err := l.errs[0]
-		l.errs = l.errs[1:]
-		return nil, err
-	}
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-}
-func (l *scriptedListener) Close() error   { close(l.closed); return nil }
-func (l *scriptedListener) Addr() net.Addr { return &net.TCPAddr{} }
-
-// Out of file descriptors, accepting is retried (counted), not given up:
-// fasthttp's own loop returned such an error from Serve.
-func TestParkListener_RetriesAcceptOutOfFiles(t *testing.T) {
-	emfile := &net.OpError{Op: "accept", Net: "tcp", Err: syscall.EMFILE}
-	inner := &scriptedListener{errs: []error{emfile, emfile}, conns: make(chan net.Conn, 1), closed: make(chan struct{})}
-	server, client := net.Pipe()
-	inner.conns <- server
-	var retried atomic.Int32
-	served := make(chan string, 1)
-	pl := newParkListener(inner, func(c net.Conn) error {
-		b := make([]byte, 5)
-		_, err := io.ReadFull(c, b)
-		served <- string(b)
-		return errors.Join(err, c.Close())
-	}, time.Minute, time.Minute, func(err error) {
-		assert.ErrorIs(t, err, syscall.EMFILE)
-		retried.Add(1)
-	})
-	accepted := make(chan error, 1)
-	go func() { _, err := pl.Accept(); accepted <- err }()
-	go func() { _, _ = io.WriteString(client, "hello") }()
-	select {
-	case got := <-served:
-		assert.Equal(t, "hello", got, "the first byte is read again by the server")
-	case <-time.After(testDeadline):
-		t.Fatal("the connection was not served")
-	}
-	assert.Equal(t, int32(2), retried.Load())
-	require.NoError(t, pl.Close())
-	assert.ErrorIs(t, <-accepted, net.ErrClosed)
-	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
-	defer cancel()
-	require.NoError(t, pl.wait(ctx))
-	_ = client.Close()
 }

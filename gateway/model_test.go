@@ -649,7 +649,7 @@ func TestModel_Shutdown_EndsWaitingRelayCallsAndClaimsWith503(t *testing.T) {
 	eventually(t, func() bool {
 		// Both connections reached the app, and the claim has no answer:
 		// its handler waits.
-		return e.conns.served() >= 2 && len(claimRes) == 0
+		return e.conns.Served() >= 2 && len(claimRes) == 0
 	}, "the trainer's long-poll waits")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,0 +1,83 @@
+package ckflow
+
+import (
+	"context"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/warmpool"
+)
+
+// MaxForks is the most sandboxes one Fork makes.
+const MaxForks = 100
+
+// CheckCount refuses a fork count outside 1..MaxForks with a
+// *badinput.Error naming the field count.
+func CheckCount(count int) error {
+	if count < 1 || count > MaxForks {
+		return badinput.New("count", "must be between 1 and %d, got %d", MaxForks, count)
+	}
+	return nil
+}
+
+// ForkRequest says what Fork makes.
+type ForkRequest struct {
+	// Count is how many sandboxes (1..MaxForks).
+	Count int
+	// LeaseSeconds, Labels: the new leases' (0: the pool's default
+	// duration; Labels as they are: the caller decides whether they are
+	// the source's). Their env is the source's.
+	LeaseSeconds int
+	Labels       map[string]string
+	// Paths and Exclude are what the checkpoint archives (TakeRequest).
+	Paths   []string
+	Exclude []string
+	// KeepCheckpoint keeps the fork's checkpoint; otherwise it is deleted
+	// once every fork is made.
+	KeepCheckpoint bool
+}
+
+// ForkOutcome is the outcome of one fork: its lease, or its error.
+type ForkOutcome struct {
+	Lease warmpool.Lease
+	Err   error
+}
+
+// Fork takes a checkpoint of lease now (Take), then makes req.Count new
+// sandboxes of the same pool, owner and env with it restored
+// (AcquireRestored), each its own lease. The forks are made concurrently,
+// all within Config.ForkTimeout; each outcome is its sandbox or its own
+// error, in order. The error is Take's (then no sandbox is made) or
+// CheckCount's.
+func (s *Service) Fork(ctx context.Context, lease warmpool.Lease, req ForkRequest) (checkpoints.Checkpoint, []ForkOutcome, error) {
+	if err := CheckCount(req.Count); err != nil {
+		return checkpoints.Checkpoint{}, nil, err
+	}
+	ck, err := s.Take(ctx, lease, TakeRequest{Paths: req.Paths, Exclude: req.Exclude})
+	if err != nil {
+		return checkpoints.Checkpoint{}, nil, err
+	}
+	forks := make([]ForkOutcome, req.Count)
+	fctx, cancel := context.WithTimeout(ctx, s.cfg.ForkTimeout)
+	defer cancel()
+	var eg errgroup.Group // every fork runs: count is bounded by MaxForks
+	for i := range forks {
+		eg.Go(func() error {
+			forks[i].Lease, _, forks[i].Err = s.AcquireRestored(fctx, warmpool.AcquireRequest{
+				Pool: lease.Pool, Owner: lease.Owner, LeaseSeconds: req.LeaseSeconds, Env: lease.Env, Labels: req.Labels,
+			}, ck)
+			return nil
+		})
+	}
+	_ = eg.Wait()
+	if !req.KeepCheckpoint {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CallTimeout)
+		defer cancel()
+		if err := s.store.Delete(dctx, ck.ID, ck.Owner); err != nil {
+			s.log.Warn("delete the checkpoint of a fork", "checkpoint", ck.ID, "err", err)
+		}
+	}
+	return ck, forks, nil
+}
