@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/envs"
@@ -79,9 +79,9 @@ func TestOf(t *testing.T) {
 			status: 403, code: "image_not_allowed", message: `image "quay.io/x:1" is not allowed: no class serves it`},
 		{name: "build failed", err: &providers.BuildError{Tag: "t", Message: "step 2: exit code 1"}, status: 422, code: "build_failed", message: "build t: step 2: exit code 1"},
 		{name: "unknown hides details", err: errors.New("disk on fire at /var/secret"), status: 500, code: "internal", message: "internal error"},
-		{name: "agent connection limit", err: errclass.Sandbox("s", call(fasthttp.ErrNoFreeConns)), status: 503, code: "unavailable", retryable: true},
-		{name: "agent answer too large", err: call(fmt.Errorf("read: %w", fasthttp.ErrBodyTooLarge)), status: 502, code: "agent_unreachable"},
-		{name: "agent timeout", err: call(fasthttp.ErrTimeout), status: 504, code: "timeout", message: "did not answer in time"},
+		{name: "agent connection limit", err: errclass.Sandbox("s", call(agentapi.ErrCallLimit)), status: 503, code: "unavailable", retryable: true},
+		{name: "agent answer too large", err: call(fmt.Errorf("read: %w", agentapi.ErrAnswerTooLarge)), status: 502, code: "agent_unreachable"},
+		{name: "agent timeout", err: call(os.ErrDeadlineExceeded), status: 504, code: "timeout", message: "did not answer in time"},
 		{name: "agent deadline", err: call(context.DeadlineExceeded), status: 504, code: "timeout"},
 		{name: "agent refused", err: call(errors.New("connection refused")), status: 502, code: "agent_unreachable", message: "connection refused"},
 		{name: "agent 5xx", err: &agentapi.Error{Status: 500, Code: "internal", Message: "boom"}, status: 502, code: "agent_unreachable", message: "boom"},
@@ -158,7 +158,7 @@ func TestSandbox_NilStaysNil(t *testing.T) {
 
 func TestAgentMayBeDown(t *testing.T) {
 	assert.True(t, errclass.AgentMayBeDown(call(errors.New("connection refused"))))
-	assert.False(t, errclass.AgentMayBeDown(call(fasthttp.ErrNoFreeConns)))
-	assert.False(t, errclass.AgentMayBeDown(call(fasthttp.ErrBodyTooLarge)))
+	assert.False(t, errclass.AgentMayBeDown(call(agentapi.ErrCallLimit)))
+	assert.False(t, errclass.AgentMayBeDown(call(agentapi.ErrAnswerTooLarge)))
 	assert.False(t, errclass.AgentMayBeDown(&agentapi.Error{Status: 500}), "the agent answered")
 }

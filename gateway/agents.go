@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quarryhq/quarry/internal/parkconn"
 	"github.com/valyala/fasthttp"
 )
 
@@ -222,7 +223,7 @@ func (a *agentClients) newClient(agentURL string) (*agentClient, error) {
 			if err != nil {
 				return nil, err
 			}
-			return newIdleConn(c, idle), nil
+			return parkconn.NewIdleConn(c, idle), nil
 		},
 		MaxConns:                 a.cfg.MaxConnsPerAgent,
 		MaxConnWaitTimeout:       a.cfg.AgentDialTimeout,

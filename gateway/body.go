@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/errclass"
+	"github.com/quarryhq/quarry/internal/parkconn"
 )
 
 // bodyLocal is the fiber Locals key of the request's *bodyReader.
@@ -162,6 +163,6 @@ func finishBody(c *fiber.Ctx) {
 	}
 	if !br.eof {
 		c.Response().SetConnectionClose()
-		lingerOnClose(c.Context().Conn())
+		parkconn.LingerOnClose(c.Context().Conn())
 	}
 }

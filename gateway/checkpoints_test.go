@@ -26,7 +26,6 @@ import (
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/checkpoints/filestore"
 	"github.com/quarryhq/quarry/envs"
-	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -249,7 +248,7 @@ func TestCheckpoints_OverBudgetRefusedKeepsNothing(t *testing.T) {
 		resp, body := call(t, http.MethodPost, e.gw.URL+route.path, testKey, strings.NewReader(route.body))
 		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s: %s", route.path, body)
 		er := decodeError(t, body)
-		assert.Equal(t, errclass.CodeQuotaExceeded, er.Code, route.path)
+		assert.Equal(t, api.CodeQuotaExceeded, er.Code, route.path)
 		assert.Contains(t, er.Message, "this API key's checkpoints take", route.path)
 		assert.Contains(t, er.Message, "of the 100.0 KiB allowed (QUARRY_CHECKPOINT_BUDGET_PER_KEY=102400)", route.path)
 		assert.Empty(t, resp.Header.Get("Retry-After"), "%s: retrying does not help", route.path)
@@ -465,7 +464,7 @@ func TestCheckpoints_Fork(t *testing.T) {
 		if f.Error != nil {
 			failed++
 			assert.Nil(t, f.Sandbox)
-			assert.Equal(t, api.ForkError{Status: http.StatusServiceUnavailable, Code: agentapi.CodeNoCapacity, Message: f.Error.Message}, *f.Error)
+			assert.Equal(t, api.ForkError{Status: http.StatusServiceUnavailable, Code: api.CodeNoCapacity, Message: f.Error.Message}, *f.Error)
 			continue
 		}
 		require.NotNil(t, f.Sandbox)
@@ -483,7 +482,7 @@ func TestCheckpoints_Fork(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 3.0, gatherCounter(t, e.gw.Reg, "quarry_gateway_forks_total", "outcome", "ok"))
-	assert.Equal(t, 1.0, gatherCounter(t, e.gw.Reg, "quarry_gateway_forks_total", "outcome", agentapi.CodeNoCapacity))
+	assert.Equal(t, 1.0, gatherCounter(t, e.gw.Reg, "quarry_gateway_forks_total", "outcome", api.CodeNoCapacity))
 	_, err := e.store.Get(context.Background(), res.Checkpoint.ID, OwnerOf(testKey))
 	assert.ErrorIs(t, err, checkpoints.ErrNotFound, "the fork's checkpoint is deleted unless kept")
 

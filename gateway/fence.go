@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
@@ -101,7 +103,7 @@ func (g *Gateway) checkTask(ctx context.Context, lease warmpool.Lease) *warmpool
 // task, and a dead task's lease answers how it ended
 // (*warmpool.LeaseEndedError); otherwise an *agentapi.CallError.
 func (g *Gateway) agentCallFailed(ctx context.Context, lease warmpool.Lease, err error) error {
-	ce := &agentapi.CallError{Err: err}
+	ce := agentCallError(err)
 	if errclass.AgentMayBeDown(ce) {
 		if gone := g.checkTask(ctx, lease); gone != nil {
 			return gone
@@ -164,3 +166,19 @@ func (g *Gateway) refusalOf(lease warmpool.Lease, ae *agentapi.Error) error {
 // maxAgentErrorBody bounds how much of a streamed agent error answer is read
 // to inspect it.
 const maxAgentErrorBody = 64 << 10
+
+// agentCallError is the *agentapi.CallError of a failed call on the
+// gateway's fasthttp clients, with fasthttp's errors translated here, at the
+// edge, to the contract's (agentapi.ErrCallLimit, agentapi.ErrAnswerTooLarge,
+// os.ErrDeadlineExceeded): errclass knows no HTTP library.
+func agentCallError(err error) *agentapi.CallError {
+	switch {
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		err = fmt.Errorf("%w: %w", agentapi.ErrCallLimit, err)
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		err = fmt.Errorf("%w: %w", agentapi.ErrAnswerTooLarge, err)
+	case errors.Is(err, fasthttp.ErrTimeout), errors.Is(err, fasthttp.ErrDialTimeout):
+		err = fmt.Errorf("%w: %w", os.ErrDeadlineExceeded, err)
+	}
+	return &agentapi.CallError{Err: err}
+}

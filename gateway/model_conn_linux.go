@@ -5,6 +5,7 @@ import (
 	"net"
 	"syscall"
 
+	"github.com/quarryhq/quarry/internal/parkconn"
 	"golang.org/x/sys/unix"
 )
 
@@ -12,13 +13,13 @@ import (
 // non-blocking peek at the socket reads end of file (or a reset). Nothing
 // is consumed; a connection that cannot be inspected counts as open.
 func peerClosed(conn net.Conn) bool {
-	if pc := asParkConn(conn); pc != nil {
+	if pc := parkconn.AsConn(conn); pc != nil {
 		conn = pc.Conn
 	}
 	if tc, ok := conn.(*tls.Conn); ok {
 		conn = tc.NetConn()
 	}
-	if ic, ok := conn.(*idleConn); ok {
+	if ic, ok := conn.(*parkconn.IdleConn); ok {
 		conn = ic.Conn
 	}
 	sc, ok := conn.(syscall.Conn)

@@ -18,7 +18,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quarryhq/quarry/api"
-	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/modelservice/membroker"
 	"github.com/quarryhq/quarry/modelservice/modeltest"
@@ -545,7 +544,7 @@ func TestModel_Passthrough_UpstreamDownIs502(t *testing.T) {
 	id, token := e.sandbox("sbx-p", testKey, "eval", nil)
 	resp, b := call(t, http.MethodPost, e.relayURL(id, "chat/completions"), token, strings.NewReader(`{"messages":[]}`))
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", b)
-	assert.Equal(t, errclass.CodeUpstreamUnreachable, decodeError(t, b).Code)
+	assert.Equal(t, api.CodeUpstreamUnreachable, decodeError(t, b).Code)
 	page, _, err := e.svc.Transcript(context.Background(), id, OwnerOf(testKey), "", 10)
 	require.NoError(t, err)
 	require.Len(t, page, 1)

@@ -19,7 +19,6 @@ import (
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/checkpoints/filestore"
 	"github.com/quarryhq/quarry/envs"
-	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -265,7 +264,7 @@ func TestOpenAPI_405CarriesAllow(t *testing.T) {
 			require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "%s %s: %s", m, path, body)
 			assert.Equal(t, strings.Join(allowed, ", "), resp.Header.Get("Allow"), "%s %s", m, path)
 			if m != http.MethodHead {
-				assert.Equal(t, errclass.CodeMethodNotAllowed, decodeError(t, body).Code, "%s %s", m, path)
+				assert.Equal(t, api.CodeMethodNotAllowed, decodeError(t, body).Code, "%s %s", m, path)
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/parkconn"
 )
 
 // relayListener marks the connections of the relay socket (ServeRelay).
@@ -38,7 +39,7 @@ func (c relayConn) SyscallConn() (syscall.RawConn, error) {
 
 // isRelayConn reports whether conn was accepted on the relay socket.
 func isRelayConn(conn net.Conn) bool {
-	if ic := asIdleConn(conn); ic != nil {
+	if ic := parkconn.AsIdleConn(conn); ic != nil {
 		conn = ic.Conn
 	}
 	_, ok := conn.(relayConn)

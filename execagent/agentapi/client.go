@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -45,6 +46,18 @@ func (e *CallError) Error() string {
 }
 
 func (e *CallError) Unwrap() error { return e.Err }
+
+// The transport failures a CallError's Err may wrap, which its caller's
+// transport translates to these at the edge (the gateway's fasthttp clients:
+// gateway/fence.go); a timeout wraps os.ErrDeadlineExceeded.
+var (
+	// ErrCallLimit: the caller's own bound on concurrent calls to one agent
+	// was reached; nothing was sent. Not a sign that the agent is down.
+	ErrCallLimit = errors.New("too many concurrent calls to the agent")
+	// ErrAnswerTooLarge: the agent's answer was over the caller's bound.
+	// Not a sign that the agent is down.
+	ErrAnswerTooLarge = errors.New("the agent's answer is over the limit")
+)
 
 // Client calls one exec agent. It is safe for concurrent use. Generation is
 // sent as HeaderGeneration on every call (0 sends nothing).

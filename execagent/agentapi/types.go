@@ -131,11 +131,6 @@ const (
 	CodeProtocolError       = api.CodeProtocolError
 	CodeInsufficientStorage = api.CodeInsufficientStorage
 	CodePidsLimit           = api.CodePidsLimit
-
-	// Deprecated: CodeNoCapacity is the gateway's code, not the agent's;
-	// use api.CodeNoCapacity. It stays until gateway/checkpoints_test.go,
-	// which another change is editing, names api's.
-	CodeNoCapacity = api.CodeNoCapacity
 )
 
 // ErrorBody is the one JSON shape of every error response, from the agent and
