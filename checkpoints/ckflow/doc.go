@@ -18,7 +18,7 @@
 // It imports the contracts it works over (checkpoints, warmpool's lease
 // types, execagent/agentapi's checkpoint types), internal/badinput and
 // internal/clock. It must not import the gateway, fiber, api (the wire
-// types are the caller's to render), internal/errclass (the caller
+// types are the caller's to render), errclass (the caller
 // classifies), a concrete store (checkpoints/filestore, s3store) or a
 // provider; its tests use the embedded store.
 package ckflow
