@@ -527,7 +527,7 @@ func (p *Provider) Describe(ctx context.Context, ids []string) ([]providers.Task
 // its log. ok is false when the engine could not be asked (the caller keeps
 // what it has).
 func (p *Provider) stoppedDetail(ctx context.Context, id string) (providers.Task, bool) {
-	info, err := p.api.ContainerInspect(ctx, id)
+	info, err := inspectSettled(ctx, p.api, id, time.Now)
 	if err != nil {
 		if isNotFound(err) {
 			return stoppedTask(id, reasonNotFound), true
@@ -538,6 +538,48 @@ func (p *Provider) stoppedDetail(ctx context.Context, id string) (providers.Task
 	log, _ := p.logLines(ctx, id, reasonLogLines) // unreadable: the reason without it
 	t.Reason += providers.AgentLogTail(log)
 	return t, true
+}
+
+// oomEventGrace is how long after a container's exit with code 137 the
+// engine may still mark it OOM-killed: the kernel's OOM event reaches the
+// engine on its own path and can come after the exit (under load, a task
+// the OOM killer took was described as "SIGKILL, e.g. docker kill": make
+// flake-hunt, 1 run in 20). oomEventPoll is how often it is asked again
+// meanwhile.
+const (
+	oomEventGrace = 2 * time.Second
+	oomEventPoll  = 50 * time.Millisecond
+)
+
+// inspector is the engine call inspectSettled makes.
+type inspector interface {
+	ContainerInspect(ctx context.Context, id string) (container.InspectResponse, error)
+}
+
+// inspectSettled inspects container id; a container that exited with 137
+// less than oomEventGrace ago and is not (yet) marked OOM-killed is
+// inspected again every oomEventPoll until it is, or until oomEventGrace
+// after its exit, or until ctx ends (then the last inspection is
+// returned).
+func inspectSettled(ctx context.Context, api inspector, id string, now func() time.Time) (container.InspectResponse, error) {
+	info, err := api.ContainerInspect(ctx, id)
+	for err == nil && info.ContainerJSONBase != nil && info.State != nil && info.State.ExitCode == 137 && !info.State.OOMKilled {
+		finished, perr := time.Parse(time.RFC3339Nano, info.State.FinishedAt)
+		if perr != nil || now().Sub(finished) >= oomEventGrace {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return info, nil
+		case <-time.After(oomEventPoll):
+		}
+		next, nerr := api.ContainerInspect(ctx, id)
+		if nerr != nil {
+			return info, nil
+		}
+		info = next
+	}
+	return info, err
 }
 
 // List returns the containers of this gateway for pool ("" for every pool),
