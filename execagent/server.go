@@ -46,8 +46,9 @@ type Server struct {
 	ckMu sync.RWMutex
 	// rename is os.Rename; tests of a restore's undo replace it.
 	rename func(oldpath, newpath string) error
-	// stagedFile is the writer of a file a restore stages: the file
-	// itself; tests of a full disk during staging wrap it.
+	// stagedFile is the writer of a file the agent stages before renaming
+	// it into place (a restore's files, a file write or upload): the file
+	// itself; tests of a full disk wrap it.
 	stagedFile func(f *os.File) io.Writer
 	orphan     *orphanWatch
 
@@ -266,26 +267,37 @@ func (s *Server) routes() http.Handler {
 // wrap authenticates, fences stale generations (when fenced) and answers a
 // handler's error in the ErrorBody shape.
 func (s *Server) wrap(h handlerFunc, fenced bool) http.Handler {
+	return s.wrapAs(h, fenced, func(w http.ResponseWriter, _ *http.Request, err error) { writeError(w, err) })
+}
+
+// errorRenderer answers an error of a request in its surface's shape: the
+// agent's ErrorBody, or E2B's (envd.go). It renders classify's answer and
+// decides nothing.
+type errorRenderer func(w http.ResponseWriter, r *http.Request, err error)
+
+// wrapAs is wrap with the errors, its own refusals included, answered by
+// render.
+func (s *Server) wrapAs(h handlerFunc, fenced bool, render errorRenderer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := s.authenticate(r); err != nil {
-			writeError(w, err)
+			render(w, r, err)
 			return
 		}
 		defer s.orphan.call()()
 		if fenced {
 			if err := s.checkGeneration(r); err != nil {
-				writeError(w, err)
+				render(w, r, err)
 				return
 			}
 		}
 		r, done, err := s.calls.begin(r)
 		if err != nil {
-			writeError(w, err)
+			render(w, r, err)
 			return
 		}
 		defer done()
 		if err := h(w, r); err != nil {
-			writeError(w, err)
+			render(w, r, err)
 		}
 	})
 }
