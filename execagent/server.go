@@ -39,8 +39,9 @@ type Server struct {
 
 	sessions  *sessionTable
 	processes *processTable
-	ptys      *ptyTable // PTY sessions (pty.go)
-	calls     callTable // requests in flight that carry a call id
+	ptys      *ptyTable      // PTY sessions (pty.go)
+	envdProcs *envdProcTable // E2B's envd processes (envd_process.go)
+	calls     callTable      // requests in flight that carry a call id
 	// ckMu: checkpoints hold it shared, a restore exclusively; neither
 	// waits (TryRLock, TryLock): the loser answers 409 busy.
 	ckMu sync.RWMutex
@@ -118,6 +119,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.sessions = newSessionTable(s)
 	s.processes = newProcessTable(s)
 	s.ptys = newPTYTable(s)
+	s.envdProcs = newEnvdProcTable(s)
 	s.handler = s.routes()
 	s.wg.Add(1)
 	go func() {
@@ -245,6 +247,7 @@ func (s *Server) routes() http.Handler {
 	fenced("PUT "+agentapi.RouteCheckpoint, s.handleRestore)
 	fenced(agentapi.RoutePort, s.handlePort(newPortProxy(s)))     // every method (ports.go)
 	fenced("GET "+agentapi.RoutePortForward, s.handlePortForward) // portforward.go
+	s.envdRoutes(mux)                                             // E2B's envd (envd.go)
 	// Unknown routes and wrong methods: authenticate first, then answer in
 	// the ErrorBody shape (the mux's own 404/405 are plain text).
 	notFound := s.wrap(func(w http.ResponseWriter, r *http.Request) error {
