@@ -23,7 +23,7 @@ import (
 // the agent"; docs/E2B.md). This file holds the routes, Connect's protocol
 // with its JSON codec, and the rendering of the agent's errors in Connect's
 // and envd's shapes. envd_wire.go holds the messages, envd_process.go the
-// process service.
+// process service, envd_fs.go and envd_watch.go the filesystem service.
 //
 // The gateway forwards envd requests as they came, authenticated as every
 // agent route; it names the client's user in X-Quarry-Envd-User. The agent
@@ -196,6 +196,7 @@ func (s *Server) envdRoutes(mux *http.ServeMux) {
 		mux.Handle("POST /"+service+"/{method}", s.wrapAs(envdService(service, methods), true, writeConnectError))
 	}
 	rpc("process.Process", s.processMethods())
+	rpc("filesystem.Filesystem", s.filesystemMethods())
 	mux.Handle("GET /health", s.wrapAs(handleEnvdHealth, false, writeEnvdFilesError))
 }
 

@@ -41,6 +41,7 @@ type Server struct {
 	processes *processTable
 	ptys      *ptyTable      // PTY sessions (pty.go)
 	envdProcs *envdProcTable // E2B's envd processes (envd_process.go)
+	watchers  *watcherTable  // E2B's envd directory watchers (envd_watch.go)
 	calls     callTable      // requests in flight that carry a call id
 	// ckMu: checkpoints hold it shared, a restore exclusively; neither
 	// waits (TryRLock, TryLock): the loser answers 409 busy.
@@ -120,6 +121,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.processes = newProcessTable(s)
 	s.ptys = newPTYTable(s)
 	s.envdProcs = newEnvdProcTable(s)
+	s.watchers = newWatcherTable(s)
 	s.handler = s.routes()
 	s.wg.Add(1)
 	go func() {
