@@ -23,7 +23,8 @@ import (
 // the agent"; docs/E2B.md). This file holds the routes, Connect's protocol
 // with its JSON codec, and the rendering of the agent's errors in Connect's
 // and envd's shapes. envd_wire.go holds the messages, envd_process.go the
-// process service, envd_fs.go and envd_watch.go the filesystem service.
+// process service, envd_fs.go and envd_watch.go the filesystem service,
+// envd_files.go the /files routes, envd_meta.go file metadata.
 //
 // The gateway forwards envd requests as they came, authenticated as every
 // agent route; it names the client's user in X-Quarry-Envd-User. The agent
@@ -188,15 +189,17 @@ func isStreamRequest(r *http.Request) bool {
 	return strings.HasPrefix(mt, "application/connect+")
 }
 
-// envdRoutes registers the envd routes: the Connect services and /health.
-// The RPCs are fenced like /v1; /health, like /healthz, is only
-// authenticated.
+// envdRoutes registers the envd routes: the Connect services, /files and
+// /health. The RPCs and /files are fenced like /v1; /health, like
+// /healthz, is only authenticated.
 func (s *Server) envdRoutes(mux *http.ServeMux) {
 	rpc := func(service string, methods map[string]envdMethod) {
 		mux.Handle("POST /"+service+"/{method}", s.wrapAs(envdService(service, methods), true, writeConnectError))
 	}
 	rpc("process.Process", s.processMethods())
 	rpc("filesystem.Filesystem", s.filesystemMethods())
+	mux.Handle("GET /files", s.wrapAs(s.handleEnvdDownload, true, writeEnvdFilesError))
+	mux.Handle("POST /files", s.wrapAs(s.handleEnvdUpload, true, writeEnvdFilesError))
 	mux.Handle("GET /health", s.wrapAs(handleEnvdHealth, false, writeEnvdFilesError))
 }
 

@@ -81,7 +81,7 @@ func (n *envdNames) group(gid uint32) string {
 // permission bits with the resolved target in symlinkTarget (a dangling one
 // is FILE_TYPE_SYMLINK with its link text), and permissions is the mode
 // string of the entry itself; other kinds (devices, FIFOs, sockets) have no
-// type.
+// type. metadata is the file's (envd_meta.go).
 func envdEntry(p, shown string, fi fs.FileInfo, names *envdNames) *pbEntryInfo {
 	mode := fi.Mode()
 	e := &pbEntryInfo{Name: fi.Name(), Path: shown, Size: fi.Size(), Permissions: mode.String()}
@@ -112,6 +112,7 @@ func envdEntry(p, shown string, fi fs.FileInfo, names *envdNames) *pbEntryInfo {
 		ts := pbTimestamp(mt)
 		e.ModifiedTime = &ts
 	}
+	e.Metadata = readMetadata(p)
 	return e
 }
 

@@ -198,7 +198,7 @@ func TestEnvd_Refusals_AreConnectErrors(t *testing.T) {
 }
 
 // The agent's middleware answers in the envd route's shape: Connect's for
-// RPCs, an end-of-stream error on a stream.
+// RPCs (an end-of-stream error on a stream), envd's for /files.
 func TestEnvd_Middleware_RefusalsInTheRoutesShape(t *testing.T) {
 	a := newTestAgent(t, nil)
 	_, err := a.client.Init(context.Background(), agentapi.InitRequest{LeaseID: "l2", Generation: 2})
@@ -226,6 +226,15 @@ func TestEnvd_Middleware_RefusalsInTheRoutesShape(t *testing.T) {
 		require.Greater(t, len(b), envelopeHeader)
 		assert.Equal(t, byte(flagEndOfStream), b[0])
 		assert.Contains(t, string(b[envelopeHeader:]), `"code":"aborted"`)
+	})
+	t.Run("stale generation, files", func(t *testing.T) {
+		h := http.Header{"Authorization": {"Bearer " + testToken}, agentapi.HeaderGeneration: {"1"}}
+		resp, b := send("/files?path=x", "application/octet-stream", "x", h)
+		assert.Equal(t, http.StatusConflict, resp.StatusCode)
+		var e envdHTTPError
+		require.NoError(t, json.Unmarshal(b, &e))
+		assert.Equal(t, http.StatusConflict, e.Code)
+		assert.Contains(t, e.Message, "older than the agent's generation")
 	})
 }
 

@@ -306,16 +306,17 @@ type pbWatcherRequest struct {
 
 // pbEntryInfo is filesystem.EntryInfo.
 type pbEntryInfo struct {
-	Name          string       `json:"name,omitempty"`
-	Type          string       `json:"type,omitempty"`
-	Path          string       `json:"path,omitempty"`
-	Size          int64        `json:"size,omitempty,string"`
-	Mode          uint32       `json:"mode,omitempty"`
-	Permissions   string       `json:"permissions,omitempty"`
-	Owner         string       `json:"owner,omitempty"`
-	Group         string       `json:"group,omitempty"`
-	ModifiedTime  *pbTimestamp `json:"modifiedTime,omitempty"`
-	SymlinkTarget *string      `json:"symlinkTarget,omitempty"`
+	Name          string            `json:"name,omitempty"`
+	Type          string            `json:"type,omitempty"`
+	Path          string            `json:"path,omitempty"`
+	Size          int64             `json:"size,omitempty,string"`
+	Mode          uint32            `json:"mode,omitempty"`
+	Permissions   string            `json:"permissions,omitempty"`
+	Owner         string            `json:"owner,omitempty"`
+	Group         string            `json:"group,omitempty"`
+	ModifiedTime  *pbTimestamp      `json:"modifiedTime,omitempty"`
+	SymlinkTarget *string           `json:"symlinkTarget,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
 }
 
 // pbEntryResponse is filesystem.StatResponse, MakeDirResponse and
@@ -357,7 +358,8 @@ type pbGetWatcherEventsResponse struct {
 // envdUploadEntry is an entry of envd's upload answer (its OpenAPI
 // EntryInfo, not the proto's): type is "file".
 type envdUploadEntry struct {
-	Path string `json:"path"`
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
