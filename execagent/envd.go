@@ -317,7 +317,7 @@ func readBodyError(err error) error {
 }
 
 // readStreamRequest reads the one enveloped message of a server stream's
-// request into v.
+// request into v; more than one is invalid.
 func (s *Server) readStreamRequest(r *http.Request, v any) error {
 	msg, err := readEnvelope(r.Body, s.cfg.MaxJSONBody)
 	if errors.Is(err, io.EOF) {
@@ -325,6 +325,11 @@ func (s *Server) readStreamRequest(r *http.Request, v any) error {
 	}
 	if err != nil {
 		return err
+	}
+	// The request is one message: reading to the body's end also lets the
+	// HTTP server notice the client leaving (r.Context()) at once.
+	if n, _ := io.Copy(io.Discard, io.LimitReader(r.Body, 1)); n > 0 {
+		return invalid("body", "a stream's request holds one message, this one holds more")
 	}
 	return decodeProto(msg, v)
 }

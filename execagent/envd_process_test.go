@@ -151,6 +151,9 @@ func TestEnvd_Start_RefusalsEndTheStream(t *testing.T) {
 	}
 	st := openStream(t, a, "process.Process/Start", nil)
 	assert.Equal(t, connectInvalidArgument, st.endError(), "a stream without its request message")
+	st = openStream(t, a, "process.Process/Start", []string{`{"process":{"cmd":"/bin/true"}}`, `{}`})
+	assert.Nil(t, st.next())
+	assert.Equal(t, connectInvalidArgument, st.endError(), "a server stream's request with two messages")
 }
 
 // Connect-Timeout-Ms bounds the process: it is killed at the deadline.
@@ -171,9 +174,13 @@ func TestEnvd_DisconnectKeepsTheProcess_ConnectGetsWhatFollows(t *testing.T) {
 	a := newTestAgent(t, nil)
 	p := startProc(t, a, `{"process":{"cmd":"/bin/sh","args":["-c","echo early; read x; echo unseen; read y; echo late:$y"]}}`)
 	p.until(func() bool { return p.stdout.String() == "early\n" }, "early")
-	p.close()
-	time.Sleep(100 * time.Millisecond) // the agent sees the disconnect
 	sel := fmt.Sprintf(`{"pid":%d}`, p.pid)
+	ep, err := a.srv.envdProcs.find(&pbProcessSelector{PID: ptrTo(pbUint32(p.pid))}, false)
+	require.NoError(t, err)
+	p.close()
+	began := time.Now()
+	eventually(t, func() bool { ep.mu.Lock(); defer ep.mu.Unlock(); return len(ep.subs) == 0 }, "the agent sees the disconnect")
+	assert.Less(t, time.Since(began), 5*time.Second, "at once, not at the next keepalive")
 	rpcOK(t, a, "process.Process/SendInput", `{"process":`+sel+`,"input":{"stdin":"`+b64("1\n")+`"}}`)
 	list := rpcOK(t, a, "process.Process/List", `{}`)
 	assert.Contains(t, fmt.Sprint(list), fmt.Sprintf("pid:%d", p.pid), "it still runs: %v", list)

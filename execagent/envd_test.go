@@ -85,7 +85,9 @@ func openStream(t *testing.T, a *testAgent, method string, msgs []string, hdr ..
 		body.Write(envelope(0, m))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
-	resp := envdReq(t, ctx, a, http.MethodPost, "/"+method, ctConnectJSON, &body, hdr...)
+	// A reader without a length: the body is chunked, as a streaming
+	// client sends it.
+	resp := envdReq(t, ctx, a, http.MethodPost, "/"+method, ctConnectJSON, io.MultiReader(&body), hdr...)
 	st := &envdStream{t: t, resp: resp, cancel: cancel}
 	t.Cleanup(st.close)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "a stream answers 200")
