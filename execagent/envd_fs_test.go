@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -190,6 +191,17 @@ func TestEnvd_Watcher_PolledRecursive(t *testing.T) {
 		return !slices.ContainsFunc(want, func(e string) bool { return !slices.Contains(seen, e) })
 	}, "all events: want %v, got %v", want, seen)
 	assert.NotEmpty(t, entries, "include_entry: creates and writes carry the entry")
+
+	// A file the agent writes (an upload) is staged under another name
+	// and renamed into place: the watcher reports the rename's CREATE of
+	// the name only.
+	seen = nil
+	upStatus, body := filesReq(t, a, http.MethodPost, url.Values{"path": {"up.txt"}}, "application/octet-stream", strings.NewReader("u"))
+	require.Equal(t, http.StatusOK, upStatus, "%s", body)
+	eventually(t, func() bool { poll(); return slices.Contains(seen, eventCreate+" up.txt") }, "the upload: %v", seen)
+	time.Sleep(100 * time.Millisecond)
+	poll()
+	assert.Equal(t, []string{eventCreate + " up.txt"}, seen, "no events of the staged file")
 	rpcOK(t, a, "filesystem.Filesystem/RemoveWatcher", fmt.Sprintf(`{"watcherId":%q}`, id))
 	status, _ := rpc(t, a, "filesystem.Filesystem/GetWatcherEvents", fmt.Sprintf(`{"watcherId":%q}`, id))
 	assert.Equal(t, http.StatusNotFound, status)

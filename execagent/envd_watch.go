@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -281,6 +282,9 @@ func (w *dirWatcher) handle(wd int32, mask uint32, name string) {
 	if mask&unix.IN_IGNORED != 0 {
 		delete(w.dirs, wd)
 		return
+	}
+	if strings.HasPrefix(name, uploadTempPrefix) {
+		return // a write's staged file: the rename into place is the event
 	}
 	p := dir
 	if name != "" {

@@ -64,6 +64,10 @@ func (s *Server) resolvePath(field, p string) (string, error) {
 	return filepath.Clean(p), nil
 }
 
+// uploadTempPrefix begins the name of the temporary file a write stages
+// beside its target (writeFile); envd's watchers do not report them.
+const uploadTempPrefix = ".quarry-upload-"
+
 // Linux limits of file names (NAME_MAX) and paths (PATH_MAX, without the NUL).
 const (
 	maxNameBytes = 255
@@ -262,7 +266,7 @@ func (s *Server) writeFile(p string, mode fs.FileMode, exclusive bool, body io.R
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 0, fsError("path", p, err)
 	}
-	tmp, err := os.CreateTemp(dir, ".quarry-upload-*")
+	tmp, err := os.CreateTemp(dir, uploadTempPrefix+"*")
 	if err != nil {
 		return 0, fsError("path", p, err)
 	}
