@@ -220,6 +220,13 @@ func (s *Server) envdPath(field, p string) (string, error) {
 	return s.resolvePath(field, p)
 }
 
+// refused logs a refusal at one of the envd bounds (limit names it) and
+// returns err: the client sees the error, the operator the log line.
+func (s *Server) refused(limit string, err error) error {
+	s.log.Warn("envd: refused at a limit", "limit", limit, "err", err)
+	return err
+}
+
 // handleEnvdHealth answers GET /health: 204, as envd does.
 func handleEnvdHealth(w http.ResponseWriter, _ *http.Request) error {
 	w.WriteHeader(http.StatusNoContent)

@@ -158,8 +158,8 @@ func (s *Server) envdListDir(_ *http.Request, req *pbListDirRequest) (*pbListDir
 	l := &dirLister{depth: max(int(req.Depth), 1), left: s.cfg.MaxListEntries}
 	if err := l.walk(dir, p, 1); err != nil {
 		if errors.Is(err, errTooLarge) {
-			return nil, fmt.Errorf("%q has more than %d entries within depth %d (QUARRY_AGENT_MAX_LIST_ENTRIES): %w",
-				p, s.cfg.MaxListEntries, l.depth, errTooLarge)
+			return nil, s.refused("QUARRY_AGENT_MAX_LIST_ENTRIES", fmt.Errorf("%q has more than %d entries within depth %d (QUARRY_AGENT_MAX_LIST_ENTRIES): %w",
+				p, s.cfg.MaxListEntries, l.depth, errTooLarge))
 		}
 		return nil, fsError("path", p, err)
 	}

@@ -182,8 +182,8 @@ func (t *envdProcTable) reserve() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if limit := t.srv.cfg.MaxProcesses; t.running >= limit {
-		return withCode(connectResourceExhausted,
-			fmt.Errorf("too many processes: %d are running, the most the agent runs (QUARRY_AGENT_MAX_PROCESSES); kill some first", limit))
+		return t.srv.refused("QUARRY_AGENT_MAX_PROCESSES", withCode(connectResourceExhausted,
+			fmt.Errorf("too many processes: %d are running, the most the agent runs (QUARRY_AGENT_MAX_PROCESSES); kill some first", limit)))
 	}
 	t.running++
 	return nil
@@ -482,9 +482,9 @@ func (s *Server) streamProcess(r *http.Request, st *connectStream, ep *envdProc,
 			_ = event(pbProcessEvent{End: ep.end})
 			return nil
 		case <-sub.gone:
-			return withCode(connectResourceExhausted, fmt.Errorf(
+			return s.refused("envdSubQueue", withCode(connectResourceExhausted, fmt.Errorf(
 				"this stream read the output of process %d too slowly (%d chunks queued for %s) and was dropped; connect again",
-				ep.pid, envdSubQueue, envdSubStall))
+				ep.pid, envdSubQueue, envdSubStall)))
 		case <-clock.keep.C:
 			if event(pbProcessEvent{Keepalive: &struct{}{}}) != nil {
 				return nil
@@ -513,7 +513,7 @@ func (s *Server) envdConnect(r *http.Request, req *pbProcessRequest, st *connect
 	}
 	sub, err := ep.subscribe()
 	if err != nil {
-		return err
+		return s.refused("envdMaxSubscribers", err)
 	}
 	return s.streamProcess(r, st, ep, sub, limit)
 }

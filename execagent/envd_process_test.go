@@ -339,3 +339,16 @@ func TestEnvd_PTY_ConnectTimeoutKills(t *testing.T) {
 }
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// Running envd processes are bounded by MaxProcesses; an exited one frees
+// its room.
+func TestEnvd_Start_BoundedByMaxProcesses(t *testing.T) {
+	a := newTestAgent(t, func(c *Config) { c.MaxProcesses = 1 })
+	p := startProc(t, a, `{"process":{"cmd":"/bin/sh","args":["-c","sleep 30"]}}`)
+	st := openStream(t, a, "process.Process/Start", []string{`{"process":{"cmd":"/bin/true"}}`})
+	assert.Nil(t, st.next())
+	assert.Equal(t, connectResourceExhausted, st.endError())
+	rpcOK(t, a, "process.Process/SendSignal", fmt.Sprintf(`{"process":{"pid":%d},"signal":"SIGNAL_SIGKILL"}`, p.pid))
+	p.wait()
+	startProc(t, a, `{"process":{"cmd":"/bin/true"}}`).wait()
+}

@@ -57,6 +57,7 @@ func newWatcherTable(s *Server) *watcherTable {
 // dirWatcher is one watcher: an inotify instance and the events it has not
 // delivered yet.
 type dirWatcher struct {
+	srv       *Server
 	root      string
 	recursive bool
 	withEntry bool
@@ -112,8 +113,8 @@ func (t *watcherTable) start(root string, req *pbWatchRequest) (*dirWatcher, err
 	t.mu.Lock()
 	if t.open >= envdMaxWatchers {
 		t.mu.Unlock()
-		return nil, withCode(connectResourceExhausted,
-			fmt.Errorf("%d directory watchers are open, the most the agent keeps; remove some first", envdMaxWatchers))
+		return nil, t.srv.refused("envdMaxWatchers", withCode(connectResourceExhausted,
+			fmt.Errorf("%d directory watchers are open, the most the agent keeps; remove some first", envdMaxWatchers)))
 	}
 	t.open++
 	t.mu.Unlock()
@@ -145,7 +146,7 @@ func (s *Server) newDirWatcher(root string, req *pbWatchRequest) (*dirWatcher, e
 		return nil, watchLimitError("create an inotify instance", "fs.inotify.max_user_instances", err)
 	}
 	w := &dirWatcher{
-		root: root, recursive: req.Recursive, withEntry: req.IncludeEntry,
+		srv: s, root: root, recursive: req.Recursive, withEntry: req.IncludeEntry,
 		f: os.NewFile(uintptr(fd), "inotify"), done: make(chan struct{}), wake: make(chan struct{}, 1),
 		dirs: map[int32]string{}, budget: s.cfg.MaxListEntries,
 	}
@@ -181,8 +182,8 @@ func watchLimitError(action, sysctl string, err error) error {
 // addDir watches dir.
 func (w *dirWatcher) addDir(dir string) error {
 	if len(w.dirs) >= envdMaxWatchDirs {
-		return withCode(connectResourceExhausted,
-			fmt.Errorf("watching %q: more than %d directories to watch, the most one watcher watches", w.root, envdMaxWatchDirs))
+		return w.srv.refused("envdMaxWatchDirs", withCode(connectResourceExhausted,
+			fmt.Errorf("watching %q: more than %d directories to watch, the most one watcher watches", w.root, envdMaxWatchDirs)))
 	}
 	raw, err := w.f.SyscallConn()
 	if err != nil {
@@ -218,8 +219,8 @@ func (w *dirWatcher) addTree(dir string) error {
 		ents, err := f.ReadDir(256)
 		w.budget -= len(ents)
 		if w.budget < 0 {
-			return withCode(connectResourceExhausted,
-				fmt.Errorf("watching %q recursively: more entries below it than the agent reads (QUARRY_AGENT_MAX_LIST_ENTRIES)", w.root))
+			return w.srv.refused("QUARRY_AGENT_MAX_LIST_ENTRIES", withCode(connectResourceExhausted,
+				fmt.Errorf("watching %q recursively: more entries below it than the agent reads (QUARRY_AGENT_MAX_LIST_ENTRIES)", w.root)))
 		}
 		for _, e := range ents {
 			if e.IsDir() {
@@ -272,7 +273,8 @@ func (w *dirWatcher) parse(b []byte) {
 // handle turns one inotify event into envd's events.
 func (w *dirWatcher) handle(wd int32, mask uint32, name string) {
 	if mask&unix.IN_Q_OVERFLOW != 0 {
-		w.fail(withCode(connectResourceExhausted, errors.New("the kernel's inotify queue overflowed: events were lost")))
+		w.fail(w.srv.refused("fs.inotify.max_queued_events",
+			withCode(connectResourceExhausted, errors.New("the kernel's inotify queue overflowed: events were lost"))))
 		return
 	}
 	dir, ok := w.dirs[wd]
@@ -341,8 +343,8 @@ func (w *dirWatcher) push(ev pbFilesystemEvent) {
 	switch {
 	case w.err != nil:
 	case len(w.events) >= envdMaxWatchEvents:
-		w.err = withCode(connectResourceExhausted,
-			fmt.Errorf("more than %d events of %q were not read: the watcher stopped; create a new one and read more often", envdMaxWatchEvents, w.root))
+		w.err = w.srv.refused("envdMaxWatchEvents", withCode(connectResourceExhausted,
+			fmt.Errorf("more than %d events of %q were not read: the watcher stopped; create a new one and read more often", envdMaxWatchEvents, w.root)))
 	default:
 		w.events = append(w.events, ev)
 	}
