@@ -6,7 +6,10 @@
 // and their restores, HTTP calls to the sandbox's ports and TCP port
 // forwarding over WebSockets, waits for a sandbox process to end, the
 // cancellation of a call in flight, the model relay's forwarder, and
-// per-lease init with generation fencing.
+// per-lease init with generation fencing. Beside /v1 it serves E2B's envd
+// data plane (Connect RPCs of process.Process and filesystem.Filesystem,
+// /files, /health) on the same agent processes, PTYs and files
+// (docs/ARCHITECTURE.md, "E2B's envd on the agent").
 //
 // Lifecycle: New validates a Config and returns a Server; Serve(ctx, ln)
 // serves HTTP on a listener until Close. Close kills every process group the
@@ -56,7 +59,10 @@
 // port forwarding; pidwait.go waits for a sandbox process; calls.go call
 // cancellation; relay.go the model relay's forwarder; encoding.go stdin and
 // output encodings; ring.go the output ring buffer; sse.go the server-sent
-// events writer.
+// events writer. E2B's envd: envd.go its routes, Connect's JSON protocol and
+// the rendering of errors; envd_wire.go the messages; envd_process.go the
+// process service; envd_fs.go the filesystem service; envd_watch.go its
+// inotify watchers; envd_files.go /files; envd_meta.go file metadata.
 //
 // Nothing in this package reads environment variables: cmd/execagent fills a
 // Config. Children never see QUARRY_AGENT_* variables (see Config.Env).

@@ -61,11 +61,14 @@ const maxArgString = 32 * 4096
 
 // cmdSpec is a validated command: what to run, where and with what.
 type cmdSpec struct {
-	argv   []string // argv[0] already resolved to a path
-	env    []string
-	dir    string
-	stdin  []byte // nil: /dev/null
-	script string // a command too long for argv; prepare writes it to a file
+	argv  []string // argv[0] already resolved to a path
+	env   []string
+	dir   string
+	stdin []byte // nil: /dev/null (unless stdinPipe)
+	// stdinPipe: without stdin, a stdin pipe whose write end
+	// (runningCmd.inW) the caller writes and closes (envd's SendInput).
+	stdinPipe bool
+	script    string // a command too long for argv; prepare writes it to a file
 }
 
 // prepare returns spec ready to start: a long command (spec.script) is
@@ -304,7 +307,7 @@ type runningCmd struct {
 	start   time.Time
 	oom     oomMark    // the OOM kill count at start
 	pipes   []*os.File // read ends, one per stream
-	inW     *os.File   // stdin write end, or nil
+	inW     *os.File   // stdin write end, or nil; drain closes it
 	readers sync.WaitGroup
 	stdinWG sync.WaitGroup
 	cleanup func() // removes the command's script file, if any
@@ -339,7 +342,7 @@ func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) 
 		parentClose = append(parentClose, w)
 	}
 	rc.cmd.Stdout, rc.cmd.Stderr = parentClose[0], parentClose[1]
-	if spec.stdin != nil {
+	if spec.stdin != nil || spec.stdinPipe {
 		r, w, err := os.Pipe()
 		if err != nil {
 			return fail(fmt.Errorf("create stdin pipe: %w", err))
@@ -362,7 +365,7 @@ func (s *Server) startCommand(spec cmdSpec, sink func(stream int, data []byte)) 
 			readStream(r, func(b []byte) { sink(stream, b) })
 		}()
 	}
-	if rc.inW != nil {
+	if spec.stdin != nil {
 		rc.stdinWG.Add(1)
 		go func() {
 			defer rc.stdinWG.Done()

@@ -64,6 +64,10 @@ func (s *Server) resolvePath(field, p string) (string, error) {
 	return filepath.Clean(p), nil
 }
 
+// uploadTempPrefix begins the name of the temporary file a write stages
+// beside its target (writeFile); envd's watchers do not report them.
+const uploadTempPrefix = ".quarry-upload-"
+
 // Linux limits of file names (NAME_MAX) and paths (PATH_MAX, without the NUL).
 const (
 	maxNameBytes = 255
@@ -127,6 +131,13 @@ func (s *Server) handleFileRead(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	return s.serveFile(w, p, off, length)
+}
+
+// serveFile answers the bytes of the file p from off, at most length
+// (-1: to the end), as application/octet-stream. A directory is 400, a
+// read over MaxReadBytes 413.
+func (s *Server) serveFile(w http.ResponseWriter, p string, off, length int64) error {
 	f, fi, err := openPath(p)
 	if err != nil {
 		return err
@@ -230,19 +241,34 @@ func (s *Server) handleFileWrite(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
+	n, err := s.writeFile(p, mode, exclusive, body)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, agentapi.WriteResult{Path: p, Bytes: n})
+	return nil
+}
+
+// writeFile replaces the file p with body atomically (a temporary file
+// beside it, renamed), creating its parents; with exclusive, p must not
+// exist (409), and of writers racing for one path exactly one succeeds.
+// body ending in *http.MaxBytesError is 413; a full disk is 507, answered
+// after the rest of body was read (drained). It returns the bytes written.
+func (s *Server) writeFile(p string, mode fs.FileMode, exclusive bool, body io.Reader) (int64, error) {
 	if _, err := os.Lstat(p); err == nil && exclusive {
-		return fmt.Errorf("%q already exists: %w", p, errConflict)
+		return 0, fmt.Errorf("%q already exists: %w", p, errConflict)
 	}
 	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
-		return invalid("path", "%q is a directory", p)
+		return 0, invalid("path", "%q is a directory", p)
 	}
 	dir := filepath.Dir(p)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fsError("path", p, err)
+		return 0, fsError("path", p, err)
 	}
-	tmp, err := os.CreateTemp(dir, ".quarry-upload-*")
+	tmp, err := os.CreateTemp(dir, uploadTempPrefix+"*")
 	if err != nil {
-		return fsError("path", p, err)
+		return 0, fsError("path", p, err)
 	}
 	committed := false
 	defer func() {
@@ -251,45 +277,43 @@ func (s *Server) handleFileWrite(w http.ResponseWriter, r *http.Request) error {
 			_ = os.Remove(tmp.Name())
 		}
 	}()
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
-	n, err := io.Copy(tmp, body)
+	n, err := io.Copy(s.stagedFile(tmp), body)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return fmt.Errorf("file is over the upload limit of %d bytes: %w", s.cfg.MaxUploadBytes, errTooLarge)
+			return n, fmt.Errorf("file is over the upload limit of %d bytes: %w", s.cfg.MaxUploadBytes, errTooLarge)
 		}
 		if full := diskFull(p, err); full != nil {
-			return drained(body, full)
+			return n, drained(body, full)
 		}
-		return fmt.Errorf("write %q: %w", p, err)
+		return n, fmt.Errorf("write %q: %w", p, err)
 	}
 	if err := tmp.Chmod(mode); err != nil {
-		return fsError("path", p, err)
+		return n, fsError("path", p, err)
 	}
 	if err := tmp.Close(); err != nil {
 		if full := diskFull(p, err); full != nil {
-			return full
+			return n, full
 		}
-		return fmt.Errorf("write %q: %w", p, err)
+		return n, fmt.Errorf("write %q: %w", p, err)
 	}
 	if exclusive {
 		err = os.Link(tmp.Name(), p)
 		_ = os.Remove(tmp.Name())
 		committed = true
 		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%q already exists: %w", p, errConflict)
+			return n, fmt.Errorf("%q already exists: %w", p, errConflict)
 		}
 		if err != nil {
-			return fsError("path", p, err)
+			return n, fsError("path", p, err)
 		}
-	} else {
-		if err := os.Rename(tmp.Name(), p); err != nil {
-			return fsError("path", p, err)
-		}
-		committed = true
+		return n, nil
 	}
-	writeJSON(w, http.StatusOK, agentapi.WriteResult{Path: p, Bytes: n})
-	return nil
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		return n, fsError("path", p, err)
+	}
+	committed = true
+	return n, nil
 }
 
 // handleFileDelete answers DELETE /v1/files?path=: removes a file, a

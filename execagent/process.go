@@ -398,16 +398,10 @@ func (s *Server) handleProcessStdin(w http.ResponseWriter, r *http.Request) erro
 	n, err := io.Copy(p.stdin, body)
 	if err != nil {
 		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &mbe):
+		if errors.As(err, &mbe) {
 			return err
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			return fmt.Errorf("process %s did not read its stdin within %s (%d bytes written): %w", p.id, s.cfg.StdinTimeout, n, errTimeout)
-		case errors.Is(err, unix.EPIPE), errors.Is(err, os.ErrClosed):
-			return fmt.Errorf("process %s closed its stdin (%d bytes written): %w", p.id, n, errConflict)
-		default:
-			return fmt.Errorf("write stdin of process %s: %w", p.id, err)
 		}
+		return stdinError(p.id, n, s.cfg.StdinTimeout, err)
 	}
 	if closeAfter {
 		p.stdinClosed = true
@@ -417,6 +411,19 @@ func (s *Server) handleProcessStdin(w http.ResponseWriter, r *http.Request) erro
 	}
 	writeJSON(w, http.StatusOK, agentapi.WriteResult{Bytes: n})
 	return nil
+}
+
+// stdinError explains the failed write of n bytes to the stdin of process
+// id, whose writes are bounded by timeout.
+func stdinError(id string, n int64, timeout time.Duration, err error) error {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("process %s did not read its stdin within %s (%d bytes written): %w", id, timeout, n, errTimeout)
+	case errors.Is(err, unix.EPIPE), errors.Is(err, os.ErrClosed):
+		return fmt.Errorf("process %s closed its stdin (%d bytes written): %w", id, n, errConflict)
+	default:
+		return fmt.Errorf("write stdin of process %s: %w", id, err)
+	}
 }
 
 // handleProcessOutput answers GET /v1/processes/{id}/output: one JSON page

@@ -66,6 +66,10 @@ type ptySession struct {
 	master  *os.File
 	started time.Time
 
+	// tap, when set, gets each chunk of output after the clients (an envd
+	// process's subscribers, envd_process.go); it may block the reader.
+	tap func([]byte)
+
 	writeMu sync.Mutex // input writes, in order
 
 	mu         sync.Mutex
@@ -112,8 +116,8 @@ func (c *ptyClient) drop(code int, why string) {
 	})
 }
 
-// create starts a PTY for req.
-func (t *ptyTable) create(req agentapi.PTYCreateRequest) (*ptySession, error) {
+// create starts a PTY for req; tap (may be nil) gets its output (ptySession.tap).
+func (t *ptyTable) create(req agentapi.PTYCreateRequest, tap func([]byte)) (*ptySession, error) {
 	s := t.srv
 	cols, rows, err := ptySize(req.Cols, req.Rows, 80, 24)
 	if err != nil {
@@ -161,7 +165,7 @@ func (t *ptyTable) create(req agentapi.PTYCreateRequest) (*ptySession, error) {
 	p := &ptySession{
 		id: newID("pty-"), command: argv, cmd: cmd, pid: cmd.Process.Pid, master: master, started: time.Now(),
 		out: newRing(s.cfg.PTYReplay), cols: cols, rows: rows, clients: map[*ptyClient]struct{}{},
-		done: make(chan struct{}), readDone: make(chan struct{}),
+		done: make(chan struct{}), readDone: make(chan struct{}), tap: tap,
 	}
 	t.m[p.id] = p
 	s.wg.Add(2)
@@ -214,7 +218,11 @@ func (p *ptySession) read() {
 	for {
 		n, err := p.master.Read(buf)
 		if n > 0 {
-			p.broadcast(append([]byte(nil), buf[:n]...)) // shared by the clients' queues
+			b := append([]byte(nil), buf[:n]...) // shared by the clients' queues
+			p.broadcast(b)
+			if p.tap != nil {
+				p.tap(b)
+			}
 		}
 		if err != nil {
 			return
@@ -380,10 +388,17 @@ func (t *ptyTable) list() []agentapi.PTYInfo {
 // kill hangs p up, forgets it and returns its last state.
 func (t *ptyTable) kill(p *ptySession) agentapi.PTYInfo {
 	t.hangUp(p)
-	t.mu.Lock()
-	delete(t.m, p.id)
-	t.mu.Unlock()
+	t.forget(p)
 	return p.info()
+}
+
+// forget removes p from the table (if it is still there).
+func (t *ptyTable) forget(p *ptySession) {
+	t.mu.Lock()
+	if t.m[p.id] == p {
+		delete(t.m, p.id)
+	}
+	t.mu.Unlock()
 }
 
 // reset ends every PTY for a new lease (or the agent's Close): the PTYs are
@@ -420,7 +435,7 @@ func (s *Server) handlePTYCreate(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	p, err := s.ptys.create(req)
+	p, err := s.ptys.create(req, nil)
 	if err != nil {
 		return err
 	}

@@ -39,15 +39,18 @@ type Server struct {
 
 	sessions  *sessionTable
 	processes *processTable
-	ptys      *ptyTable // PTY sessions (pty.go)
-	calls     callTable // requests in flight that carry a call id
+	ptys      *ptyTable      // PTY sessions (pty.go)
+	envdProcs *envdProcTable // E2B's envd processes (envd_process.go)
+	watchers  *watcherTable  // E2B's envd directory watchers (envd_watch.go)
+	calls     callTable      // requests in flight that carry a call id
 	// ckMu: checkpoints hold it shared, a restore exclusively; neither
 	// waits (TryRLock, TryLock): the loser answers 409 busy.
 	ckMu sync.RWMutex
 	// rename is os.Rename; tests of a restore's undo replace it.
 	rename func(oldpath, newpath string) error
-	// stagedFile is the writer of a file a restore stages: the file
-	// itself; tests of a full disk during staging wrap it.
+	// stagedFile is the writer of a file the agent stages before renaming
+	// it into place (a restore's files, a file write or upload): the file
+	// itself; tests of a full disk wrap it.
 	stagedFile func(f *os.File) io.Writer
 	orphan     *orphanWatch
 
@@ -117,6 +120,8 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	s.sessions = newSessionTable(s)
 	s.processes = newProcessTable(s)
 	s.ptys = newPTYTable(s)
+	s.envdProcs = newEnvdProcTable(s)
+	s.watchers = newWatcherTable(s)
 	s.handler = s.routes()
 	s.wg.Add(1)
 	go func() {
@@ -244,6 +249,7 @@ func (s *Server) routes() http.Handler {
 	fenced("PUT "+agentapi.RouteCheckpoint, s.handleRestore)
 	fenced(agentapi.RoutePort, s.handlePort(newPortProxy(s)))     // every method (ports.go)
 	fenced("GET "+agentapi.RoutePortForward, s.handlePortForward) // portforward.go
+	s.envdRoutes(mux)                                             // E2B's envd (envd.go)
 	// Unknown routes and wrong methods: authenticate first, then answer in
 	// the ErrorBody shape (the mux's own 404/405 are plain text).
 	notFound := s.wrap(func(w http.ResponseWriter, r *http.Request) error {
@@ -266,26 +272,37 @@ func (s *Server) routes() http.Handler {
 // wrap authenticates, fences stale generations (when fenced) and answers a
 // handler's error in the ErrorBody shape.
 func (s *Server) wrap(h handlerFunc, fenced bool) http.Handler {
+	return s.wrapAs(h, fenced, func(w http.ResponseWriter, _ *http.Request, err error) { writeError(w, err) })
+}
+
+// errorRenderer answers an error of a request in its surface's shape: the
+// agent's ErrorBody, or E2B's (envd.go). It renders classify's answer and
+// decides nothing.
+type errorRenderer func(w http.ResponseWriter, r *http.Request, err error)
+
+// wrapAs is wrap with the errors, its own refusals included, answered by
+// render.
+func (s *Server) wrapAs(h handlerFunc, fenced bool, render errorRenderer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := s.authenticate(r); err != nil {
-			writeError(w, err)
+			render(w, r, err)
 			return
 		}
 		defer s.orphan.call()()
 		if fenced {
 			if err := s.checkGeneration(r); err != nil {
-				writeError(w, err)
+				render(w, r, err)
 				return
 			}
 		}
 		r, done, err := s.calls.begin(r)
 		if err != nil {
-			writeError(w, err)
+			render(w, r, err)
 			return
 		}
 		defer done()
 		if err := h(w, r); err != nil {
-			writeError(w, err)
+			render(w, r, err)
 		}
 	})
 }
