@@ -10,8 +10,9 @@
 //     wrapper (observe: errors, body limits, metrics).
 //   - credentials.go: who may call a route. Each route names a credential
 //     (API key; API key or WebSocket subprotocol; relay token; preview
-//     token or API key; ROCK's headers), checked by one middleware before
-//     the handler, with one bearer parser.
+//     token or API key; ROCK's headers; E2B's X-API-KEY, access token or
+//     signed file URL), checked by one middleware before the handler, with
+//     one bearer parser and one Basic parser.
 //   - fence.go: whether a request may reach a sandbox: the lease read
 //     (active, unexpired, the caller's), the generation a long-lived
 //     connection keeps, and how an agent's failure or refusal maps to the
@@ -26,7 +27,12 @@
 //   - sandboxes.go, images.go: leases (create, list, get, heartbeat,
 //     release), pools and images on demand.
 //   - wsrelay.go, pty.go, ports.go, portsws.go, preview.go: relayed
-//     WebSockets (terminals, ports), the port proxy and signed preview URLs.
+//     WebSockets (terminals, ports), the port proxy and signed preview URLs
+//     (preview.go's signer signs every token the gateway makes).
+//   - e2broute.go, e2btoken.go: E2B's data plane, routed before the route
+//     table by E2B's headers or a "{port}-{id}" Host (envd's port forwarded
+//     to the agent unchanged, any other to the port proxy), and the
+//     lease-scoped envdAccessToken and signed file URLs that admit it.
 //   - model.go, relaysocket.go: the model relay's routes over a
 //     *modelservice.Service (sandbox side by relay token, trainer side by
 //     API key) and the relay socket.
@@ -47,7 +53,7 @@
 // URL) is rebuilt on demand; any number of replicas serve the same API.
 //
 // It depends on the contracts (warmpool, providers, agentapi, modelservice,
-// checkpoints, envs), the wire types (api) and rockcompat. It must not
+// checkpoints, envs), the wire types (api), rockcompat and e2bcompat. It must not
 // import a concrete provider (providers/...), a concrete store
 // (warmpool/boltstore, checkpoints/filestore, ...) or cmd/; its tests use
 // the embedded stores.

@@ -121,7 +121,7 @@ type Gateway struct {
 	ck   *ckService          // checkpoints (checkpoints.go, ckadapters.go)
 	ui   *console            // the web console's files (console.go)
 
-	preview *previewSigner // preview URLs of sandbox ports (preview.go)
+	preview *tokenSigner // preview URLs of sandbox ports and E2B access tokens (preview.go)
 }
 
 // New validates cfg, applies its defaults and builds the gateway's app. It
@@ -146,7 +146,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		conns:  parkconn.NewSet(),
 
 		draining: make(chan struct{}),
-		preview:  newPreviewSigner(cfg.PreviewSecret),
+		preview:  newTokenSigner(cfg.PreviewSecret),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -422,6 +422,7 @@ func (g *Gateway) routeTable() []route {
 
 func (g *Gateway) register() {
 	g.app.Use(g.observe)
+	g.app.Use(g.routeSandbox) // E2B's data plane, before any route (e2broute.go)
 	for _, rt := range append(g.routeTable(), g.rockRoutes()...) {
 		if rt.handler == nil {
 			rt.handler = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
@@ -455,12 +456,18 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	}
 	finishBody(c)
 	path := c.Route().Path
-	if !g.routes[path] {
+	if p, _ := c.Locals(metricsPathLocal).(string); p != "" {
+		path = p
+	} else if !g.routes[path] {
 		path = "unmatched"
 	}
 	g.metrics.observe(path, c.Request().Header.Method(), c.Response().StatusCode(), time.Since(start))
 	return nil
 }
+
+// metricsPathLocal is the fiber Locals key of the metrics label of a
+// request that no route serves (E2B's data plane: e2broute.go).
+const metricsPathLocal = "quarry.metricsPath"
 
 // headerReceived picks, from a request's headers, how long its body may take
 // and how much the server reads ahead: uploads get the upload limits. A
@@ -468,7 +475,7 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 // body is read (refuseDeclaredBody).
 func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	rc := fasthttp.RequestConfig{MaxRequestBodySize: int(g.cfg.MaxJSONBody)}
-	if isUpload(h.Method(), h.RequestURI()) || isPortPath(h.RequestURI()) {
+	if isUpload(h.Method(), h.RequestURI()) || isPortPath(h.RequestURI()) || isSandboxRouted(h) {
 		rc = fasthttp.RequestConfig{ReadTimeout: g.cfg.UploadTimeout, MaxRequestBodySize: int(g.cfg.MaxUploadBody)}
 	}
 	markDeclaredBody(h, rc.MaxRequestBodySize)

@@ -336,8 +336,9 @@ func startAgentWrapped(t testing.TB, wrap func(http.Handler) http.Handler, mutat
 // httpClient is the tests' client: bounded, keep-alive.
 var httpClient = &http.Client{Timeout: testDeadline}
 
-// call sends a request with key (none when empty) and returns the answer
-// with its body read.
+// call sends a request with key (none when empty) and the headers hdr
+// (name, value pairs; "Host" sets the request's Host) and returns the
+// answer with its body read.
 func call(t testing.TB, method, url, key string, body io.Reader, hdr ...string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, body)
@@ -346,6 +347,10 @@ func call(t testing.TB, method, url, key string, body io.Reader, hdr ...string) 
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := httpClient.Do(req)
