@@ -1,5 +1,6 @@
 // Package gateway is Quarry's HTTP API: one fiber v2 app that serves
-// Quarry's REST API (/v1), ROCK's routes (rockcompat) and the web console,
+// Quarry's REST API (/v1), ROCK's routes (rockcompat), E2B's control and
+// data planes (e2bcompat) and the web console,
 // plain (Serve), over TLS (ServeTLS), on the relay's Unix socket
 // (ServeRelay), or without a listener (App: cmd/gateway's Lambda adapter).
 //
@@ -39,7 +40,8 @@
 //   - checkpoints.go, ckadapters.go: the checkpoint routes over the
 //     workflows of checkpoints/ckflow, and the lease and agent sides the
 //     gateway gives them; envs.go: the env API over envs.Service; rock.go,
-//     rockports.go: ROCK's routes (rockcompat) and ports.
+//     rockports.go: ROCK's routes (rockcompat) and ports; e2b.go: E2B's
+//     control plane (e2bcompat).
 //   - errors.go, allow.go: every error rendered in one JSON shape from its
 //     classification; 404 and 405 for unknown routes.
 //   - console.go, openapi.go, metrics.go, config.go: the console's files,

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/e2bcompat"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/gateway/ui"
 	"github.com/quarryhq/quarry/internal/clock"
@@ -118,6 +119,7 @@ type Gateway struct {
 
 	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
+	e2b  *e2bcompat.Service  // E2B's control plane (e2b.go)
 	ck   *ckService          // checkpoints (checkpoints.go, ckadapters.go)
 	ui   *console            // the web console's files (console.go)
 
@@ -178,6 +180,9 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if g.rock, err = g.newRock(deps.RockImages); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if g.e2b, err = g.newE2B(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if g.envs, err = newEnvService(g, deps.Envs); err != nil {
@@ -423,12 +428,17 @@ func (g *Gateway) routeTable() []route {
 func (g *Gateway) register() {
 	g.app.Use(g.observe)
 	g.app.Use(g.routeSandbox) // E2B's data plane, before any route (e2broute.go)
-	for _, rt := range append(g.routeTable(), g.rockRoutes()...) {
+	for _, rt := range g.allRoutes() {
 		if rt.handler == nil {
 			rt.handler = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
 		}
 		g.add(rt)
 	}
+}
+
+// allRoutes is every route the app registers: Quarry's, ROCK's and E2B's.
+func (g *Gateway) allRoutes() []route {
+	return append(append(g.routeTable(), g.rockRoutes()...), g.e2bRoutes()...)
 }
 
 // add registers rt behind its credential's check.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -44,6 +45,7 @@ type fakeManager struct {
 	ListFn      func(ctx context.Context, f warmpool.LeaseFilter) ([]warmpool.Lease, error)
 	PoolsFn     func(ctx context.Context) ([]warmpool.PoolStatus, error)
 	CheckTaskFn func(ctx context.Context, l warmpool.Lease) (warmpool.Lease, error)
+	SetExpiryFn func(ctx context.Context, id, owner string, at time.Time) (warmpool.Lease, error)
 
 	// AgentURL and Generation are given to leases created by Acquire.
 	AgentURL   string
@@ -157,6 +159,15 @@ func (m *fakeManager) Heartbeat(ctx context.Context, id, owner string) (warmpool
 	return m.change(id, owner, warmpool.Lease{}, func(l *warmpool.Lease) { l.ExpiresAt = time.Now().Add(l.Duration) })
 }
 
+// SetExpiry is warmpool.Manager.SetExpiry's (an optional capability).
+func (m *fakeManager) SetExpiry(ctx context.Context, id, owner string, at time.Time) (warmpool.Lease, error) {
+	m.record("SetExpiry", id)
+	if m.SetExpiryFn != nil {
+		return m.SetExpiryFn(ctx, id, owner, at)
+	}
+	return m.change(id, owner, warmpool.Lease{}, func(l *warmpool.Lease) { l.ExpiresAt = at })
+}
+
 func (m *fakeManager) Release(ctx context.Context, id, owner string) (warmpool.Lease, error) {
 	m.record("Release", id)
 	if m.ReleaseFn != nil {
@@ -191,6 +202,11 @@ func (m *fakeManager) List(ctx context.Context, f warmpool.LeaseFilter) ([]warmp
 	if m.ListFn != nil {
 		return m.ListFn(ctx, f)
 	}
+	return m.listLeases(f), nil
+}
+
+// listLeases is List's answer without ListFn.
+func (m *fakeManager) listLeases(f warmpool.LeaseFilter) []warmpool.Lease {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []warmpool.Lease
@@ -206,10 +222,16 @@ func (m *fakeManager) List(ctx context.Context, f warmpool.LeaseFilter) ([]warmp
 			out = append(out, l)
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { // newest first, as the contract says
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.After(out[j].CreatedAt)
+		}
+		return out[i].ID > out[j].ID
+	})
 	if f.Limit > 0 && len(out) > f.Limit {
 		out = out[:f.Limit]
 	}
-	return out, nil
+	return out
 }
 
 func (m *fakeManager) Pools(ctx context.Context) ([]warmpool.PoolStatus, error) {
