@@ -11,7 +11,8 @@
 // signature.go (signed file URLs), errors.go (E2B's and Connect's error
 // bodies), wire.go (the wire types, written from E2B's spec), service.go
 // (Service, its Config, Deps and the interfaces it needs, Routes),
-// sandboxes.go (the sandbox routes).
+// sandboxes.go (the sandbox routes), snapshots.go (fork and snapshots
+// over Quarry's checkpoints).
 //
 // The package keeps nothing in memory that matters: an E2B sandbox id is a
 // lease id, its envdAccessToken a pure function of the lease

@@ -33,8 +33,9 @@ const (
 )
 
 // create handles POST /sandboxes and POST /v2/sandboxes: a lease of the
-// template's pool, 201 with the sandbox.
-func (s *Service) create(c *fiber.Ctx, owner string) error {
+// template's pool (a snapshot's: with its files restored), 201 with the
+// sandbox.
+func (s *Service) create(c *fiber.Ctx, owner string) (err error) {
 	var req NewSandbox
 	if err := s.decode(c, &req, true); err != nil {
 		return err
@@ -55,13 +56,13 @@ func (s *Service) create(c *fiber.Ctx, owner string) error {
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), s.cfg.CreateTimeout)
 	defer cancel()
-	pool, err := s.poolOf(ctx, owner, req.TemplateID)
-	if err != nil {
-		return err
+	areq := warmpool.AcquireRequest{Owner: owner, LeaseSeconds: req.Timeout, Env: req.EnvVars, Labels: req.Metadata}
+	var lease warmpool.Lease
+	if s.isSnapshot(req.TemplateID) {
+		lease, err = s.ck.AcquireFrom(ctx, areq, req.TemplateID)
+	} else if areq.Pool, err = s.poolOf(ctx, owner, req.TemplateID); err == nil {
+		lease, _, err = s.leases.Acquire(ctx, areq)
 	}
-	lease, _, err := s.leases.Acquire(ctx, warmpool.AcquireRequest{
-		Pool: pool, Owner: owner, LeaseSeconds: req.Timeout, Env: req.EnvVars, Labels: req.Metadata,
-	})
 	if err != nil {
 		return err
 	}
@@ -136,6 +137,15 @@ func (s *Service) active(ctx context.Context, id, owner string) (warmpool.Lease,
 	return l, nil
 }
 
+// activeWith reads c's optional JSON body into req, then the active lease
+// id of owner.
+func (s *Service) activeWith(ctx context.Context, c *fiber.Ctx, id, owner string, req any) (warmpool.Lease, error) {
+	if err := s.decode(c, req, false); err != nil {
+		return warmpool.Lease{}, err
+	}
+	return s.active(ctx, id, owner)
+}
+
 // sandboxFunc serves one route of a sandbox (the path's id) for an
 // authenticated owner, its lease-store calls bounded by ctx.
 type sandboxFunc func(ctx context.Context, c *fiber.Ctx, id, owner string) error
@@ -153,11 +163,11 @@ func (s *Service) sandbox(fn sandboxFunc) handlerFunc {
 	}
 }
 
-// sandboxID is the path's sandbox id.
+// sandboxID is the path's id: a sandbox's, or a template's.
 func sandboxID(c *fiber.Ctx) (string, error) {
 	id := c.Params("id")
 	if !validID([]byte(id)) {
-		return "", badinput.New("sandboxID", "must be 1 to %d letters, digits, '.', '_' or '-', not starting with '.'", maxID)
+		return "", badinput.New("id", "must be 1 to %d letters, digits, '.', '_' or '-', not starting with '.'", maxID)
 	}
 	return strings.Clone(id), nil
 }
@@ -167,10 +177,7 @@ func sandboxID(c *fiber.Ctx) (string, error) {
 // seconds from now when the body names one.
 func (s *Service) connect(ctx context.Context, c *fiber.Ctx, id, owner string) error {
 	var req TimeoutRequest
-	if err := s.decode(c, &req, false); err != nil {
-		return err
-	}
-	lease, err := s.active(ctx, id, owner)
+	lease, err := s.activeWith(ctx, c, id, owner, &req)
 	if err != nil {
 		return err
 	}
@@ -361,11 +368,7 @@ func (s *Service) list(c *fiber.Ctx, owner string) error {
 			return badinput.New("startedAfter", "must be an RFC 3339 time, got %q", v)
 		}
 	}
-	limit, err := intArg(string(args.Peek("limit")), "limit", defaultListLimit, 1, maxListLimit)
-	if err != nil {
-		return err
-	}
-	offset, err := intArg(string(args.Peek("nextToken")), "nextToken", 0, 0, math.MaxInt32)
+	limit, offset, err := pageOf(args.Peek)
 	if err != nil {
 		return err
 	}
@@ -439,6 +442,16 @@ func wantsRunning(q string) (bool, error) {
 		}
 	}
 	return running, nil
+}
+
+// pageOf reads a page's limit (1 to 100, default 100) and nextToken (an
+// offset, default 0) from a query (peek).
+func pageOf(peek func(string) []byte) (limit, offset int, err error) {
+	if limit, err = intArg(string(peek("limit")), "limit", defaultListLimit, 1, maxListLimit); err != nil {
+		return 0, 0, err
+	}
+	offset, err = intArg(string(peek("nextToken")), "nextToken", 0, 0, math.MaxInt32)
+	return limit, offset, err
 }
 
 // intArg parses a query integer from lo to hi; def when absent.

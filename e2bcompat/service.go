@@ -99,6 +99,9 @@ type Deps struct {
 	Token func(l warmpool.Lease) string
 	// Body returns c's request body bounded by limit (nil: c.Body()).
 	Body func(c *fiber.Ctx, limit int64) (io.Reader, error)
+	// Checkpoints serves fork and snapshots (snapshots.go); nil: their
+	// routes answer 404.
+	Checkpoints Checkpoints
 	// Logger receives failures (nil: discard); Clock says what time it is
 	// (nil: clock.System).
 	Logger *slog.Logger
@@ -110,8 +113,9 @@ type Deps struct {
 type Service struct {
 	cfg     Config
 	leases  Leases
-	expirer Expirer    // nil: heartbeats
-	pools   ImagePools // nil: templates name pools only
+	expirer Expirer     // nil: heartbeats
+	pools   ImagePools  // nil: templates name pools only
+	ck      Checkpoints // nil: no fork or snapshots
 	owner   func(*fiber.Ctx) string
 	token   func(warmpool.Lease) string
 	body    func(*fiber.Ctx, int64) (io.Reader, error)
@@ -125,7 +129,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		return nil, errors.New("e2bcompat: Deps.Leases, Owner and Token are required")
 	}
 	s := &Service{cfg: cfg.WithDefaults(), leases: deps.Leases, owner: deps.Owner, token: deps.Token,
-		body: deps.Body, log: deps.Logger, clock: deps.Clock}
+		body: deps.Body, ck: deps.Checkpoints, log: deps.Logger, clock: deps.Clock}
 	s.expirer, _ = deps.Leases.(Expirer)
 	s.pools, _ = deps.Leases.(ImagePools)
 	if s.log == nil {
@@ -161,6 +165,10 @@ func (s *Service) Routes() []Route {
 		{fiber.MethodGet, sbx + "/logs", s.handle(s.sandbox(s.logs))},
 		{fiber.MethodGet, "/v2" + sbx + "/logs", s.handle(s.sandbox(s.logs))},
 		{fiber.MethodGet, sbx + "/metrics", s.handle(s.sandbox(s.metrics))},
+		{fiber.MethodPost, sbx + "/fork", s.handle(s.sandbox(s.fork))},
+		{fiber.MethodPost, sbx + "/snapshots", s.handle(s.sandbox(s.snapshot))},
+		{fiber.MethodGet, "/snapshots", s.handle(s.snapshots)},
+		{fiber.MethodDelete, "/templates/:id", s.handle(s.deleteSnapshot)},
 		{fiber.MethodPost, sbx + "/pause", s.handle(s.unsupported("pause"))},
 		{fiber.MethodPost, sbx + "/resume", s.handle(s.unsupported("resume"))},
 	}

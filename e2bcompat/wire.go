@@ -102,3 +102,30 @@ type SandboxLogs struct {
 type SandboxLogsV2 struct {
 	Logs []json.RawMessage `json:"logs"`
 }
+
+// ForkRequest is the body of POST /sandboxes/{id}/fork
+// (SandboxForkRequest).
+type ForkRequest struct {
+	Timeout *int `json:"timeout"`
+	Count   *int `json:"count"`
+}
+
+// ForkResult is one fork's outcome (SandboxForkResult): exactly one of
+// Sandbox and Error.
+type ForkResult struct {
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	Error   *Error   `json:"error,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /sandboxes/{id}/snapshots
+// (SandboxSnapshotRequest).
+type SnapshotRequest struct {
+	Name string `json:"name"`
+}
+
+// SnapshotInfo is a snapshot: its id, usable as a templateID, and its
+// names.
+type SnapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/e2bcompat"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -340,6 +341,11 @@ func TestE2B_OpenAPIDeclaresTheStatuses(t *testing.T) {
 		{name: "logs", method: "GET", url: sbx + "/logs", hdr: key, status: 200},
 		{name: "logs v2", method: "GET", url: "/v2" + sbx + "/logs", hdr: key, status: 200},
 		{name: "metrics", method: "GET", url: sbx + "/metrics", hdr: key, status: 200},
+		{name: "fork agent down", method: "POST", url: sbx + "/fork", hdr: key, body: `{"count": 1}`, status: 502},
+		{name: "fork bad count", method: "POST", url: sbx + "/fork", hdr: key, body: `{"count": 0}`, status: 400},
+		{name: "snapshot agent down", method: "POST", url: sbx + "/snapshots", hdr: key, status: 502},
+		{name: "snapshots", method: "GET", url: "/snapshots?limit=5", hdr: key, status: 200},
+		{name: "delete unknown snapshot", method: "DELETE", url: "/templates/" + checkpoints.NewID(), hdr: key, status: 404},
 		{name: "pause", method: "POST", url: sbx + "/pause", hdr: key, status: 400},
 		{name: "resume", method: "POST", url: sbx + "/resume", hdr: key, status: 400},
 		{name: "kill", method: "DELETE", url: sbx, hdr: key, status: 204},
@@ -357,4 +363,106 @@ func TestE2B_OpenAPIDeclaresTheStatuses(t *testing.T) {
 		{name: "create no capacity", method: "POST", url: "/sandboxes", hdr: key, body: `{"templateID": "base"}`, status: 503},
 		{name: "get store down", method: "GET", url: sbx, hdr: key, status: 503},
 	})
+}
+
+// TestE2B_ForkAndSnapshots: E2B's fork and snapshots over checkpoints of
+// the sandbox's work directory, with real agents.
+func TestE2B_ForkAndSnapshots(t *testing.T) {
+	agents := []*testAgent{startAgent(t), startAgent(t), startAgent(t)}
+	e := startCkEnv(t, checkpoints.Config{})
+	ckTree(t, e.agent.Workdir)
+	want := snapshot(t, e.agent.Workdir)
+	reset := e.acquireOn("sbx-e2b-", agents)
+
+	// A fork of two: each its own sandbox with the files, then one past
+	// the pool's room fails alone.
+	resp, b := e2bCall(t, e.gw, http.MethodPost, "/sandboxes/sbx-1/fork", testKey, `{"count": 2, "timeout": 90}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", b)
+	forks := decode[[]e2bcompat.ForkResult](t, b)
+	require.Len(t, forks, 2)
+	for i, f := range forks {
+		require.NotNil(t, f.Sandbox, "%s", b)
+		assert.Nil(t, f.Error)
+		l := e.mgr.lease(f.Sandbox.SandboxID)
+		assert.Equal(t, 90*time.Second, l.Duration)
+		assert.Equal(t, e.gw.envdToken(l), f.Sandbox.EnvdAccessToken)
+		assert.Equal(t, want, snapshot(t, agents[i].Workdir), "the fork has the source's files")
+	}
+	resp, b = e2bCall(t, e.gw, http.MethodPost, "/sandboxes/sbx-1/fork", testKey, `{"count": 2}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", b)
+	forks = decode[[]e2bcompat.ForkResult](t, b)
+	require.Len(t, forks, 2)
+	assert.Equal(t, 1, countForks(forks, true))
+	for _, f := range forks {
+		if f.Error != nil {
+			assert.Equal(t, http.StatusServiceUnavailable, f.Error.Code)
+			assert.Equal(t, "no_capacity", f.Error.ErrorCode)
+		}
+	}
+	for _, body := range []string{`{"count": 0}`, `{"count": 101}`, `{"timeout": -1}`} {
+		resp, b = e2bCall(t, e.gw, http.MethodPost, "/sandboxes/sbx-1/fork", testKey, body)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s: %s", body, b)
+	}
+	resp, _ = e2bCall(t, e.gw, http.MethodPost, "/sandboxes/sbx-none/fork", testKey, "")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+
+	// A snapshot, listed, and a templateID that restores it.
+	resp, b = e2bCall(t, e.gw, http.MethodPost, "/sandboxes/sbx-1/snapshots", testKey, `{"name": "mine"}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", b)
+	snap := decode[e2bcompat.SnapshotInfo](t, b)
+	assert.True(t, strings.HasPrefix(snap.SnapshotID, checkpoints.IDPrefix), snap.SnapshotID)
+	assert.Equal(t, []string{"mine"}, snap.Names)
+	for _, q := range []string{"", "?sandboxID=sbx-1", "?name=mine", "?name=" + snap.SnapshotID} {
+		resp, b = e2bCall(t, e.gw, http.MethodGet, "/snapshots"+q, testKey, "")
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		assert.Contains(t, decode[[]e2bcompat.SnapshotInfo](t, b), snap, q)
+	}
+	resp, b = e2bCall(t, e.gw, http.MethodGet, "/snapshots?sandboxID=sbx-other", testKey, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.JSONEq(t, `[]`, string(b))
+
+	mutateTree(t, agents[0].Workdir)
+	reset()
+	resp, b = e2bCall(t, e.gw, http.MethodPost, "/sandboxes", testKey, `{"templateID": "`+snap.SnapshotID+`", "metadata": {"from": "snap"}}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", b)
+	made := decode[e2bcompat.Sandbox](t, b)
+	assert.Equal(t, snap.SnapshotID, made.TemplateID)
+	assert.Equal(t, map[string]string{"from": "snap"}, e.mgr.lease(made.SandboxID).Labels)
+	assert.Equal(t, want, snapshot(t, agents[0].Workdir), "the snapshot's files restored")
+
+	// Deleted once; then it, and a template that is no snapshot, are 404.
+	resp, _ = e2bCall(t, e.gw, http.MethodDelete, "/templates/"+snap.SnapshotID, testKey, "")
+	assert.Equal(t, http.StatusNoContent, resp.StatusCode)
+	for _, id := range []string{snap.SnapshotID, "base"} {
+		resp, b = e2bCall(t, e.gw, http.MethodDelete, "/templates/"+id, testKey, "")
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode, "%s: %s", id, b)
+	}
+}
+
+// countForks counts the forks that made a sandbox (ok) or failed.
+func countForks(forks []e2bcompat.ForkResult, ok bool) int {
+	n := 0
+	for _, f := range forks {
+		if (f.Sandbox != nil) == ok {
+			n++
+		}
+	}
+	return n
+}
+
+func TestE2B_ForkAndSnapshotsOffWithoutCheckpoints(t *testing.T) {
+	mgr := newFakeManager(refusedURL(t))
+	gw := startGateway(t, mgr, nil)
+	l := mgr.addLease(warmpool.NewLeaseID(), testKey, mgr.AgentURL, 1)
+	for _, op := range []struct{ method, path string }{
+		{http.MethodPost, "/sandboxes/" + l.ID + "/fork"}, {http.MethodPost, "/sandboxes/" + l.ID + "/snapshots"},
+		{http.MethodGet, "/snapshots"}, {http.MethodDelete, "/templates/" + checkpoints.NewID()},
+	} {
+		resp, b := e2bCall(t, gw, op.method, op.path, testKey, "")
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode, "%s %s: %s", op.method, op.path, b)
+		assert.Contains(t, e2bError(t, resp, b).Message, "no checkpoint store")
+	}
+	// A checkpoint id is then taken for a pool's name.
+	resp, _ := e2bCall(t, gw, http.MethodPost, "/sandboxes", testKey, `{"templateID": "`+checkpoints.NewID()+`"}`)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 }
