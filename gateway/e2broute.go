@@ -88,8 +88,12 @@ func (g *Gateway) forwardEnvd(c *fiber.Ctx, t e2bcompat.Target) error {
 	if err != nil {
 		return err
 	}
-	pc := portCall{id: t.ID, port: t.Port, lease: lease, dropHeaders: e2bDropHeaders,
-		agentURI: string(c.Request().RequestURI())}
+	uri := c.Request().URI()
+	agentURI := string(uri.PathOriginal()) // as sent, escapes kept; never an absolute-form URI's scheme and host
+	if q := uri.QueryString(); len(q) > 0 {
+		agentURI += "?" + string(q)
+	}
+	pc := portCall{id: t.ID, port: t.Port, lease: lease, dropHeaders: e2bDropHeaders, agentURI: agentURI}
 	if user, ok := basicUser(c.Request().Header.Peek(fiber.HeaderAuthorization)); ok {
 		pc.addHeaders = []string{headerEnvdUser, user}
 	}

@@ -142,6 +142,9 @@ func TestE2BRoute_EnvdForwardedUnchanged(t *testing.T) {
 	assert.Equal(t, "1", got.Header.Get("Connect-Protocol-Version"))
 	assert.Equal(t, "root", got.Header.Get(headerEnvdUser), "the Basic user, not the client's own header")
 	assert.Empty(t, got.Header.Get(e2bcompat.HeaderAccessToken))
+	resp, _ = envdCall(t, s.gw, http.MethodGet, "/a%2Fb/c", "", nil, append(routed(s.lease.ID, e2bcompat.EnvdPort), e2bcompat.HeaderAccessToken, s.token)...)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "/a%2Fb/c", s.last(t).Path, "the path as sent, escapes kept")
 
 	// By host, on any method; a user of none sends no user header.
 	resp, _ = envdCall(t, s.gw, http.MethodGet, "/health", fmt.Sprintf("%d-%s.e2b.test", e2bcompat.EnvdPort, s.lease.ID), nil,
