@@ -5,7 +5,7 @@
 // Class (code, HTTP status, retryable, message). The codes are api's
 // (api.Codes()). Every API surface renders a Class and nothing else:
 // Quarry's JSON errors and its env routes (gateway), ROCK's envelope and
-// GEM routes (rockcompat), and later E2B's shapes. A handler never
+// GEM routes (rockcompat), and E2B's error bodies (e2bcompat). A handler never
 // inspects an error to decide its answer.
 //
 // It stands between the contracts and the surfaces: it imports api and

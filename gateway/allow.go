@@ -158,28 +158,33 @@ func (g *Gateway) registerNotMatched() error {
 // with Allow listing the methods of its path when another method serves it,
 // 404 otherwise. These are fiber's own answers, which fiber would find by
 // scanning the routes of every method; the error body is the gateway's one
-// shape (writeError). An unknown path outside /v1 is most likely a client of
-// another API (E2B's SDK: POST /sandboxes): its 404 says where Quarry's API
-// is, and its body also has the top-level code and message that E2B's SDK
-// reads (writeForeignError).
+// shape (writeError). Outside /v1 the caller may be a client of another API
+// (E2B's SDK, whose routes the gateway serves in part, or ROCK's): the body
+// also has E2B's top-level code and message (writeForeignError), and a 404
+// says where Quarry's API is and what of E2B's is served.
 func notMatched(c *fiber.Ctx, g *Gateway, t *allowTable) error {
 	allow, ok := t.lookup(c.Path())
+	write := g.writeError
+	if !underV1(c.Path()) {
+		write = g.writeForeignError
+	}
 	if !ok {
 		msg := "Cannot " + c.Method() + " " + html.EscapeString(string(c.Request().URI().PathOriginal()))
-		if underV1(c.Path()) {
-			return fiber.NewError(fiber.StatusNotFound, msg)
+		if !underV1(c.Path()) {
+			msg += ": " + notQuarrysAPI
 		}
-		g.writeForeignError(c, fiber.NewError(fiber.StatusNotFound, msg+": "+notQuarrysAPI))
+		write(c, fiber.NewError(fiber.StatusNotFound, msg))
 		return nil
 	}
-	g.writeError(c, fiber.ErrMethodNotAllowed)
-	c.Set(fiber.HeaderAllow, allow) // after writeError, which resets the answer's headers
+	write(c, fiber.ErrMethodNotAllowed)
+	c.Set(fiber.HeaderAllow, allow) // after the error, which resets the answer's headers
 	return nil
 }
 
 // notQuarrysAPI ends the message of a 404 outside /v1.
 const notQuarrysAPI = "this is a Quarry gateway, whose API is under /v1/ (POST /v1/sandboxes creates a sandbox; " +
-	"every route: GET /openapi.json, or docs/API.md); E2B's API is not served here (yet)"
+	"every route: GET /openapi.json, or docs/API.md); of E2B's API it serves the sandbox routes its SDK calls, " +
+	"with E2B_API_URL and E2B_SANDBOX_URL set to this address (docs/E2B.md), and not this one"
 
 // underV1 reports whether path is /v1 or below it, in any case (as fiber
 // routes it).

@@ -121,21 +121,21 @@ func BenchmarkAllowTable_Lookup(b *testing.B) {
 }
 
 // An unknown path outside /v1 is most likely a client of another API (E2B's
-// SDK creates with POST /sandboxes and reads "code" and "message" of an
-// error's body: a KeyError on Quarry's shape alone). Its 404 keeps Quarry's
-// shape, adds E2B's fields and says where Quarry's API is; an unknown path
-// under /v1 answers as before.
+// SDK reads "code" and "message" of an error's body: a KeyError on Quarry's
+// shape alone), calling a route of it the gateway does not serve. Its 404
+// keeps Quarry's shape, adds E2B's fields and says where Quarry's API is and
+// what of E2B's is served; an unknown path under /v1 answers as before.
 func TestNotMatched_OutsideV1SaysWhereTheAPIIs(t *testing.T) {
 	gw := startGateway(t, newFakeManager(""), nil)
 	for _, tc := range []struct {
 		name, method, path string
 	}{
-		{name: "E2B's create", method: http.MethodPost, path: "/sandboxes"},
-		{name: "E2B's kill", method: http.MethodDelete, path: "/sandboxes/abc"},
+		{name: "E2B's template build", method: http.MethodPost, path: "/v3/templates"},
+		{name: "E2B's network update", method: http.MethodPut, path: "/sandboxes/abc/network"},
 		{name: "E2B's templates", method: http.MethodGet, path: "/templates"},
 		{name: "root", method: http.MethodGet, path: "/"},
 		{name: "a v1 look-alike", method: http.MethodGet, path: "/v1x/sandboxes"},
-		{name: "v2", method: http.MethodPost, path: "/v2/sandboxes"},
+		{name: "v3", method: http.MethodPost, path: "/v3/sandboxes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, body := call(t, tc.method, gw.URL+tc.path, "", strings.NewReader(`{"templateID": "base"}`),
@@ -153,7 +153,7 @@ func TestNotMatched_OutsideV1SaysWhereTheAPIIs(t *testing.T) {
 			require.NotNil(t, e2b.Message, "a top-level message: %s", body)
 			assert.Equal(t, http.StatusNotFound, *e2b.Code)
 			assert.Equal(t, qe.Message, *e2b.Message)
-			for _, want := range []string{tc.method + " " + tc.path, "/v1/", "POST /v1/sandboxes", "/openapi.json", "docs/API.md", "E2B's API is not served"} {
+			for _, want := range []string{tc.method + " " + tc.path, "/v1/", "POST /v1/sandboxes", "/openapi.json", "docs/API.md", "docs/E2B.md"} {
 				assert.Contains(t, qe.Message, want)
 			}
 		})

@@ -56,6 +56,38 @@ func startCkEnv(t *testing.T, ckCfg checkpoints.Config, mutate ...func(*fakeMana
 	return &ckEnv{gw: gw, mgr: mgr, agent: agent, store: store, storeDir: dir}
 }
 
+// acquireOn makes the manager's acquires lease agents in turn, as
+// prefix1, prefix2, ... (with the request's labels, env and duration), and
+// refuse with no_capacity once every agent is leased; reset starts again
+// from the first.
+func (e *ckEnv) acquireOn(prefix string, agents []*testAgent) (reset func()) {
+	var (
+		mu   sync.Mutex
+		next int
+	)
+	e.mgr.AcquireFn = func(ctx context.Context, req warmpool.AcquireRequest) (warmpool.Lease, bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if next == len(agents) {
+			return warmpool.Lease{}, false, fmt.Errorf("pool %s is full: %w", req.Pool, warmpool.ErrNoCapacity)
+		}
+		a := agents[next]
+		next++
+		l := e.mgr.addLease(fmt.Sprintf("%s%d", prefix, next), testKey, a.URL, 1)
+		l.Labels, l.Env = req.Labels, req.Env
+		if req.LeaseSeconds > 0 {
+			l.Duration = time.Duration(req.LeaseSeconds) * time.Second
+		}
+		e.mgr.put(l)
+		return l, false, nil
+	}
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		next = 0
+	}
+}
+
 // checkpoint takes a checkpoint of sbx over the API and returns it.
 func (e *ckEnv) checkpoint(t *testing.T, sbx string, req api.CreateCheckpointRequest) api.Checkpoint {
 	t.Helper()
@@ -433,23 +465,7 @@ func TestCheckpoints_Fork(t *testing.T) {
 	e := startCkEnv(t, checkpoints.Config{})
 	ckTree(t, e.agent.Workdir)
 	want := snapshot(t, e.agent.Workdir)
-	var (
-		mu   sync.Mutex
-		next int
-	)
-	e.mgr.AcquireFn = func(ctx context.Context, req warmpool.AcquireRequest) (warmpool.Lease, bool, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if next == len(agents) {
-			return warmpool.Lease{}, false, fmt.Errorf("pool %s is full: %w", req.Pool, warmpool.ErrNoCapacity)
-		}
-		a := agents[next]
-		next++
-		l := e.mgr.addLease(fmt.Sprintf("sbx-fork-%d", next), testKey, a.URL, 1)
-		l.Labels, l.Env = req.Labels, req.Env
-		e.mgr.put(l)
-		return l, false, nil
-	}
+	reset := e.acquireOn("sbx-fork-", agents)
 	src, _ := e.mgr.Get(context.Background(), "sbx-1", OwnerOf(testKey))
 	src.Labels, src.Env = map[string]string{"run": "r1"}, map[string]string{"A": "1"}
 	e.mgr.put(src)
@@ -486,7 +502,7 @@ func TestCheckpoints_Fork(t *testing.T) {
 	_, err := e.store.Get(context.Background(), res.Checkpoint.ID, OwnerOf(testKey))
 	assert.ErrorIs(t, err, checkpoints.ErrNotFound, "the fork's checkpoint is deleted unless kept")
 
-	next = 0
+	reset()
 	resp, body = callJSON(t, http.MethodPost, e.gw.URL+"/v1/sandboxes/sbx-1/fork", testKey, api.ForkRequest{Count: 1, KeepCheckpoint: true})
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	res = decode[api.ForkResult](t, body)

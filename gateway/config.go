@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/internal/defaults"
 	"github.com/quarryhq/quarry/rockcompat"
 )
@@ -101,6 +102,12 @@ type Config struct {
 	// job is held until the job ends (default 8s; "off": answered at once;
 	// docs/ROCK.md).
 	RockPollHold rockcompat.PollHoldSetting `envconfig:"QUARRY_ROCK_POLL_HOLD"`
+	// E2BDomain is the domain E2B's SDK is told its sandboxes are under
+	// (Sandbox.domain): without E2B_SANDBOX_URL it reaches envd at
+	// https://49983-{id}.{E2BDomain} and a port at {port}-{id}.{E2BDomain},
+	// which needs wildcard DNS and TLS to the gateway. Empty (the default):
+	// null, and the SDK uses its E2B_DOMAIN (docs/E2B.md).
+	E2BDomain string `envconfig:"QUARRY_E2B_DOMAIN"`
 	// RockNohupExit is what reading a finished nohup job's output answers
 	// ROCK's SDK: "rock" (default), success as ROCK answers, or "real", the
 	// job's exit code (docs/ROCK.md).
@@ -200,6 +207,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s: must not be negative, got %s", d.name, d.v)
 		}
 	}
+	if err := checkDomain(c.E2BDomain); err != nil {
+		return fmt.Errorf("QUARRY_E2B_DOMAIN: %w", err)
+	}
 	if c.MaxJSONBody > 0 && c.MaxUploadBody > 0 && c.MaxUploadBody < c.MaxJSONBody {
 		return fmt.Errorf("QUARRY_MAX_UPLOAD_BODY: must be at least QUARRY_MAX_JSON_BODY (%d), got %d", c.MaxJSONBody, c.MaxUploadBody)
 	}
@@ -219,6 +229,24 @@ func checkAPIKey(k string) error {
 	}
 	if strings.IndexFunc(k, func(r rune) bool { return r <= ' ' || r > '~' || r == ',' }) >= 0 {
 		return errors.New("must be printable ASCII without spaces or commas")
+	}
+	return nil
+}
+
+// checkDomain accepts "" or a DNS name without a scheme, port or path:
+// labels of letters, digits and '-' joined by '.'.
+func checkDomain(d string) error {
+	if d == "" {
+		return nil
+	}
+	if len(d) > 253 {
+		return errors.New("at most 253 characters")
+	}
+	for _, label := range strings.Split(d, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' ||
+			strings.IndexFunc(label, func(r rune) bool { return !(r == '-' || r < 128 && badinput.Alnum(byte(r))) }) >= 0 {
+			return fmt.Errorf("want a domain such as sandboxes.example.com (no scheme, port or path), got %q", d)
+		}
 	}
 	return nil
 }

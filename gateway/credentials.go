@@ -12,6 +12,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/e2bcompat"
 	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/rockcompat"
@@ -83,12 +84,24 @@ const (
 	credRelayToken
 	// credPreviewOrKey: a preview token for the path's sandbox and port
 	// (query quarry_preview or its cookie), else credAPIKey. The token's
-	// claims are kept for the handler (previewGrantOf), which checks the
-	// lease generation they name.
+	// grant is kept for the fence (grantedLease), which checks the lease
+	// generation it names.
 	credPreviewOrKey
 	// credRock: the API key sent any way ROCK's SDK sends it (rockKey);
 	// refusals in ROCK's envelope.
 	credRock
+	// credE2BKey: E2B's control plane: X-API-KEY: <API key>; refusals in
+	// E2B's Error body.
+	credE2BKey
+	// credE2BEnvd: E2B's data plane on envd's port (e2broute.go): the
+	// sandbox's envdAccessToken as X-Access-Token (e2btoken.go), or a
+	// signed file URL. The grant (owner, generation) is kept for the fence
+	// (grantedLease).
+	credE2BEnvd
+	// credE2BPort: E2B's data plane on any other port: the
+	// envdAccessToken, else a preview token for the sandbox and port (as
+	// credPreviewOrKey), else credAPIKey.
+	credE2BPort
 )
 
 // String names the credential as openapi.json's security schemes do.
@@ -102,6 +115,12 @@ func (k credential) String() string {
 		return "relayToken"
 	case credPreviewOrKey:
 		return "apiKey|previewToken"
+	case credE2BKey:
+		return "e2bApiKey"
+	case credE2BEnvd:
+		return "e2bAccessToken"
+	case credE2BPort:
+		return "e2bAccessToken|apiKey|previewToken"
 	}
 	return "unset"
 }
@@ -123,6 +142,19 @@ func (g *Gateway) admit(k credential) fiber.Handler {
 		return g.authenticatePreview
 	case credRock:
 		return g.rockAuth
+	case credE2BKey:
+		return g.authenticateE2B
+	case credE2BEnvd, credE2BPort:
+		return func(c *fiber.Ctx) error {
+			t, _ := c.Locals(e2bTargetLocal).(*e2bcompat.Target)
+			if t == nil {
+				return errclass.Unauthorized("no sandbox named: send " + e2bcompat.HeaderSandboxID + " and " + e2bcompat.HeaderSandboxPort)
+			}
+			if err := g.admitSandbox(c, k, *t); err != nil {
+				return err
+			}
+			return c.Next()
+		}
 	}
 	panic(fmt.Sprintf("gateway: a route without a credential (%d)", k))
 }
@@ -136,6 +168,21 @@ func bearerToken(v []byte) (tok []byte, ok bool) {
 		return nil, false
 	}
 	return bytes.TrimSpace(v[len(prefix):]), true
+}
+
+// basicCredentials parses an Authorization value "Basic base64(user:password)"
+// (the scheme case-insensitive). ok is false for another scheme, bad base64
+// or no ':'. It is the one Basic parser of every credential.
+func basicCredentials(v []byte) (user, password []byte, ok bool) {
+	const prefix = "Basic "
+	if len(v) <= len(prefix) || !bytes.EqualFold(v[:len(prefix)], []byte(prefix)) {
+		return nil, nil, false
+	}
+	dec, err := base64.StdEncoding.DecodeString(string(bytes.TrimSpace(v[len(prefix):])))
+	if err != nil {
+		return nil, nil, false
+	}
+	return bytes.Cut(dec, []byte(":"))
 }
 
 // authenticate is the middleware of credAPIKey: it answers 401 for a
@@ -263,10 +310,6 @@ func relayToken(c *fiber.Ctx) (string, error) {
 	return string(tok), nil
 }
 
-// previewGrantLocal is the fiber Locals key of the preview token
-// credPreviewOrKey admitted.
-const previewGrantLocal = "quarry.preview"
-
 // previewGrant is an admitted preview token: its claims, the token, and
 // whether it came in the query (the handler then sets its cookie).
 type previewGrant struct {
@@ -283,24 +326,36 @@ func (g *Gateway) authenticatePreview(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	tok, fromQuery := previewToken(c)
-	if tok == "" {
+	if ok, err := g.admitPreview(c, id, port); err != nil {
+		return err
+	} else if !ok {
 		return g.authenticate(c)
 	}
-	cl, err := g.preview.verify(tok, id, port, g.clock.Now())
-	if err != nil {
-		return err
-	}
-	c.Locals(ownerLocal, cl.Owner)
-	c.Locals(previewGrantLocal, &previewGrant{claims: cl, token: tok, fromQuery: fromQuery})
 	return c.Next()
 }
 
-// previewGrantOf returns the preview token authenticatePreview admitted,
-// or nil when the caller sent the API key.
-func previewGrantOf(c *fiber.Ctx) *previewGrant {
-	pg, _ := c.Locals(previewGrantLocal).(*previewGrant)
-	return pg
+// admitPreview admits the preview token of a call to a sandbox's port, when
+// it carries one (ok): its owner and its grant are kept for the fence
+// (grantedLease).
+func (g *Gateway) admitPreview(c *fiber.Ctx, id string, port int) (ok bool, err error) {
+	tok, fromQuery := previewToken(c)
+	if tok == "" {
+		return false, nil
+	}
+	cl, err := g.preview.verify(tok, id, port, g.clock.Now())
+	if err != nil {
+		return true, err
+	}
+	c.Locals(ownerLocal, cl.Owner)
+	c.Locals(sandboxGrantLocal, &sandboxGrant{owner: cl.Owner, generation: cl.Generation, fenced: true,
+		preview: &previewGrant{claims: cl, token: tok, fromQuery: fromQuery}})
+	return true, nil
+}
+
+// sandboxGrantOf returns the grant a credential kept, or nil (the API key).
+func sandboxGrantOf(c *fiber.Ctx) *sandboxGrant {
+	sg, _ := c.Locals(sandboxGrantLocal).(*sandboxGrant)
+	return sg
 }
 
 // rockAuth is the middleware of credRock: a Quarry API key sent any way
@@ -330,11 +385,8 @@ func rockKey(h *fasthttp.RequestHeader) ([]byte, bool) {
 		if k, ok := bearerToken(v); ok && len(k) > 0 {
 			return k, true
 		}
-		if len(v) > 6 && bytes.EqualFold(v[:6], []byte("Basic ")) {
-			dec, err := base64.StdEncoding.DecodeString(string(bytes.TrimSpace(v[6:])))
-			if i := bytes.IndexByte(dec, ':'); err == nil && i >= 0 && i < len(dec)-1 {
-				return dec[i+1:], true
-			}
+		if _, pass, ok := basicCredentials(v); ok && len(pass) > 0 {
+			return pass, true
 		}
 	}
 	if v := h.Peek("XRL-Authorization"); len(v) > 0 {
@@ -349,4 +401,67 @@ func rockKey(h *fasthttp.RequestHeader) ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// authenticateE2B is the middleware of credE2BKey: a Quarry API key as
+// X-API-KEY, as E2B's SDK sends its key. A missing or wrong key answers
+// 401 in E2B's Error body.
+func (g *Gateway) authenticateE2B(c *fiber.Ctx) error {
+	key := bytes.TrimSpace(c.Request().Header.Peek(e2bcompat.HeaderAPIKey))
+	if len(key) == 0 {
+		g.writeE2BError(c, errclass.Unauthorized("missing API key: send the Quarry API key as "+e2bcompat.HeaderAPIKey+" (E2B_API_KEY)"))
+		return nil
+	}
+	if err := g.admitKey(c, key); err != nil {
+		g.writeE2BError(c, err)
+		return nil
+	}
+	return c.Next()
+}
+
+// sandboxGrantLocal is the fiber Locals key of the *sandboxGrant that
+// credE2BEnvd or credE2BPort admitted.
+const sandboxGrantLocal = "quarry.sandboxGrant"
+
+// sandboxGrant is what a data-plane credential admitted: the owner the
+// lease is read as, the generation a token or signature was made for
+// (fenced), and a preview token's grant.
+type sandboxGrant struct {
+	owner      string
+	generation int64
+	fenced     bool
+	preview    *previewGrant
+}
+
+// admitSandbox checks the credential k (credE2BEnvd or credE2BPort) of a
+// data-plane request for t and keeps its owner and grant, as every
+// credential does; the lease itself is the fence's (grantedLease).
+func (g *Gateway) admitSandbox(c *fiber.Ctx, k credential, t e2bcompat.Target) error {
+	var grant sandboxGrant
+	if tok := c.Request().Header.Peek(e2bcompat.HeaderAccessToken); len(tok) > 0 {
+		cl, err := g.verifyEnvdToken(string(tok), t.ID, g.clock.Now())
+		if err != nil {
+			return err
+		}
+		grant = sandboxGrant{owner: cl.Owner, generation: cl.Generation, fenced: true}
+	} else if k == credE2BEnvd {
+		sg, ok, err := g.signedFileGrant(c, t.ID)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return errAccess("missing access token: send the sandbox's envdAccessToken as " + e2bcompat.HeaderAccessToken)
+		}
+		grant = sg
+	} else if ok, err := g.admitPreview(c, t.ID, t.Port); ok || err != nil {
+		return err
+	} else if len(c.Request().Header.Peek(fiber.HeaderAuthorization)) == 0 {
+		return errAccess("send the sandbox's envdAccessToken as " + e2bcompat.HeaderAccessToken +
+			", a preview token (?" + previewParam + "=, POST /v1/sandboxes/{id}/ports/{port}/url) or the API key as Authorization: Bearer")
+	} else {
+		return g.checkKey(c)
+	}
+	c.Locals(ownerLocal, grant.owner)
+	c.Locals(sandboxGrantLocal, &grant)
+	return nil
 }

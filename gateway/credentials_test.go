@@ -28,7 +28,7 @@ func TestRoutes_EveryRouteHasACredential(t *testing.T) {
 		declared[o.Method+" "+o.Path] = sec
 	}
 	param := regexp.MustCompile(`:(\w+)`)
-	all := append(gw.routeTable(), gw.rockRoutes()...)
+	all := gw.allRoutes()
 	require.NotEmpty(t, all)
 	for _, rt := range all {
 		key := rt.method + " " + param.ReplaceAllString(rt.path, "{$1}")

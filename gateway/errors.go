@@ -7,6 +7,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/quarryhq/quarry/api"
+	"github.com/quarryhq/quarry/e2bcompat"
 	"github.com/quarryhq/quarry/errclass"
 )
 
@@ -16,13 +17,12 @@ import (
 // had. A retryable 503 carries Retry-After.
 func (g *Gateway) writeError(c *fiber.Ctx, err error) { g.writeErrorBody(c, err, false) }
 
-// foreignErrorBody is Quarry's error shape with the class's status and
-// message also at the top level, the shape E2B's API answers and its SDK
-// reads ({"code": 404, "message": "..."}: an int and a string).
+// foreignErrorBody is Quarry's error shape with E2B's Error body at the top
+// level ({"code": 404, "message": "...", "error_code": "..."}), which
+// E2B's SDK reads.
 type foreignErrorBody struct {
 	api.ErrorBody
-	Code    int    `json:"code"`
-	Message string `json:"message"`
+	e2bcompat.Error
 }
 
 // writeForeignError is writeError for a call that is none of Quarry's (an
@@ -32,14 +32,7 @@ func (g *Gateway) writeForeignError(c *fiber.Ctx, err error) { g.writeErrorBody(
 
 func (g *Gateway) writeErrorBody(c *fiber.Ctx, err error, foreign bool) {
 	a := errclass.Of(fromFiber(err))
-	switch {
-	case a.Status >= 500 && a.Unexpected():
-		g.log.Error("request failed", "method", c.Method(), "path", c.Path(), "status", a.Status, "err", err)
-	case a.Status >= 500:
-		g.log.Warn("request failed", "method", c.Method(), "path", c.Path(), "status", a.Status, "err", err)
-	default:
-		g.log.Debug("request refused", "method", c.Method(), "path", c.Path(), "status", a.Status, "err", err)
-	}
+	g.logFailure(c, a, err)
 	resp := c.Response()
 	resp.Reset()
 	if a.Retryable && a.Status == http.StatusServiceUnavailable {
@@ -48,10 +41,35 @@ func (g *Gateway) writeErrorBody(c *fiber.Ctx, err error, foreign bool) {
 	eb := api.ErrorBody{Error: api.ErrorDetail{Code: a.Code, Message: a.Message}}
 	var body any = eb
 	if foreign {
-		body = foreignErrorBody{ErrorBody: eb, Code: a.Status, Message: a.Message}
+		body = foreignErrorBody{ErrorBody: eb, Error: e2bcompat.Error{Code: a.Status, ErrorCode: a.Code, Message: a.Message}}
 	}
 	if err := c.Status(a.Status).JSON(body); err != nil {
 		g.log.Error("write error answer", "err", err)
+	}
+}
+
+// writeE2BError answers a call to E2B's control plane with err in E2B's
+// Error body (e2bcompat.WriteError), rendered from its classification.
+func (g *Gateway) writeE2BError(c *fiber.Ctx, err error) {
+	g.logFailure(c, e2bcompat.WriteError(c, fromFiber(err), g.cfg.RetryAfter), err)
+}
+
+// writeProxyError answers a call to E2B's data plane that the gateway
+// refused with err, as E2B's proxy and envd answer (e2bcompat.WriteProxyError).
+func (g *Gateway) writeProxyError(c *fiber.Ctx, err error) {
+	g.logFailure(c, e2bcompat.WriteProxyError(c, fromFiber(err), g.cfg.RetryAfter), err)
+}
+
+// logFailure logs a request's error by its class: unexpected server
+// failures at error level, other 5xx at warning level, refusals at debug.
+func (g *Gateway) logFailure(c *fiber.Ctx, a errclass.Class, err error) {
+	switch {
+	case a.Status >= 500 && a.Unexpected():
+		g.log.Error("request failed", "method", c.Method(), "path", c.Path(), "status", a.Status, "err", err)
+	case a.Status >= 500:
+		g.log.Warn("request failed", "method", c.Method(), "path", c.Path(), "status", a.Status, "err", err)
+	default:
+		g.log.Debug("request refused", "method", c.Method(), "path", c.Path(), "status", a.Status, "err", err)
 	}
 }
 

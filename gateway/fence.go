@@ -37,6 +37,28 @@ func (g *Gateway) activeLease(c *fiber.Ctx, id string) (warmpool.Lease, error) {
 	return lease, nil
 }
 
+// grantedLease is activeLease for a call to a sandbox's port or data plane
+// whose credential kept a sandboxGrant (credentials.go): a token,
+// signature or preview token holds only for the lease generation it was
+// made for, and a preview token's refusals are its own 401s.
+func (g *Gateway) grantedLease(c *fiber.Ctx, id string) (warmpool.Lease, error) {
+	lease, err := g.activeLease(c, id)
+	grant := sandboxGrantOf(c)
+	switch {
+	case grant == nil:
+		return lease, err
+	case err != nil && grant.preview != nil:
+		return lease, errPreviewLease(err)
+	case err != nil:
+		return lease, err
+	case grant.fenced && lease.Generation != grant.generation && grant.preview != nil:
+		return lease, errPreview("it was issued for an earlier lease of this sandbox (generation %d, now %d)", grant.generation, lease.Generation)
+	case grant.fenced && lease.Generation != grant.generation:
+		return lease, errAccess(fmt.Sprintf("the access token was issued for an earlier lease of this sandbox (generation %d, now %d)", grant.generation, lease.Generation))
+	}
+	return lease, nil
+}
+
 // usableLease reads lease id of owner (bounded by ManagerTimeout) and
 // returns it while it is active and unexpired. The error is the manager's
 // (warmpool.ErrNotFound for an unknown lease or another owner's) or how the

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/e2bcompat"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/gateway/ui"
 	"github.com/quarryhq/quarry/internal/clock"
@@ -118,10 +119,11 @@ type Gateway struct {
 
 	ws   *wsSockets          // relayed WebSockets (wsrelay.go)
 	rock *rockcompat.Service // ROCK's routes (rock.go)
+	e2b  *e2bcompat.Service  // E2B's control plane (e2b.go)
 	ck   *ckService          // checkpoints (checkpoints.go, ckadapters.go)
 	ui   *console            // the web console's files (console.go)
 
-	preview *previewSigner // preview URLs of sandbox ports (preview.go)
+	preview *tokenSigner // preview URLs of sandbox ports and E2B access tokens (preview.go)
 }
 
 // New validates cfg, applies its defaults and builds the gateway's app. It
@@ -146,7 +148,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		conns:  parkconn.NewSet(),
 
 		draining: make(chan struct{}),
-		preview:  newPreviewSigner(cfg.PreviewSecret),
+		preview:  newTokenSigner(cfg.PreviewSecret),
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -178,6 +180,9 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if g.rock, err = g.newRock(deps.RockImages); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if g.e2b, err = g.newE2B(); err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	if g.envs, err = newEnvService(g, deps.Envs); err != nil {
@@ -422,12 +427,18 @@ func (g *Gateway) routeTable() []route {
 
 func (g *Gateway) register() {
 	g.app.Use(g.observe)
-	for _, rt := range append(g.routeTable(), g.rockRoutes()...) {
+	g.app.Use(g.routeSandbox) // E2B's data plane, before any route (e2broute.go)
+	for _, rt := range g.allRoutes() {
 		if rt.handler == nil {
 			rt.handler = g.proxyHandler(newProxyRoute(rt.path, rt.proxy))
 		}
 		g.add(rt)
 	}
+}
+
+// allRoutes is every route the app registers: Quarry's, ROCK's and E2B's.
+func (g *Gateway) allRoutes() []route {
+	return append(append(g.routeTable(), g.rockRoutes()...), g.e2bRoutes()...)
 }
 
 // add registers rt behind its credential's check.
@@ -455,12 +466,18 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	}
 	finishBody(c)
 	path := c.Route().Path
-	if !g.routes[path] {
+	if p, _ := c.Locals(metricsPathLocal).(string); p != "" {
+		path = p
+	} else if !g.routes[path] {
 		path = "unmatched"
 	}
 	g.metrics.observe(path, c.Request().Header.Method(), c.Response().StatusCode(), time.Since(start))
 	return nil
 }
+
+// metricsPathLocal is the fiber Locals key of the metrics label of a
+// request that no route serves (E2B's data plane: e2broute.go).
+const metricsPathLocal = "quarry.metricsPath"
 
 // headerReceived picks, from a request's headers, how long its body may take
 // and how much the server reads ahead: uploads get the upload limits. A
@@ -468,7 +485,7 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 // body is read (refuseDeclaredBody).
 func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	rc := fasthttp.RequestConfig{MaxRequestBodySize: int(g.cfg.MaxJSONBody)}
-	if isUpload(h.Method(), h.RequestURI()) || isPortPath(h.RequestURI()) {
+	if isUpload(h.Method(), h.RequestURI()) || isPortPath(h.RequestURI()) || isSandboxRouted(h) {
 		rc = fasthttp.RequestConfig{ReadTimeout: g.cfg.UploadTimeout, MaxRequestBodySize: int(g.cfg.MaxUploadBody)}
 	}
 	markDeclaredBody(h, rc.MaxRequestBodySize)

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -44,6 +45,7 @@ type fakeManager struct {
 	ListFn      func(ctx context.Context, f warmpool.LeaseFilter) ([]warmpool.Lease, error)
 	PoolsFn     func(ctx context.Context) ([]warmpool.PoolStatus, error)
 	CheckTaskFn func(ctx context.Context, l warmpool.Lease) (warmpool.Lease, error)
+	SetExpiryFn func(ctx context.Context, id, owner string, at time.Time) (warmpool.Lease, error)
 
 	// AgentURL and Generation are given to leases created by Acquire.
 	AgentURL   string
@@ -157,6 +159,15 @@ func (m *fakeManager) Heartbeat(ctx context.Context, id, owner string) (warmpool
 	return m.change(id, owner, warmpool.Lease{}, func(l *warmpool.Lease) { l.ExpiresAt = time.Now().Add(l.Duration) })
 }
 
+// SetExpiry is warmpool.Manager.SetExpiry's (an optional capability).
+func (m *fakeManager) SetExpiry(ctx context.Context, id, owner string, at time.Time) (warmpool.Lease, error) {
+	m.record("SetExpiry", id)
+	if m.SetExpiryFn != nil {
+		return m.SetExpiryFn(ctx, id, owner, at)
+	}
+	return m.change(id, owner, warmpool.Lease{}, func(l *warmpool.Lease) { l.ExpiresAt = at })
+}
+
 func (m *fakeManager) Release(ctx context.Context, id, owner string) (warmpool.Lease, error) {
 	m.record("Release", id)
 	if m.ReleaseFn != nil {
@@ -191,6 +202,11 @@ func (m *fakeManager) List(ctx context.Context, f warmpool.LeaseFilter) ([]warmp
 	if m.ListFn != nil {
 		return m.ListFn(ctx, f)
 	}
+	return m.listLeases(f), nil
+}
+
+// listLeases is List's answer without ListFn.
+func (m *fakeManager) listLeases(f warmpool.LeaseFilter) []warmpool.Lease {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []warmpool.Lease
@@ -206,10 +222,16 @@ func (m *fakeManager) List(ctx context.Context, f warmpool.LeaseFilter) ([]warmp
 			out = append(out, l)
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { // newest first, as the contract says
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.After(out[j].CreatedAt)
+		}
+		return out[i].ID > out[j].ID
+	})
 	if f.Limit > 0 && len(out) > f.Limit {
 		out = out[:f.Limit]
 	}
-	return out, nil
+	return out
 }
 
 func (m *fakeManager) Pools(ctx context.Context) ([]warmpool.PoolStatus, error) {
@@ -336,8 +358,9 @@ func startAgentWrapped(t testing.TB, wrap func(http.Handler) http.Handler, mutat
 // httpClient is the tests' client: bounded, keep-alive.
 var httpClient = &http.Client{Timeout: testDeadline}
 
-// call sends a request with key (none when empty) and returns the answer
-// with its body read.
+// call sends a request with key (none when empty) and the headers hdr
+// (name, value pairs; "Host" sets the request's Host) and returns the
+// answer with its body read.
 func call(t testing.TB, method, url, key string, body io.Reader, hdr ...string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, body)
@@ -346,6 +369,10 @@ func call(t testing.TB, method, url, key string, body io.Reader, hdr ...string) 
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := httpClient.Do(req)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/e2bcompat"
 	"github.com/quarryhq/quarry/rockcompat"
 )
 
@@ -34,7 +35,7 @@ var rawBodyRoutes = map[string]bool{
 // message, "body: malformed JSON at byte N: …", whichever code reads it:
 // the gateway's own routes, the proxied agent calls (the real agent's words
 // differ: the gateway answers first), the model relay's both sides, and
-// ROCK's and GEM's routes in their own shapes.
+// ROCK's, GEM's and E2B's routes in their own shapes.
 func TestMalformedJSON_OneMessageOnEveryRoute(t *testing.T) {
 	agent := startAgent(t)
 	mgr := newFakeManager(agent.URL)
@@ -63,13 +64,20 @@ func TestMalformedJSON_OneMessageOnEveryRoute(t *testing.T) {
 		want := fmt.Sprintf("body: malformed JSON at byte %d: %s", syn.Offset, syn.Error())
 		for _, r := range routes {
 			path := fiberParam.ReplaceAllStringFunc(r.Path, func(p string) string { return params[p] })
-			key := testKey
-			if strings.Contains(path, "/model/v1/") {
+			key, hdr := testKey, []string{"Content-Type", "application/json"}
+			e2b := !strings.HasPrefix(path, "/v1/") && !strings.HasPrefix(path, "/apis/")
+			switch {
+			case strings.Contains(path, "/model/v1/"):
 				key = token
+			case e2b:
+				key, hdr = "", append(hdr, e2bcompat.HeaderAPIKey, testKey)
 			}
-			resp, b := call(t, r.Method, gw.URL+path, key, strings.NewReader(body), "Content-Type", "application/json")
+			resp, b := call(t, r.Method, gw.URL+path, key, strings.NewReader(body), hdr...)
 			var got string
 			switch {
+			case e2b:
+				assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s %s: %s", r.Method, path, b)
+				got = decode[e2bcompat.Error](t, b).Message
 			case strings.HasPrefix(path, rockcompat.Prefix):
 				got = decode[struct {
 					Error string `json:"error"`

@@ -18,6 +18,7 @@ import (
 	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/checkpoints/filestore"
+	"github.com/quarryhq/quarry/e2bcompat"
 	"github.com/quarryhq/quarry/envs"
 	"github.com/quarryhq/quarry/modelservice"
 	"github.com/quarryhq/quarry/warmpool"
@@ -219,7 +220,7 @@ func TestOpenAPI_MatchesRoutes(t *testing.T) {
 	sort.Strings(documented)
 	sort.Strings(served)
 	assert.Equal(t, served, documented)
-	assert.Len(t, served, len(gw.routeTable())+len(gw.rock.Routes())+len(gw.rock.GemRoutes(nil))+len(gw.rockPortRoutes()))
+	assert.Len(t, served, len(gw.routeTable())+len(gw.rock.Routes())+len(gw.rock.GemRoutes(nil))+len(gw.rockPortRoutes())+len(gw.e2b.Routes()))
 
 	// Every $ref points at something in the document.
 	var raw map[string]any
@@ -339,6 +340,8 @@ func sweep(t *testing.T, gw *fullGateway, doc apiDoc, name, id string, over map[
 			tc.key = testKey
 		case "relayToken":
 			tc.key = gw.relay.LeaseEnv(id, "")["OPENAI_API_KEY"]
+		case "e2bApiKey":
+			tc.hdr = []string{e2bcompat.HeaderAPIKey, testKey}
 		}
 		switch {
 		case strings.HasSuffix(o.Path, "/env/step"):
@@ -407,7 +410,7 @@ func TestOpenAPI_DeclaresWhatTheServerAnswers(t *testing.T) {
 			return http.StatusUnauthorized, o.auth() != ""
 		})
 		for i := range cases {
-			cases[i].key = ""
+			cases[i].key, cases[i].hdr = "", nil
 		}
 		checkStatuses(t, gw, doc, cases)
 		resp, body := call(t, http.MethodPost, gw.URL+"/apis/envs/sandbox/v1/execute", "", strings.NewReader(`{}`))

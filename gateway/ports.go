@@ -78,30 +78,31 @@ func (g *Gateway) proxyPort(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	lease, err := g.activeLease(c, id)
-	if pg := previewGrantOf(c); pg != nil {
-		if err != nil {
-			return errPreviewLease(err)
-		}
-		if lease.Generation != pg.claims.Generation {
-			return errPreview("it was issued for an earlier lease of this sandbox (generation %d, now %d)", pg.claims.Generation, lease.Generation)
-		}
-		if pg.fromQuery {
-			ck := fasthttp.AcquireCookie()
-			ck.SetKey(previewParam)
-			ck.SetValue(pg.token)
-			ck.SetPath(portPath(id, port))
-			ck.SetHTTPOnly(true)
-			ck.SetSameSite(fasthttp.CookieSameSiteStrictMode)
-			ck.SetSecure(c.Protocol() == "https")
-			ck.SetExpire(time.Unix(pg.claims.Expires, 0))
-			c.Response().Header.SetCookie(ck)
-			fasthttp.ReleaseCookie(ck)
-		}
-	} else if err != nil {
+	lease, err := g.grantedLease(c, id)
+	if err != nil {
 		return err
 	}
+	setPreviewCookie(c, portPath(id, port))
 	return g.relayPort(c, portCall{id: id, port: port, lease: lease, rest: "/" + c.Params("*")})
+}
+
+// setPreviewCookie sets, when the call's preview token came in the query,
+// the HttpOnly cookie that carries it to the next calls under path.
+func setPreviewCookie(c *fiber.Ctx, path string) {
+	sg := sandboxGrantOf(c)
+	if sg == nil || sg.preview == nil || !sg.preview.fromQuery {
+		return
+	}
+	ck := fasthttp.AcquireCookie()
+	defer fasthttp.ReleaseCookie(ck)
+	ck.SetKey(previewParam)
+	ck.SetValue(sg.preview.token)
+	ck.SetPath(path)
+	ck.SetHTTPOnly(true)
+	ck.SetSameSite(fasthttp.CookieSameSiteStrictMode)
+	ck.SetSecure(c.Protocol() == "https")
+	ck.SetExpire(time.Unix(sg.preview.claims.Expires, 0))
+	c.Response().Header.SetCookie(ck)
 }
 
 // portCall is one call to a sandbox port: where it goes and what of the
@@ -116,6 +117,12 @@ type portCall struct {
 	// keys).
 	dropHeaders []string
 	dropQuery   []string
+	// agentURI, when set, is the agent's own path and query the call goes
+	// to, unchanged (E2B's envd routes, e2broute.go), instead of the
+	// port's; its answer is the agent's.
+	agentURI string
+	// addHeaders are more headers (name, value pairs) for the agent.
+	addHeaders []string
 }
 
 // hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1) and the ones the
@@ -133,7 +140,7 @@ var hopHeaders = []string{
 // by MaxUploadBody) and its answer (SSE and chunked bodies flow as they
 // come).
 func (g *Gateway) relayPort(c *fiber.Ctx, pc portCall) error {
-	if websocket.FastHTTPIsWebSocketUpgrade(c.Context()) {
+	if pc.agentURI == "" && websocket.FastHTTPIsWebSocketUpgrade(c.Context()) {
 		return g.relayPortWS(c, pc)
 	}
 	agent, err := g.agentOf(pc.id, pc.lease)
@@ -142,9 +149,16 @@ func (g *Gateway) relayPort(c *fiber.Ctx, pc portCall) error {
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	req.SetRequestURI(agent.url(agentPortURI(pc, c.Request().URI().QueryString())))
+	uri := pc.agentURI
+	if uri == "" {
+		uri = agentPortURI(pc, c.Request().URI().QueryString())
+	}
+	req.SetRequestURI(agent.url(uri))
 	req.Header.SetMethodBytes(c.Request().Header.Method())
 	copyPortHeaders(&c.Request().Header, &req.Header, pc)
+	for i := 0; i+1 < len(pc.addHeaders); i += 2 {
+		req.Header.Set(pc.addHeaders[i], pc.addHeaders[i+1])
+	}
 	if cl := c.Request().Header.ContentLength(); cl > 0 || cl == -1 {
 		br, err := openBody(c, g.cfg.MaxUploadBody)
 		if err != nil {
@@ -179,6 +193,13 @@ func (g *Gateway) relayPort(c *fiber.Ctx, pc portCall) error {
 	resp.Header.ResetConnectionClose()
 	if cookie != nil {
 		resp.Header.Add(fiber.HeaderSetCookie, string(cookie))
+	}
+	if st := up.StatusCode(); st == http.StatusNoContent || st == http.StatusNotModified || st < 200 {
+		// An answer without a body: none is written, not even a chunked
+		// end, which the client would read as the start of the next answer.
+		_ = up.CloseBodyStream()
+		fasthttp.ReleaseResponse(up)
+		return nil
 	}
 	size := up.Header.ContentLength()
 	if size < 0 {

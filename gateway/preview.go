@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -87,58 +88,80 @@ type previewClaims struct {
 	Expires    int64  `json:"exp"` // unix seconds
 }
 
-// previewSigner signs and verifies preview tokens:
-// base64url(JSON claims) "." base64url(HMAC-SHA256(secret, domain + payload)).
-// It is immutable and safe for concurrent use.
-type previewSigner struct {
+// tokenSigner signs and verifies the gateway's tokens (preview URLs, E2B's
+// envdAccessToken, e2btoken.go): base64url(JSON claims) "."
+// base64url(HMAC-SHA256(secret, domain + payload)), where domain separates
+// one kind of token from every other signed with the same key. It is
+// immutable and safe for concurrent use.
+type tokenSigner struct {
 	key []byte
 }
 
 // previewDomain separates the preview HMAC from any other use of the key.
 const previewDomain = "quarry-preview-v1\x00"
 
-func newPreviewSigner(secret string) *previewSigner {
+func newTokenSigner(secret string) *tokenSigner {
 	if secret == "" {
 		secret = NewPreviewSecret()
 	}
-	return &previewSigner{key: []byte(secret)}
+	return &tokenSigner{key: []byte(secret)}
 }
 
-func (s *previewSigner) mac(payload string) []byte {
+func (s *tokenSigner) mac(domain, payload string) []byte {
 	m := hmac.New(sha256.New, s.key)
-	m.Write([]byte(previewDomain))
+	m.Write([]byte(domain))
 	m.Write([]byte(payload))
 	return m.Sum(nil)
 }
 
-// sign returns the token of cl.
-func (s *previewSigner) sign(cl previewClaims) string {
-	b, _ := json.Marshal(cl)
+// seal returns the token of claims (JSON-encoded) for domain. The same
+// claims give the same token.
+func (s *tokenSigner) seal(domain string, claims any) string {
+	b, _ := json.Marshal(claims)
 	payload := base64.RawURLEncoding.EncodeToString(b)
-	return payload + "." + base64.RawURLEncoding.EncodeToString(s.mac(payload))
+	return payload + "." + base64.RawURLEncoding.EncodeToString(s.mac(domain, payload))
 }
+
+// Why open refuses a token.
+var (
+	errTokenMalformed = errors.New("malformed token")
+	errTokenForged    = errors.New("the token's signature does not match (forged, or signed with another QUARRY_PREVIEW_SECRET)")
+)
+
+// open checks tok's signature for domain and decodes its claims into
+// claims: errTokenMalformed or errTokenForged. What the claims say is the
+// caller's to check.
+func (s *tokenSigner) open(domain, tok string, claims any) error {
+	payload, sig, ok := strings.Cut(tok, ".")
+	if !ok || len(tok) > maxPreviewToken {
+		return errTokenMalformed
+	}
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil || !hmac.Equal(got, s.mac(domain, payload)) {
+		return errTokenForged
+	}
+	b, err := base64.RawURLEncoding.DecodeString(payload)
+	if err != nil || json.Unmarshal(b, claims) != nil {
+		return errTokenMalformed
+	}
+	return nil
+}
+
+// sign returns the preview token of cl.
+func (s *tokenSigner) sign(cl previewClaims) string { return s.seal(previewDomain, cl) }
 
 // errPreview is the 401 of a preview token that may not be used.
 func errPreview(format string, args ...any) error {
 	return errclass.Unauthorized("preview URL refused: " + fmt.Sprintf(format, args...))
 }
 
-// verify checks tok's signature and that it is for sandbox id and port and
-// unexpired at now. The lease checks (active, same generation) are the
-// caller's. Every failure is a 401 saying why.
-func (s *previewSigner) verify(tok, id string, port int, now time.Time) (previewClaims, error) {
+// verify checks preview token tok's signature and that it is for sandbox id
+// and port and unexpired at now. The lease checks (active, same
+// generation) are the caller's. Every failure is a 401 saying why.
+func (s *tokenSigner) verify(tok, id string, port int, now time.Time) (previewClaims, error) {
 	var cl previewClaims
-	payload, sig, ok := strings.Cut(tok, ".")
-	if !ok || len(tok) > maxPreviewToken {
-		return cl, errPreview("malformed token")
-	}
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, s.mac(payload)) {
-		return cl, errPreview("the token's signature does not match (forged, or signed with another QUARRY_PREVIEW_SECRET)")
-	}
-	b, err := base64.RawURLEncoding.DecodeString(payload)
-	if err != nil || json.Unmarshal(b, &cl) != nil {
-		return cl, errPreview("malformed token")
+	if err := s.open(previewDomain, tok, &cl); err != nil {
+		return cl, errPreview("%s", err.Error())
 	}
 	switch {
 	case cl.Sandbox != id:

@@ -13,8 +13,8 @@ import (
 
 func TestPreviewSigner_Verify(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	s := newPreviewSigner(strings.Repeat("s", MinPreviewSecretLen))
-	other := newPreviewSigner(strings.Repeat("o", MinPreviewSecretLen))
+	s := newTokenSigner(strings.Repeat("s", MinPreviewSecretLen))
+	other := newTokenSigner(strings.Repeat("o", MinPreviewSecretLen))
 	claims := previewClaims{Sandbox: "sbx-1", Port: 8000, Generation: 3, Owner: "owner", Expires: now.Add(time.Minute).Unix()}
 	good := s.sign(claims)
 	payload, sig, _ := strings.Cut(good, ".")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/quarryhq/quarry/internal/badinput"
 	"github.com/quarryhq/quarry/providers"
 )
 
@@ -52,6 +53,42 @@ func (m *Manager) Heartbeat(ctx context.Context, id, owner string) (Lease, error
 		m.cache.put(renewed, now)
 	}
 	return m.leaseResult("heartbeat", id, renewed, err)
+}
+
+// SetExpiry moves an active lease's expiry to expiresAt, earlier or later
+// (E2B's set_timeout counts a sandbox's time to live from now; Heartbeat
+// only adds the lease's own duration). It reads the lease (from the lease
+// cache when fresh) for its pool's max_lease_seconds, which bounds
+// expiresAt - now, then makes one conditional store write. ErrNotFound for
+// an unknown lease or another owner's; ErrLeaseEnded (with the lease) once
+// it ended or expired; a *badinput.Error for an expiry not after now or past
+// the pool's bound. The lease's duration, which later heartbeats add, is
+// unchanged.
+func (m *Manager) SetExpiry(ctx context.Context, id, owner string, expiresAt time.Time) (Lease, error) {
+	ctx = ContextWithCaller(ctx, CallerHeartbeat)
+	now := m.clock.Now()
+	l, err := m.get(ctx, id, owner)
+	if err != nil {
+		return Lease{}, err
+	}
+	if l.State != LeaseActive {
+		return l, fmt.Errorf("set expiry of lease %s: it is %s: %w", id, l.State, ErrLeaseEnded)
+	}
+	if !expiresAt.After(now) {
+		return Lease{}, badinput.New("expires_at", "must be after now")
+	}
+	if p := m.lookupPool(ctx, l.Pool); p != nil {
+		if max := time.Duration(p.cfg.MaxLeaseSeconds) * time.Second; expiresAt.Sub(now) > max {
+			return Lease{}, badinput.New("expires_at", "at most %d seconds from now for pool %q (max_lease_seconds)", p.cfg.MaxLeaseSeconds, l.Pool)
+		}
+	}
+	done := m.cache.writeLease(id)
+	renewed, err := m.store.RenewLease(ctx, id, owner, expiresAt, now)
+	done()
+	if err == nil {
+		m.cache.put(renewed, now)
+	}
+	return m.leaseResult("set expiry of", id, renewed, err)
 }
 
 // leaseResult maps a store answer about lease id for its owner: with

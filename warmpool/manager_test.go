@@ -368,6 +368,40 @@ func TestManager_Heartbeat_ExtendsExpiry(t *testing.T) {
 	assert.Equal(t, warmpool.LeaseExpired, got.State)
 }
 
+func TestManager_SetExpiry_MovesExpiryEitherWay(t *testing.T) {
+	e := newEnv(t, fastConfig(), testPool(0, 2))
+	l, _, err := e.m.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "default", Owner: "alice", LeaseSeconds: 60})
+	require.NoError(t, err)
+
+	e.clock.Advance(10 * time.Second)
+	later := e.clock.Now().Add(5 * time.Minute)
+	got, err := e.m.SetExpiry(t.Context(), l.ID, "alice", later)
+	require.NoError(t, err)
+	assert.True(t, later.Equal(got.ExpiresAt), "later")
+	assert.Equal(t, time.Minute, got.Duration, "the lease's duration is kept")
+	read, err := e.m.Get(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.True(t, later.Equal(read.ExpiresAt), "what Get reads next")
+
+	sooner := e.clock.Now().Add(time.Second)
+	got, err = e.m.SetExpiry(t.Context(), l.ID, "alice", sooner)
+	require.NoError(t, err)
+	assert.True(t, sooner.Equal(got.ExpiresAt), "sooner")
+
+	_, err = e.m.SetExpiry(t.Context(), l.ID, "mallory", later)
+	require.ErrorIs(t, err, warmpool.ErrNotFound)
+	var bad *badinput.Error
+	_, err = e.m.SetExpiry(t.Context(), l.ID, "alice", e.clock.Now())
+	require.ErrorAs(t, err, &bad, "not after now")
+	_, err = e.m.SetExpiry(t.Context(), l.ID, "alice", e.clock.Now().Add(time.Duration(testPool(0, 2).MaxLeaseSeconds+1)*time.Second))
+	require.ErrorAs(t, err, &bad, "past the pool's max_lease_seconds")
+
+	e.clock.Advance(2 * time.Second)
+	got, err = e.m.SetExpiry(t.Context(), l.ID, "alice", later)
+	require.ErrorIs(t, err, warmpool.ErrLeaseEnded, "it expired")
+	assert.Equal(t, warmpool.LeaseExpired, got.State)
+}
+
 func TestManager_Reaper_EndsExpiredLeasesAndStopsTasks(t *testing.T) {
 	e := newEnv(t, fastConfig(), testPool(0, 2))
 	l, _, err := e.m.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "default", Owner: "alice", LeaseSeconds: 60})

@@ -5,13 +5,15 @@
 // ports, and prefetches, lists and builds images of on-demand pools, through
 // the gateway's REST API (package client). For local use and tests it also
 // creates and deletes the DynamoDB tables of the lease store, the model
-// relay's broker and the checkpoint store.
+// relay's broker and the checkpoint store, and prints new API keys (of
+// E2B's shape with --e2b, for E2B's SDK).
 //
 //	quarry [--url URL] [--api-key KEY] sandbox create|ls|exec|shell|cp|rm|… ARGS
 //	quarry checkpoint create|ls|rm ARGS
 //	quarry image prefetch|ls|build ARGS
 //	quarry pools
 //	quarry tables create|delete [--tasks-table T] [--leases-table T] [--shards N]
+//	quarry key new [--e2b]
 //
 // Every command is a row of one table, groups (main.go), from which quarry -h,
 // each group's help, the dispatch and each command's usage are made.

@@ -81,6 +81,7 @@ func groups() []group {
 		{"image", []string{"images"}, "images on demand: prefetch, list, build", imageCommands()},
 		{"pools", nil, "", []command{poolsCommand()}},
 		{"tables", nil, "the DynamoDB lease store's tables", tablesCommands()},
+		{"key", []string{"keys"}, "make API keys (for QUARRY_API_KEYS; --e2b: of E2B's shape)", keyCommands()},
 	}
 }
 

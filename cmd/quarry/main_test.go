@@ -483,3 +483,15 @@ func TestRun_SandboxLs_ActiveUnlessAll(t *testing.T) {
 	res = f.cli(t, "", "sandbox", "ls", "--all", "--state", "active")
 	assert.Equal(t, result{"", "quarry: sandbox ls: --all and --state exclude each other\n", 1}, res)
 }
+
+func TestRun_KeyNew(t *testing.T) {
+	res := runCLI(t, "", "key", "new")
+	require.Equal(t, 0, res.code, res.stderr)
+	assert.Regexp(t, `^qk_[0-9a-f]{48}\n$`, res.stdout)
+	res = runCLI(t, "", "key", "new", "--e2b")
+	require.Equal(t, 0, res.code, res.stderr)
+	assert.Regexp(t, `^e2b_[0-9a-f]{40}\n$`, res.stdout, "the shape E2B's SDK checks: ^e2b_[0-9a-f]+$")
+	assert.NotEqual(t, res.stdout, runCLI(t, "", "key", "new", "--e2b").stdout)
+	res = runCLI(t, "", "key", "new", "extra")
+	assert.Equal(t, 1, res.code)
+}
