@@ -82,10 +82,17 @@ type odState struct {
 	once  sync.Once
 	loop  atomic.Bool // its loop was started
 
+	// ending is held while an idle pool ends (endIdle: the decision, the
+	// record's end, the unload) and by useIfActive: a request that finds
+	// the pool active has it used before the end can decide, or finds it
+	// unloaded after.
+	ending sync.Mutex
+
 	mu        sync.Mutex
 	rec       PoolRecord // as last read or written
 	warm      int        // ready tasks it keeps now (warm policy and prefetch floor)
 	lastLocal time.Time  // its last acquire (or load) on this replica, real time
+	usedAt    time.Time  // its last acquire or image request on this replica, manager clock
 	samples   []acquireSample
 }
 
@@ -279,8 +286,7 @@ func (m *Manager) ImagePool(ctx context.Context, req ImageRequest) (string, erro
 	if err != nil {
 		return "", err
 	}
-	if p := m.odPool(cfg.Name); p != nil && p.od.active() {
-		p.od.usedLocally()
+	if p := m.odPool(cfg.Name); p != nil && p.od.useIfActive(m.clock.Now()) {
 		return cfg.Name, nil
 	}
 	if _, err := m.loadPool(ctx, cs, cfg, true); err != nil {
@@ -684,10 +690,31 @@ func (o *odState) active() bool {
 	return o.rec.State == PoolActive
 }
 
-func (o *odState) usedLocally() {
+func (o *odState) usedLocally(now time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.lastLocal = time.Now()
+	o.lastLocal, o.usedAt = time.Now(), now
+}
+
+// useIfActive marks the pool used at now (manager clock) if its record is
+// active, and reports whether it was; it waits for an end under way
+// (endIdle), which then either saw this use or unloaded the pool first.
+func (o *odState) useIfActive(now time.Time) bool {
+	o.ending.Lock()
+	defer o.ending.Unlock()
+	if !o.active() {
+		return false
+	}
+	o.usedLocally(now)
+	return true
+}
+
+// usedWithin reports whether the pool was used on this replica less than d
+// before now (manager clock).
+func (o *odState) usedWithin(now time.Time, d time.Duration) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.usedAt.IsZero() && now.Sub(o.usedAt) < d
 }
 
 // setWarm sets how many ready tasks the pool keeps and reports whether
@@ -747,8 +774,8 @@ func (m *Manager) noteAcquire(ctx context.Context, p *pool) {
 	if p.od == nil {
 		return
 	}
-	p.od.usedLocally()
 	now := m.clock.Now()
+	p.od.usedLocally(now)
 	if !m.loopsRun() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
 		defer cancel()
@@ -949,6 +976,14 @@ func (o *odState) rate(now time.Time, n int64, window time.Duration) float64 {
 // use after all, and nothing is done); with none, EndPool ends its record
 // and the pool is unloaded.
 func (m *Manager) endIdle(ctx context.Context, p *pool, rec PoolRecord) {
+	// A request on this replica that found the pool active since the
+	// record was read (its use not yet in rec.LastUsed) keeps it: the next
+	// pass decides again. useIfActive waits while the pool ends.
+	p.od.ending.Lock()
+	defer p.od.ending.Unlock()
+	if p.od.usedWithin(m.clock.Now(), time.Duration(p.od.class.cfg.IdleSeconds)*time.Second) {
+		return
+	}
 	sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 	c, err := m.countTasks(sctx, p)
 	cancel()

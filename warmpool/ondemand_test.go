@@ -719,3 +719,73 @@ func TestOnDemand_OneAcquireLaunchesOneTask(t *testing.T) {
 		require.Equal(t, i+1, launched, "image %d: one task per acquire", i)
 	}
 }
+
+// gatedEndStore holds EndPool until gate is closed, telling entered when
+// it is called.
+type gatedEndStore struct {
+	warmpool.Store
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (s *gatedEndStore) EndPool(ctx context.Context, rec warmpool.PoolRecord, now time.Time) (warmpool.PoolRecord, error) {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	<-s.gate
+	return s.Store.EndPool(ctx, rec, now)
+}
+
+// TestOnDemand_ImageRequestDuringTheEndOfItsPool: an image request that
+// comes while the pool of its image is ending (the record ended, the pool
+// not yet unloaded) gets the pool made active again, not a name whose pool
+// has just ended (seen under load: the request found the replica's copy
+// still active and was answered from it, 1 run in 7).
+func TestOnDemand_ImageRequestDuringTheEndOfItsPool(t *testing.T) {
+	cfg := fastConfig()
+	cfg.PoolTouchInterval = 10 * time.Millisecond
+	class := testClass(8)
+	class.IdleSeconds, class.RetentionSeconds = 600, 3600
+	gs := &gatedEndStore{entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	var e *env
+	e = newEnvSetup(t, cfg, func(en *env) {
+		en.provider = newImageProvider(en.prov)
+		en.classes = []warmpool.ClassConfig{class}
+		en.wrap = func(st warmpool.Store) warmpool.Store { gs.Store = st; return gs }
+	}, testPool(0, 4))
+	name := e.imagePool("registry.test/ending:1")
+	l := e.acquireFrom(name, "alice")
+	require.Eventually(t, func() bool { return e.poolRecord(name).Acquires == 1 }, waitFor, tick)
+	_, err := e.m.Release(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	e.clock.Advance(601 * time.Second)
+	select {
+	case <-gs.entered: // the pool is ending: its record is about to end
+	case <-time.After(waitFor):
+		t.Fatal("the idle pool never began to end")
+	}
+
+	got := make(chan error, 1)
+	go func() {
+		_, err := e.m.ImagePool(context.Background(), warmpool.ImageRequest{Image: "registry.test/ending:1", Owner: "bob"})
+		got <- err
+	}()
+	// Without the fix the request is answered now, from the replica's copy
+	// of a record that is about to end; with it, it waits for the end. Give
+	// it the chance to answer early, then let the end go on.
+	select {
+	case err := <-got:
+		got <- err
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(gs.gate)
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(waitFor):
+		t.Fatal("the image request never ended")
+	}
+	assert.Equal(t, warmpool.PoolActive, e.poolRecord(name).State, "the request made the pool active again")
+	e.acquireFrom(name, "bob")
+}
