@@ -199,8 +199,11 @@ func TestEnvd_Watcher_PolledRecursive(t *testing.T) {
 	upStatus, body := filesReq(t, a, http.MethodPost, url.Values{"path": {"up.txt"}}, "application/octet-stream", strings.NewReader("u"))
 	require.Equal(t, http.StatusOK, upStatus, "%s", body)
 	eventually(t, func() bool { poll(); return slices.Contains(seen, eventCreate+" up.txt") }, "the upload: %v", seen)
-	time.Sleep(100 * time.Millisecond)
-	poll()
+	// A barrier: inotify queues a watch's events in order, so once the
+	// marker's CREATE is seen, any event of the staged file was too.
+	require.NoError(t, os.WriteFile(filepath.Join(w, "marker"), nil, 0o644))
+	eventually(t, func() bool { poll(); return slices.Contains(seen, eventCreate+" marker") }, "the marker: %v", seen)
+	seen = slices.DeleteFunc(seen, func(e string) bool { return strings.HasSuffix(e, " marker") })
 	assert.Equal(t, []string{eventCreate + " up.txt"}, seen, "no events of the staged file")
 	rpcOK(t, a, "filesystem.Filesystem/RemoveWatcher", fmt.Sprintf(`{"watcherId":%q}`, id))
 	status, _ := rpc(t, a, "filesystem.Filesystem/GetWatcherEvents", fmt.Sprintf(`{"watcherId":%q}`, id))

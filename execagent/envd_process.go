@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,6 +66,8 @@ type envdProc struct {
 
 	stdinMu     sync.Mutex
 	stdinClosed bool // CloseStdin closed rc.inW
+
+	published atomic.Int64 // bytes of output read from the process, subscribers or none
 
 	mu   sync.Mutex
 	subs map[*envdSub]struct{}
@@ -133,6 +136,7 @@ func (ep *envdProc) unsubscribe(sub *envdSub) {
 // publish hands a chunk of output (b is the call's to keep) to every
 // subscriber; with none, it is discarded, as envd discards it.
 func (ep *envdProc) publish(stream int, b []byte) {
+	ep.published.Add(int64(len(b)))
 	var ev pbDataEvent
 	switch stream {
 	case streamStdout:

@@ -184,7 +184,8 @@ func TestEnvd_DisconnectKeepsTheProcess_ConnectGetsWhatFollows(t *testing.T) {
 	rpcOK(t, a, "process.Process/SendInput", `{"process":`+sel+`,"input":{"stdin":"`+b64("1\n")+`"}}`)
 	list := rpcOK(t, a, "process.Process/List", `{}`)
 	assert.Contains(t, fmt.Sprint(list), fmt.Sprintf("pid:%d", p.pid), "it still runs: %v", list)
-	time.Sleep(200 * time.Millisecond) // "unseen" is written with no subscriber
+	// "unseen" is read from the process with no subscriber before Connect.
+	eventually(t, func() bool { return ep.published.Load() >= int64(len("early\nunseen\n")) }, "the agent reads unseen")
 	c := connectProc(t, a, sel)
 	assert.Equal(t, p.pid, c.pid)
 	rpcOK(t, a, "process.Process/SendInput", `{"process":`+sel+`,"input":{"stdin":"`+b64("2\n")+`"}}`)
