@@ -152,8 +152,9 @@ type Broker struct {
 	polling   bool              // the inbox poller runs
 	claimWake chan struct{}     // closed and replaced by a local Submit
 	notices   map[string][]string
-	queued    int  // ids in notices
-	flushing  bool // the notice flusher runs
+	queued    int                   // ids in notices
+	flushing  bool                  // the notice flusher runs
+	lanes     map[string]*claimLane // owner → the turns of its claims
 	wg        sync.WaitGroup
 }
 
@@ -166,7 +167,7 @@ func New(cfg Config, api API, log *slog.Logger) *Broker {
 	return &Broker{
 		cfg: cfg.WithDefaults(), api: api, log: log, replica: newID(8),
 		done: make(chan struct{}), watches: map[string]*watch{}, claimWake: make(chan struct{}),
-		notices: map[string][]string{},
+		notices: map[string][]string{}, lanes: map[string]*claimLane{},
 	}
 }
 

@@ -9,7 +9,8 @@
 // makes a hot partition, and projects only what a claim filters by; a claim
 // merges the shards oldest first and takes each request with a conditional
 // update of its queue key, so a request goes to one claimer per
-// visibility period, then reads the bodies it won with BatchGetItem.
+// visibility period, then reads the bodies it won with BatchGetItem. The
+// claims of one owner on one replica take turns (queue.go's claimLane).
 // Another index ("by-lease") orders each lease's exchanges for its
 // transcript. Items expire through DynamoDB's TTL after the retention.
 // docs/ARCHITECTURE.md ("The relay's table design") has the arithmetic.

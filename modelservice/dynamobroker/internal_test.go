@@ -402,3 +402,64 @@ func TestBroker_Submit_RetriedWriteThatHadSucceededKeepsItsBody(t *testing.T) {
 	assert.Equal(t, 1, deletes, "the duplicate's own body is deleted")
 	mu.Unlock()
 }
+
+// Concurrent claims of one owner on one replica take turns: while one
+// claim's shard queries are in flight, the others wait for the lane and
+// send nothing. Without the turns, six claims put 6×16 queries in flight at
+// once; the emulator, which serves one request at a time, then answered the
+// last of them after the 5 s call timeout (a failed run of the conformance
+// suite's claim race).
+func TestBroker_Claim_ConcurrentClaimsOfAnOwnerTakeTurns(t *testing.T) {
+	const claims = 6
+	br := New(Config{Table: "t"}, nil, nil)
+	var (
+		mu              sync.Mutex
+		inflight, maxIn int
+		release         = make(chan struct{})
+	)
+	br.api = &fakeAPI{query: func(in *dynamodb.QueryInput) (*dynamodb.QueryOutput, error) {
+		mu.Lock()
+		inflight++
+		maxIn = max(maxIn, inflight)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		inflight--
+		mu.Unlock()
+		return &dynamodb.QueryOutput{}, nil
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make(chan error, claims)
+	for range claims {
+		go func() {
+			_, err := br.Claim(ctx, modelservice.ClaimQuery{Owner: "o1", Max: 4, Visibility: time.Minute})
+			errs <- err
+		}()
+	}
+	// Every claim has joined the owner's lane and one claim's queries are
+	// all in flight: no other query can start until they are answered.
+	// Without the turns, more than one claim's queries are in flight.
+	users := func() int {
+		br.mu.Lock()
+		defer br.mu.Unlock()
+		if l := br.lanes["o1"]; l != nil {
+			return l.users
+		}
+		return 0
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return inflight > DefaultQueueShards || inflight == DefaultQueueShards && users() == claims
+	}, 30*time.Second, time.Millisecond)
+	mu.Lock()
+	assert.Equal(t, DefaultQueueShards, inflight, "one claim's queries in flight")
+	mu.Unlock()
+	close(release)
+	for range claims {
+		require.NoError(t, <-errs)
+	}
+	assert.Equal(t, DefaultQueueShards, maxIn, "at most one claim's queries were ever in flight")
+	assert.Zero(t, users(), "the lane is gone with its last claim")
+}

@@ -37,7 +37,8 @@ func queueKey(at time.Time, rid string) string {
 // Claim reads the visible requests of every shard of the owner's queue,
 // oldest first across shards, and claims each with a conditional update
 // of its queue key; with none, it waits (local submits wake it; otherwise
-// it reads again with backoff).
+// it reads again with backoff). The claims of one owner on this replica
+// take turns (see claimLane).
 func (br *Broker) Claim(ctx context.Context, q modelservice.ClaimQuery) ([]modelservice.Request, error) {
 	q = q.Normalized()
 	var timeout <-chan time.Time
@@ -46,6 +47,8 @@ func (br *Broker) Claim(ctx context.Context, q modelservice.ClaimQuery) ([]model
 		defer t.Stop()
 		timeout = t.C
 	}
+	lane := br.joinLane(q.Owner)
+	defer br.leaveLane(q.Owner, lane)
 	pause := br.cfg.ClaimPollMin
 	for {
 		br.mu.Lock()
@@ -54,7 +57,17 @@ func (br *Broker) Claim(ctx context.Context, q modelservice.ClaimQuery) ([]model
 		if closed {
 			return nil, fmt.Errorf("claim model requests: %w", modelservice.ErrClosed)
 		}
+		select {
+		case lane.turn <- struct{}{}:
+		case <-timeout:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, nil
+		case <-br.done:
+			return nil, fmt.Errorf("claim model requests: %w", modelservice.ErrClosed)
+		}
 		out, err := br.claimOnce(ctx, q)
+		<-lane.turn
 		if err != nil && ctx.Err() != nil {
 			return out, nil
 		}
@@ -78,6 +91,37 @@ func (br *Broker) Claim(ctx context.Context, q modelservice.ClaimQuery) ([]model
 			return nil, fmt.Errorf("claim model requests: %w", modelservice.ErrClosed)
 		}
 		t.Stop()
+	}
+}
+
+// claimLane makes the claims of one owner on one replica take turns.
+// Concurrent claims of one queue read the same oldest entries and race
+// for them: all but one conditional update of each fails, and every claim
+// has a query per shard in flight. In turns, a replica has at most one
+// claim's calls (maxParallel) in flight per owner, and each claim reads
+// the queue as the one before left it.
+type claimLane struct {
+	turn  chan struct{} // holds a token while a claim reads and claims
+	users int           // claims waiting for or holding the turn (under br.mu)
+}
+
+func (br *Broker) joinLane(owner string) *claimLane {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	l := br.lanes[owner]
+	if l == nil {
+		l = &claimLane{turn: make(chan struct{}, 1)}
+		br.lanes[owner] = l
+	}
+	l.users++
+	return l
+}
+
+func (br *Broker) leaveLane(owner string, l *claimLane) {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	if l.users--; l.users == 0 {
+		delete(br.lanes, owner)
 	}
 }
 
