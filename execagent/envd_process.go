@@ -71,11 +71,12 @@ type envdProc struct {
 
 	mu   sync.Mutex
 	subs map[*envdSub]struct{}
-	// end and ended are set once, before done is closed; read them after
-	// done.
-	end   *pbEndEvent
-	ended time.Time
-	done  chan struct{}
+	// end, ended and atDeadline are set once, before done is closed; read
+	// them after done.
+	end        *pbEndEvent
+	ended      time.Time
+	atDeadline bool // killed at its Start's Connect-Timeout-Ms
+	done       chan struct{}
 }
 
 // envdSub is one subscriber of a process's output: a Start or a Connect
@@ -213,10 +214,10 @@ func (t *envdProcTable) add(ep *envdProc) {
 
 // finish records the end of ep (its output delivered to the subscribers'
 // queues) and retains it.
-func (t *envdProcTable) finish(ep *envdProc, end pbEndEvent) {
+func (t *envdProcTable) finish(ep *envdProc, end pbEndEvent, atDeadline bool) {
 	now := time.Now()
 	ep.mu.Lock()
-	ep.end, ep.ended = &end, now
+	ep.end, ep.ended, ep.atDeadline = &end, now, atDeadline
 	close(ep.done)
 	ep.mu.Unlock()
 	t.mu.Lock()
@@ -330,7 +331,7 @@ func (s *Server) envdStart(r *http.Request, req *pbStartRequest, st *connectStre
 	if timeout > 0 {
 		streamLimit = timeout + s.cfg.DrainTimeout + envdStreamGrace
 	}
-	return s.streamProcess(r, st, ep, sub, streamLimit)
+	return s.streamProcess(r, st, ep, sub, streamLimit, true)
 }
 
 // startEnvdProc starts ep's program: under a PTY of the ptyTable when req
@@ -390,14 +391,17 @@ func (s *Server) ownEnvdProc(ep *envdProc, timeout time.Duration) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		var end pbEndEvent
+		var (
+			end        pbEndEvent
+			atDeadline bool
+		)
 		if ep.rc != nil {
 			out := ep.rc.wait(s.ctx, orDefault(timeout, noTimeout))
-			end = endEvent(out.exitCode, out.signal)
+			end, atDeadline = endEvent(out.exitCode, out.signal), out.timedOut
 		} else {
-			end = s.waitEnvdPTY(ep.pty, timeout)
+			end, atDeadline = s.waitEnvdPTY(ep.pty, timeout)
 		}
-		s.envdProcs.finish(ep, end)
+		s.envdProcs.finish(ep, end, atDeadline)
 	}()
 }
 
@@ -410,27 +414,30 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 // waitEnvdPTY waits for a PTY's program, killing its session at timeout
-// (when not 0), and returns its end. The agent's Close hangs PTYs up.
-func (s *Server) waitEnvdPTY(p *ptySession, timeout time.Duration) pbEndEvent {
+// (when not 0), and returns its end and whether it was killed at timeout.
+// The agent's Close hangs PTYs up.
+func (s *Server) waitEnvdPTY(p *ptySession, timeout time.Duration) (pbEndEvent, bool) {
 	expired, stop := deadline(timeout)
 	defer stop()
+	atDeadline := false
 	select {
 	case <-p.done:
 	case <-expired:
+		atDeadline = true
 		killSession(p.pid)
 		s.children.killGroup(p.pid, unix.SIGKILL)
 	case <-s.ctx.Done():
 	}
 	if !waitDone(p.done, s.cfg.DrainTimeout+10*time.Second) {
 		msg := fmt.Sprintf("the pty's program (pid %d) did not end within %s of its kill", p.pid, s.cfg.DrainTimeout+10*time.Second)
-		return pbEndEvent{ExitCode: -1, Status: "unknown", Error: &msg}
+		return pbEndEvent{ExitCode: -1, Status: "unknown", Error: &msg}, atDeadline
 	}
 	info := p.info()
 	code := -1
 	if info.ExitCode != nil {
 		code = *info.ExitCode
 	}
-	return endEvent(code, info.Signal)
+	return endEvent(code, info.Signal), atDeadline
 }
 
 // endEvent is envd's end of a process that exited with code, or died of
@@ -455,7 +462,11 @@ func endEvent(code int, sig string) pbEndEvent {
 // end to one subscriber, until the end, the client leaves, the subscriber
 // is dropped, limit (when not 0) passes or the agent closes. It
 // unsubscribes.
-func (s *Server) streamProcess(r *http.Request, st *connectStream, ep *envdProc, sub *envdSub, limit time.Duration) error {
+//
+// The Start stream (started) of a process killed at its Connect-Timeout-Ms
+// ends as envd's does, in deadline_exceeded (the SDK's TimeoutException),
+// after the output; a Connect stream gets the end event.
+func (s *Server) streamProcess(r *http.Request, st *connectStream, ep *envdProc, sub *envdSub, limit time.Duration, started bool) error {
 	defer ep.unsubscribe(sub)
 	event := func(ev pbProcessEvent) error { return st.send(pbProcessStream{Event: ev}) }
 	if event(pbProcessEvent{Start: &pbStartEvent{PID: uint32(ep.pid)}}) != nil {
@@ -482,6 +493,10 @@ func (s *Server) streamProcess(r *http.Request, st *connectStream, ep *envdProc,
 				default:
 				}
 				break
+			}
+			if started && ep.atDeadline {
+				return withCode(connectDeadlineExceeded, fmt.Errorf(
+					"process %d was killed at its deadline (Connect-Timeout-Ms): %s", ep.pid, ep.end.Status))
 			}
 			_ = event(pbProcessEvent{End: ep.end})
 			return nil
@@ -519,7 +534,7 @@ func (s *Server) envdConnect(r *http.Request, req *pbProcessRequest, st *connect
 	if err != nil {
 		return s.refused("envdMaxSubscribers", err)
 	}
-	return s.streamProcess(r, st, ep, sub, limit)
+	return s.streamProcess(r, st, ep, sub, limit, false)
 }
 
 // envdList answers process.Process/List: the running processes.

@@ -90,6 +90,17 @@ func (p *procStream) wait() map[string]any {
 	return p.end
 }
 
+// waitDeadline reads to the end-of-stream message and requires envd's end
+// of a Start whose process was killed at its Connect-Timeout-Ms:
+// deadline_exceeded, and no end event.
+func (p *procStream) waitDeadline() {
+	p.t.Helper()
+	for p.step() {
+	}
+	require.Equal(p.t, connectDeadlineExceeded, p.endError(), "the stream's end: %v", p.envdStream.end)
+	require.Nil(p.t, p.end, "an end event before deadline_exceeded")
+}
+
 func TestEnvd_Start_StreamsStartOutputAndEnd(t *testing.T) {
 	a := newTestAgent(t, nil)
 	w := a.cfg.Workdir
@@ -160,12 +171,15 @@ func TestEnvd_Start_RefusalsEndTheStream(t *testing.T) {
 func TestEnvd_Start_ConnectTimeoutKillsTheProcess(t *testing.T) {
 	a := newTestAgent(t, nil)
 	began := time.Now()
-	p := startProc(t, a, `{"process":{"cmd":"/bin/sh","args":["-c","sleep 30"]}}`, "Connect-Timeout-Ms: 400")
-	end := p.wait()
+	p := startProc(t, a, `{"process":{"cmd":"/bin/sh","args":["-c","echo before; sleep 30"]}}`, "Connect-Timeout-Ms: 400")
+	p.waitDeadline()
 	assert.Less(t, time.Since(began), 10*time.Second)
+	assert.Equal(t, "before\n", p.stdout.String(), "the output before the deadline comes first")
+	eventually(t, func() bool { return processDead(p.pid) }, "the process is gone")
+	// Connect, after the kill, gets the end event.
+	end := connectProc(t, a, fmt.Sprintf(`{"pid":%d}`, p.pid)).wait()
 	assert.Equal(t, "signal: killed", end["status"])
 	assert.EqualValues(t, -1, end["exitCode"])
-	eventually(t, func() bool { return processDead(p.pid) }, "the process is gone")
 }
 
 // A client that disconnects leaves the process running; output nobody
@@ -222,7 +236,7 @@ func TestEnvdProcTable_RetentionIsBoundedInTimeAndCount(t *testing.T) {
 		ep := newEnvdProc(pbProcessConfig{Cmd: "x"}, nil)
 		ep.pid = pid
 		tbl.add(ep)
-		tbl.finish(ep, endEvent(0, ""))
+		tbl.finish(ep, endEvent(0, ""), false)
 		return ep
 	}
 	pid := func(n int) *pbProcessSelector { v := pbUint32(n); return &pbProcessSelector{PID: &v} }
@@ -335,7 +349,8 @@ func TestEnvd_PTY_SizeResizeInputAndEnd(t *testing.T) {
 func TestEnvd_PTY_ConnectTimeoutKills(t *testing.T) {
 	a := newTestAgent(t, nil)
 	p := startProc(t, a, `{"process":{"cmd":"/bin/sh","args":["-c","sleep 30"]},"pty":{"size":{"cols":80,"rows":24}}}`, "Connect-Timeout-Ms: 400")
-	end := p.wait()
+	p.waitDeadline()
+	end := connectProc(t, a, fmt.Sprintf(`{"pid":%d}`, p.pid)).wait()
 	assert.Equal(t, "signal: killed", end["status"])
 }
 

@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -105,8 +106,9 @@ type Config struct {
 	// E2BDomain is the domain E2B's SDK is told its sandboxes are under
 	// (Sandbox.domain): without E2B_SANDBOX_URL it reaches envd at
 	// https://49983-{id}.{E2BDomain} and a port at {port}-{id}.{E2BDomain},
-	// which needs wildcard DNS and TLS to the gateway. Empty (the default):
-	// null, and the SDK uses its E2B_DOMAIN (docs/E2B.md).
+	// which needs wildcard DNS and TLS to the gateway. It may end in
+	// ":port" when the gateway is not on 443 (sbx.example.com:8443). Empty
+	// (the default): null, and the SDK uses its E2B_DOMAIN (docs/E2B.md).
 	E2BDomain string `envconfig:"QUARRY_E2B_DOMAIN"`
 	// RockNohupExit is what reading a finished nohup job's output answers
 	// ROCK's SDK: "rock" (default), success as ROCK answers, or "real", the
@@ -239,13 +241,19 @@ func checkDomain(d string) error {
 	if d == "" {
 		return nil
 	}
+	if host, port, ok := strings.Cut(d, ":"); ok {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || port[0] == '0' {
+			return fmt.Errorf("want a domain and, optionally, :port (sandboxes.example.com:8443), got %q", d)
+		}
+		d = host
+	}
 	if len(d) > 253 {
 		return errors.New("at most 253 characters")
 	}
 	for _, label := range strings.Split(d, ".") {
 		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' ||
 			strings.IndexFunc(label, func(r rune) bool { return !(r == '-' || r < 128 && badinput.Alnum(byte(r))) }) >= 0 {
-			return fmt.Errorf("want a domain such as sandboxes.example.com (no scheme, port or path), got %q", d)
+			return fmt.Errorf("want a domain such as sandboxes.example.com, optionally with :port (no scheme or path), got %q", d)
 		}
 	}
 	return nil

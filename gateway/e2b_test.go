@@ -109,8 +109,12 @@ func TestE2B_CreateAnswersTheDomain(t *testing.T) {
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", b)
 	assert.Equal(t, "sbx.example.com", *decode[e2bcompat.Sandbox](t, b).Domain)
 
-	_, err := New(Config{APIKeys: []string{testKey}, E2BDomain: "https://x.example"}, Deps{Manager: mgr})
-	assert.ErrorContains(t, err, "QUARRY_E2B_DOMAIN")
+	for _, bad := range []string{"https://x.example", "x.example:0", "x.example:65536", "x.example:", "x.example:8443/p", ":8443", "x.example:08443"} {
+		_, err := New(Config{APIKeys: []string{testKey}, E2BDomain: bad}, Deps{Manager: mgr})
+		assert.ErrorContains(t, err, "QUARRY_E2B_DOMAIN", bad)
+	}
+	_, err := New(Config{APIKeys: []string{testKey}, E2BDomain: "sbx.localhost:8443"}, Deps{Manager: mgr})
+	assert.NoError(t, err, "a domain with a port")
 }
 
 // TestE2B_TokenOpensTheDataPlane: the envdAccessToken a create answers

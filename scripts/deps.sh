@@ -79,3 +79,28 @@ apt_mirror() {
     "$dir/sources.list.d/debian.list, where URI is the mirror this host may use" >&2
   return 1
 }
+
+# pinned_venv VENV DIST VERSION IMPORT…: a venv at VENV with DIST==VERSION from the package index,
+# made (again) unless it already has that version and imports every IMPORT (module names, or
+# "from m import a, b" statements). Prints its python's absolute path; pip's output goes to stderr.
+pinned_venv() {
+  local venv="$1" dist="$2" version="$3"; shift 3
+  local py="$venv/bin/python" imports
+  imports="$(printf '%s\n' "$@" | sed -E '/^from /!s/^/import /')"
+  pinned_venv_ok() {
+    [ -x "$py" ] && "$py" - "$dist" "$version" "$imports" <<'PY' >/dev/null 2>&1
+import sys
+from importlib.metadata import version
+assert version(sys.argv[1]) == sys.argv[2]
+exec(sys.argv[3])
+PY
+  }
+  if ! pinned_venv_ok; then
+    echo "installing $dist==$version into $venv" >&2
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$py" -m pip install --quiet --disable-pip-version-check "$dist==$version" >&2
+    pinned_venv_ok || { echo "$dist==$version installed into $venv but does not import: $*" >&2; return 1; }
+  fi
+  echo "$(cd "$venv" && pwd)/bin/python" # absolute: the tests run in other directories
+}

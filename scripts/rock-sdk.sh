@@ -7,24 +7,7 @@
 #   ROCK_SDK_VENV     venv directory (default .cache/rock-venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/deps.sh
 
-version="${ROCK_SDK_VERSION:-1.11.0}"
-venv="${ROCK_SDK_VENV:-.cache/rock-venv}"
-py="$venv/bin/python"
-
-installed() {
-	[ -x "$py" ] && "$py" - "$version" <<'PY' >/dev/null 2>&1
-import sys
-from importlib.metadata import version
-assert version("rl-rock") == sys.argv[1]
-import rock.sdk.sandbox.client, rock.sdk.envs  # what the drivers use
-PY
-}
-
-if ! installed; then
-	echo "installing rl-rock==$version into $venv" >&2
-	python3 -m venv "$venv"
-	"$py" -m pip install --quiet --disable-pip-version-check "rl-rock==$version" >&2
-	installed || { echo "rl-rock==$version installed but does not import" >&2; exit 1; }
-fi
-echo "$(cd "$venv" && pwd)/bin/python" # absolute: the tests run in other directories
+# What the drivers use.
+pinned_venv "${ROCK_SDK_VENV:-.cache/rock-venv}" rl-rock "${ROCK_SDK_VERSION:-1.11.0}" rock.sdk.sandbox.client rock.sdk.envs

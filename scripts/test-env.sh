@@ -45,6 +45,11 @@ QUARRY_TEST_PYTHONPATH="$(scripts/python-deps.sh)"
 export QUARRY_TEST_PYTHONPATH
 QUARRY_ROCK_PYTHON="$(scripts/rock-sdk.sh)"
 export QUARRY_ROCK_PYTHON
+QUARRY_E2B_PYTHONS="$(scripts/e2b-sdk.sh)"
+export QUARRY_E2B_PYTHONS
+# E2B's host routing (https://49983-{id}.{domain}) in tests/e2b_sdk_test.go: nss-myhostname resolves
+# every name under .localhost to the loopback address, so no test edits /etc/hosts.
+ensure_apt libnss-myhostname getent ahostsv4 e2b-probe.localhost
 scripts/python-sdk-deps.sh >/dev/null # the Python SDK's test venv (its step below uses it)
 
 start_emulator() {

@@ -72,6 +72,7 @@ type gatewayProc struct {
 	log     *bytes.Buffer
 	logMu   *sync.Mutex
 	exited  chan struct{}
+	tls     *http.Client // with withTLS: a client that trusts the gateway's certificate
 }
 
 type gwOption func(*gatewayProc)
@@ -79,6 +80,26 @@ type gwOption func(*gatewayProc)
 // withEnv adds QUARRY_* settings to the gateway's environment.
 func withEnv(kv ...string) gwOption {
 	return func(g *gatewayProc) { g.env = append(g.env, kv...) }
+}
+
+// withAddr makes the gateway listen on addr (host:port) instead of a free
+// address of its own.
+func withAddr(addr string) gwOption {
+	return func(g *gatewayProc) { g.addr = addr }
+}
+
+// withKey makes key the gateway's first API key (client's).
+func withKey(key string) gwOption {
+	return func(g *gatewayProc) { g.key = key }
+}
+
+// withTLS makes the gateway serve HTTPS with the certificate and key in
+// certFile and keyFile, which hc trusts.
+func withTLS(certFile, keyFile string, hc *http.Client) gwOption {
+	return func(g *gatewayProc) {
+		g.env = append(g.env, "QUARRY_TLS_CERT_FILE="+certFile, "QUARRY_TLS_KEY_FILE="+keyFile)
+		g.tls = hc
+	}
 }
 
 // withDataDir makes the gateway use dir as its data directory instead of a
@@ -175,7 +196,7 @@ func (g *gatewayProc) start() {
 			return fmt.Errorf("gateway exited: %s", g.logs())
 		default:
 		}
-		resp, err := http.Get("http://" + g.addr + "/healthz")
+		resp, err := g.httpClient().Get(g.url() + "/healthz")
 		if err != nil {
 			return err
 		}
@@ -209,10 +230,25 @@ func (g *gatewayProc) kill() {
 	g.cmd = nil
 }
 
-func (g *gatewayProc) url() string { return "http://" + g.addr }
+func (g *gatewayProc) url() string {
+	if g.tls != nil {
+		return "https://" + g.addr
+	}
+	return "http://" + g.addr
+}
+
+// httpClient is the HTTP client that reaches the gateway.
+func (g *gatewayProc) httpClient() *http.Client {
+	if g.tls != nil {
+		return g.tls
+	}
+	return http.DefaultClient
+}
 
 // client returns an API client with the gateway's first key.
-func (g *gatewayProc) client() *client.Client { return client.New(g.url(), g.key) }
+func (g *gatewayProc) client() *client.Client {
+	return client.New(g.url(), g.key, client.WithHTTPClient(g.httpClient()))
+}
 
 // otherClient returns a client with a second valid key (another tenant).
 func (g *gatewayProc) otherClient() *client.Client { return client.New(g.url(), "other-"+g.key) }

@@ -2,7 +2,7 @@
 // outside Go is there: the AWS API emulator (AWS), a Docker engine and its
 // test images (Docker), image registries on 127.0.0.1 (Registry,
 // RegistryAuth), a static busybox (Busybox), Python packages for
-// sandboxed programs (PythonPath), ROCK's Python SDK (RockPython) and a
+// sandboxed programs (PythonPath), ROCK's Python SDK (RockPython), E2B's (E2BPythons) and a
 // headless Chromium for browser tests (Chromium).
 //
 // Each dependency is asked for with an environment variable (the package's

@@ -32,6 +32,9 @@ const (
 	EnvPythonPath = "QUARRY_TEST_PYTHONPATH"
 	// EnvRockPython names the python of a venv with ROCK's SDK (RockPython).
 	EnvRockPython = "QUARRY_ROCK_PYTHON"
+	// EnvE2BPythons names the pythons of venvs with E2B's SDK, one per
+	// pinned version: "version=python,…" (E2BPythons).
+	EnvE2BPythons = "QUARRY_E2B_PYTHONS"
 	// EnvChromium names a Chromium binary for browser tests (Chromium).
 	EnvChromium = "QUARRY_TEST_CHROMIUM"
 	// EnvRegistry names an image registry without authentication,
@@ -113,6 +116,11 @@ var (
 		env:  EnvRockPython,
 		what: "ROCK's Python SDK (rl-rock)",
 		how:  "run `make test`, or set " + EnvRockPython + "=\"$(scripts/rock-sdk.sh)\" (it installs the SDK into .cache/rock-venv and prints its python)",
+	}
+	e2bDep = dependency{
+		env:  EnvE2BPythons,
+		what: "E2B's Python SDK (e2b) at its pinned versions",
+		how:  "run `make test`, or set " + EnvE2BPythons + "=\"$(scripts/e2b-sdk.sh)\" (it installs each version into .cache/e2b-venv-<version> and prints version=python pairs)",
 	}
 )
 
@@ -384,6 +392,25 @@ func RockPython(t testing.TB) string {
 		rockDep.broken(t, "%v", err)
 	}
 	return py
+}
+
+// E2BPythons returns the python of each pinned version of E2B's SDK, by
+// version, each checked to import the SDK.
+func E2BPythons(t testing.TB) map[string]string {
+	t.Helper()
+	v := e2bDep.value(t)
+	out := map[string]string{}
+	for _, pair := range strings.Split(v, ",") {
+		version, py, ok := strings.Cut(pair, "=")
+		if !ok || version == "" || py == "" {
+			e2bDep.broken(t, "%s=%q: want version=python pairs joined by commas", EnvE2BPythons, v)
+		}
+		if err := check("e2b "+py, func() error { return pythonImports(py, nil, []string{"e2b"}) }); err != nil {
+			e2bDep.broken(t, "%v", err)
+		}
+		out[version] = py
+	}
+	return out
 }
 
 // pythonImports runs python (with env added to the test's environment) to
