@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -175,18 +176,61 @@ func sandboxID(c *fiber.Ctx) (string, error) {
 // connect handles POST /sandboxes/{id}/connect (and /v2/...): 200 with
 // the sandbox, its time to live extended (never shortened) to timeout
 // seconds from now when the body names one.
+//
+// A paused sandbox is resumed first, and answered 201 (E2B: resumed).
 func (s *Service) connect(ctx context.Context, c *fiber.Ctx, id, owner string) error {
 	var req TimeoutRequest
 	lease, err := s.activeWith(ctx, c, id, owner, &req)
 	if err != nil {
 		return err
 	}
+	status := fiber.StatusOK
+	if !lease.PausedAt.IsZero() && s.pauser != nil {
+		if lease, err = s.pauser.Resume(ctx, id, owner); err != nil {
+			return errclass.Sandbox(id, err)
+		}
+		status = fiber.StatusCreated
+	}
 	if req.Timeout != nil {
 		if lease, err = s.extend(ctx, lease, owner, "timeout", *req.Timeout); err != nil {
 			return err
 		}
 	}
-	return c.JSON(s.sandboxOf(lease))
+	return c.Status(status).JSON(s.sandboxOf(lease))
+}
+
+// pause handles POST /sandboxes/{id}/pause: 204 once the sandbox is
+// frozen (its body, {memory}, is read and ignored: a frozen container
+// keeps its memory); 409 when it is paused already.
+func (s *Service) pause(ctx context.Context, c *fiber.Ctx, id, owner string) error {
+	var body json.RawMessage
+	if _, err := s.activeWith(ctx, c, id, owner, &body); err != nil {
+		return err
+	}
+	if _, err := s.pauser.Pause(ctx, id, owner); err != nil {
+		return errclass.Sandbox(id, err)
+	}
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
+// resume handles POST /sandboxes/{id}/resume (deprecated by E2B for
+// connect): 201 with the sandbox, its time to live extended to the body's
+// timeout when that is later; 409 when it is not paused.
+func (s *Service) resume(ctx context.Context, c *fiber.Ctx, id, owner string) error {
+	var req TimeoutRequest
+	if _, err := s.activeWith(ctx, c, id, owner, &req); err != nil {
+		return err
+	}
+	lease, err := s.pauser.Resume(ctx, id, owner)
+	if err != nil {
+		return errclass.Sandbox(id, err)
+	}
+	if req.Timeout != nil {
+		if lease, err = s.extend(ctx, lease, owner, "timeout", *req.Timeout); err != nil {
+			return err
+		}
+	}
+	return c.Status(fiber.StatusCreated).JSON(s.sandboxOf(lease))
 }
 
 // extend moves lease's expiry to secs from now if that is later.
@@ -296,7 +340,15 @@ func (s *Service) get(ctx context.Context, c *fiber.Ctx, id, owner string) error
 func listedOf(l warmpool.Lease, cpu, mem, disk int) ListedSandbox {
 	return ListedSandbox{TemplateID: templateOf(l), SandboxID: l.ID, ClientID: clientID,
 		StartedAt: l.CreatedAt.UTC(), EndAt: l.ExpiresAt.UTC(), CPUCount: cpu, MemoryMB: mem, DiskSizeMB: disk,
-		Metadata: l.Labels, State: StateRunning, EnvdVersion: EnvdVersion}
+		Metadata: l.Labels, State: stateOf(l), EnvdVersion: EnvdVersion}
+}
+
+// stateOf is E2B's state of lease l: paused or running.
+func stateOf(l warmpool.Lease) string {
+	if !l.PausedAt.IsZero() {
+		return StatePaused
+	}
+	return StateRunning
 }
 
 // resources are a pool's CPUs (whole, at least 1), memory in MiB (at least
@@ -355,7 +407,7 @@ func (s *Service) list(c *fiber.Ctx, owner string) error {
 	if err != nil {
 		return err
 	}
-	running, err := wantsRunning(string(args.Peek("state")))
+	states, err := statesOf(string(args.Peek("state")))
 	if err != nil {
 		return err
 	}
@@ -373,14 +425,18 @@ func (s *Service) list(c *fiber.Ctx, owner string) error {
 		return err
 	}
 	out := []ListedSandbox{}
-	if !running {
-		return c.JSON(out)
-	}
 	ctx, cancel := s.withTimeout(c)
 	defer cancel()
-	ls, err := s.leases.List(ctx, warmpool.LeaseFilter{Owner: owner, State: warmpool.LeaseActive, Labels: labels, Limit: offset + limit + 1})
+	f := warmpool.LeaseFilter{Owner: owner, State: warmpool.LeaseActive, Labels: labels, Limit: offset + limit + 1}
+	if len(states) == 1 {
+		f.Limit = 0 // one state: read the owner's leases (the manager's list bound), then page the matches
+	}
+	ls, err := s.leases.List(ctx, f)
 	if err != nil {
 		return err
+	}
+	if len(states) == 1 {
+		ls = slices.DeleteFunc(ls, func(l warmpool.Lease) bool { return !states[stateOf(l)] })
 	}
 	more := len(ls) > offset+limit
 	type res struct{ cpu, mem, disk int }
@@ -424,24 +480,22 @@ func metadataFilter(q string) (map[string]string, error) {
 	return out, nil
 }
 
-// wantsRunning reads the state filter of a list (comma-separated running,
-// paused; none: both): whether running sandboxes are asked for. Quarry
-// pauses none.
-func wantsRunning(q string) (bool, error) {
+// statesOf reads the state filter of a list (comma-separated running,
+// paused; none: both).
+func statesOf(q string) (map[string]bool, error) {
 	if q == "" {
-		return true, nil
+		return map[string]bool{StateRunning: true, StatePaused: true}, nil
 	}
-	running := false
+	out := map[string]bool{}
 	for _, st := range strings.Split(q, ",") {
 		switch st {
-		case StateRunning:
-			running = true
-		case StatePaused:
+		case StateRunning, StatePaused:
+			out[st] = true
 		default:
-			return false, badinput.New("state", "must be %s or %s, got %q", StateRunning, StatePaused, st)
+			return nil, badinput.New("state", "must be %s or %s, got %q", StateRunning, StatePaused, st)
 		}
 	}
-	return running, nil
+	return out, nil
 }
 
 // pageOf reads a page's limit (1 to 100, default 100) and nextToken (an

@@ -44,6 +44,16 @@ type Expirer interface {
 	SetExpiry(ctx context.Context, id, owner string, expiresAt time.Time) (warmpool.Lease, error)
 }
 
+// Pauser is an optional Leases capability, discovered by type assertion:
+// Pause freezes a sandbox where its provider can (Docker), Resume thaws it
+// (*warmpool.Manager). A *badinput.Error when the provider cannot; a
+// *warmpool.PauseStateError when it is so already. Without it, pause and
+// resume are 400.
+type Pauser interface {
+	Pause(ctx context.Context, id, owner string) (warmpool.Lease, error)
+	Resume(ctx context.Context, id, owner string) (warmpool.Lease, error)
+}
+
 // ImagePools is an optional Leases capability, discovered by type
 // assertion: a pool's configuration (what a sandbox's detail reports) and,
 // for a templateID that names no pool, the on-demand pool of that image
@@ -114,6 +124,7 @@ type Service struct {
 	cfg     Config
 	leases  Leases
 	expirer Expirer     // nil: heartbeats
+	pauser  Pauser      // nil: pause and resume are 400
 	pools   ImagePools  // nil: templates name pools only
 	ck      Checkpoints // nil: no fork or snapshots
 	owner   func(*fiber.Ctx) string
@@ -131,6 +142,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	s := &Service{cfg: cfg.WithDefaults(), leases: deps.Leases, owner: deps.Owner, token: deps.Token,
 		body: deps.Body, ck: deps.Checkpoints, log: deps.Logger, clock: deps.Clock}
 	s.expirer, _ = deps.Leases.(Expirer)
+	s.pauser, _ = deps.Leases.(Pauser)
 	s.pools, _ = deps.Leases.(ImagePools)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -169,9 +181,17 @@ func (s *Service) Routes() []Route {
 		{fiber.MethodPost, sbx + "/snapshots", s.handle(s.sandbox(s.snapshot))},
 		{fiber.MethodGet, "/snapshots", s.handle(s.snapshots)},
 		{fiber.MethodDelete, "/templates/:id", s.handle(s.deleteSnapshot)},
-		{fiber.MethodPost, sbx + "/pause", s.handle(s.unsupported("pause"))},
-		{fiber.MethodPost, sbx + "/resume", s.handle(s.unsupported("resume"))},
+		{fiber.MethodPost, sbx + "/pause", s.handle(s.ifPauser("pause", s.pause))},
+		{fiber.MethodPost, sbx + "/resume", s.handle(s.ifPauser("resume", s.resume))},
 	}
+}
+
+// ifPauser serves fn when the leases can pause, else answers unsupported.
+func (s *Service) ifPauser(op string, fn sandboxFunc) handlerFunc {
+	if s.pauser == nil {
+		return s.unsupported(op)
+	}
+	return s.sandbox(fn)
 }
 
 // handlerFunc serves one route for an authenticated owner; it writes its

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -65,8 +66,97 @@ func (f *fakeLeases) Release(ctx context.Context, id, owner string) (warmpool.Le
 	return f.Get(ctx, id, owner)
 }
 
-func (f *fakeLeases) List(context.Context, warmpool.LeaseFilter) ([]warmpool.Lease, error) {
-	return nil, nil
+func (f *fakeLeases) List(_ context.Context, lf warmpool.LeaseFilter) ([]warmpool.Lease, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []warmpool.Lease
+	for _, l := range f.leases {
+		if l.Owner == lf.Owner {
+			out = append(out, l)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// withPause adds Pauser: PausedAt set and cleared, as the manager does.
+type withPause struct{ *fakeLeases }
+
+func (w withPause) Pause(ctx context.Context, id, owner string) (warmpool.Lease, error) {
+	return w.set(ctx, id, owner, true)
+}
+
+func (w withPause) Resume(ctx context.Context, id, owner string) (warmpool.Lease, error) {
+	return w.set(ctx, id, owner, false)
+}
+
+func (w withPause) set(ctx context.Context, id, owner string, pause bool) (warmpool.Lease, error) {
+	l, err := w.Get(ctx, id, owner)
+	if err != nil {
+		return l, err
+	}
+	if pause == !l.PausedAt.IsZero() {
+		return warmpool.Lease{}, warmpool.PausedConflict(id, pause)
+	}
+	w.note(map[bool]string{true: "Pause", false: "Resume"}[pause])
+	l.PausedAt = time.Time{}
+	if pause {
+		l.PausedAt = time.Now()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.leases[id] = l
+	return l, nil
+}
+
+// Pause is 204, then 409; the sandbox says paused in its info and in a
+// list of paused sandboxes; connect resumes it (201), after which resume
+// is 409. Without the capability both routes are 400.
+func TestService_PauseResumeConnect(t *testing.T) {
+	f := withPause{&fakeLeases{leases: map[string]warmpool.Lease{}}}
+	s := newService(t, f)
+	resp, b := serve(t, s, http.MethodPost, "/sandboxes", `{"templateID": "base"}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, b)
+	_, b = serve(t, s, http.MethodPost, "/sandboxes", `{"templateID": "other"}`)
+	require.Contains(t, b, "sbx-other")
+
+	resp, b = serve(t, s, http.MethodPost, "/sandboxes/sbx-default/pause", ``)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode, b)
+	resp, b = serve(t, s, http.MethodPost, "/sandboxes/sbx-default/pause", `{}`)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode, b)
+	assert.Contains(t, b, "is paused already")
+
+	_, b = serve(t, s, http.MethodGet, "/sandboxes/sbx-default", ``)
+	assert.Contains(t, b, `"state":"paused"`)
+	_, b = serve(t, s, http.MethodGet, "/v2/sandboxes?state=paused", ``)
+	assert.Contains(t, b, "sbx-default")
+	assert.NotContains(t, b, "sbx-other")
+	_, b = serve(t, s, http.MethodGet, "/v2/sandboxes?state=running", ``)
+	assert.NotContains(t, b, "sbx-default")
+	assert.Contains(t, b, "sbx-other")
+	_, b = serve(t, s, http.MethodGet, "/v2/sandboxes", ``)
+	assert.Contains(t, b, "sbx-default")
+	assert.Contains(t, b, "sbx-other")
+
+	resp, b = serve(t, s, http.MethodPost, "/sandboxes/sbx-default/connect", `{"timeout": 30}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "a paused sandbox is resumed: %s", b)
+	assert.Contains(t, b, `"sandboxID":"sbx-default"`)
+	resp, b = serve(t, s, http.MethodPost, "/sandboxes/sbx-default/connect", `{}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "a running sandbox: %s", b)
+	resp, b = serve(t, s, http.MethodPost, "/sandboxes/sbx-default/resume", `{}`)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode, b)
+	assert.Contains(t, b, "is not paused")
+	assert.Equal(t, 1, strings.Count(strings.Join(f.calls, ","), "Resume"))
+
+	resp, _ = serve(t, s, http.MethodPost, "/sandboxes/sbx-default/pause", ``)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	resp, b = serve(t, s, http.MethodPost, "/sandboxes/sbx-default/resume", `{"timeout": 60}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, b)
+	assert.Contains(t, b, `"sandboxID":"sbx-default"`)
+
+	plain := newService(t, &fakeLeases{leases: map[string]warmpool.Lease{}})
+	resp, b = serve(t, plain, http.MethodPost, "/sandboxes/sbx-default/pause", ``)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, b)
 }
 
 // withPools adds ImagePools: pools names the pools; images the images

@@ -373,6 +373,7 @@ func ofLease(subject string, err error) Class {
 		img    *providers.ImageError
 		build  *providers.BuildError
 		denied *warmpool.ImageNotAllowedError
+		paused *warmpool.PauseStateError
 	)
 	switch {
 	case errors.As(err, &ended):
@@ -384,6 +385,10 @@ func ofLease(subject string, err error) Class {
 	case errors.Is(err, warmpool.ErrIdempotencyMismatch):
 		return Class{Code: api.CodeConflict, Status: http.StatusConflict,
 			Message: "Idempotency-Key: it was first used with a different request (pool, lease_seconds, env or labels); a key makes one sandbox: use a new key"}
+	case errors.As(err, &paused) && paused.Paused:
+		return Class{Code: api.CodeConflict, Status: http.StatusConflict, Message: subject + " is paused already"}
+	case errors.As(err, &paused):
+		return Class{Code: api.CodeConflict, Status: http.StatusConflict, Message: subject + " is not paused"}
 	case errors.Is(err, warmpool.ErrConflict):
 		return Class{Code: api.CodeConflict, Status: http.StatusConflict, Retryable: true,
 			Message: subject + " changed concurrently; retry"}

@@ -8,10 +8,12 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/errclass"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/warmpool"
@@ -60,7 +62,8 @@ func (g *Gateway) grantedLease(c *fiber.Ctx, id string) (warmpool.Lease, error) 
 }
 
 // usableLease reads lease id of owner (bounded by ManagerTimeout) and
-// returns it while it is active and unexpired. The error is the manager's
+// returns it while it is active, unexpired and not paused (a paused one is
+// 409 conflict). The error is the manager's
 // (warmpool.ErrNotFound for an unknown lease or another owner's) or how the
 // lease ended (*warmpool.LeaseEndedError), not yet classified.
 func (g *Gateway) usableLease(ctx context.Context, id, owner string) (warmpool.Lease, error) {
@@ -72,6 +75,12 @@ func (g *Gateway) usableLease(ctx context.Context, id, owner string) (warmpool.L
 	}
 	if gone := g.leaseGone(lease); gone != nil {
 		return lease, gone
+	}
+	if !lease.PausedAt.IsZero() {
+		// Its agent is frozen: a call would wait for its deadline.
+		return lease, errclass.New(http.StatusConflict, api.CodeConflict, fmt.Sprintf(
+			"sandbox %s is paused (since %s): resume it before calling it (E2B's SDK: connect or resume)",
+			id, lease.PausedAt.UTC().Format(time.RFC3339)))
 	}
 	return lease, nil
 }

@@ -283,6 +283,25 @@ func TestSandboxes_LeaseEndedMessagesSayWhich(t *testing.T) {
 	}
 }
 
+// A paused sandbox's calls are 409 conflict naming the pause (its agent is
+// frozen: a call would wait for its deadline), and nothing reaches the
+// agent (whose address here refuses connections).
+func TestSandboxes_PausedSandboxRefusesCalls(t *testing.T) {
+	mgr := newFakeManager("")
+	l := mgr.addLease("sbx-1", testKey, refusedURL(t), 1)
+	l.PausedAt = time.Now().Add(-time.Minute)
+	mgr.put(l)
+	gw := startGateway(t, mgr, nil)
+	for _, path := range []string{"/v1/sandboxes/sbx-1/exec", "/v1/sandboxes/sbx-1/sessions"} {
+		resp, body := callJSON(t, http.MethodPost, gw.URL+path, testKey, map[string]any{"command": "true"})
+		assert.Equal(t, http.StatusConflict, resp.StatusCode, "%s: %s", path, body)
+		e := decodeError(t, body)
+		assert.Equal(t, "conflict", e.Code)
+		assert.Contains(t, e.Message, "sandbox sbx-1 is paused")
+		assert.Contains(t, e.Message, "resume it")
+	}
+}
+
 func TestSandboxes_BadPathAndQuery(t *testing.T) {
 	gw := startGateway(t, newFakeManager(""), nil)
 	tests := []struct {

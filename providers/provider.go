@@ -240,6 +240,17 @@ type SandboxRelay interface {
 	SandboxRelayURL(spec Spec) string
 }
 
+// Pauser is implemented by providers that can really pause a task: freeze
+// every process of it, keeping its memory and its files, so that it uses
+// no CPU until Resume (Docker: the cgroup freezer, `docker pause`). Both
+// take the provider's task id and are idempotent: pausing a paused task or
+// resuming a running one returns nil. A paused task still counts as
+// running (Describe), and Stop ends it paused or not.
+type Pauser interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
 // StartSlots is implemented by providers that take a launched task some
 // time to start and bound how many start at once (ECS: Fargate's 30–90 s
 // starts, QUARRY_ECS_MAX_STARTING). The warm pool keeps enough Launch

@@ -13,6 +13,8 @@
 #     arun of true; one ModelService anti_call_llm turn in Docker) and the same turn through the relay
 #  5b. pysdk: the Python SDK (bench/pysdk): a session run's overhead over raw httpx, and one asyncio
 #     process driving 1,000 sandboxes (acquire, 10 session runs each, release; the client's CPU)
+#  5d. e2bbench: E2B's unmodified SDK (the newest pinned) on Quarry: commands.run("true") beside
+#     Quarry's Python SDK on the same sandbox, and 100 sandboxes created and running commands at once
 #  6. the ECS launch controller against a fake that enforces AWS's limits
 #  7. Go micro-benchmarks of the store, the warm pool and the agent
 #  8. peers: SWE-ReX's swerex-remote and ROCK's rocklet beside Quarry's agent (scripts/bench-peers.sh)
@@ -54,6 +56,8 @@ run portbench go run ./bench/portbench -bin bin -json "$out/portbench.json"
 run ptybench go run ./bench/ptybench -bin bin -json "$out/ptybench.json"
 run rockbench go run ./bench/rockbench -bin bin -python "$(scripts/rock-sdk.sh)" -json "$out/rockbench.json"
 run pysdk "$(scripts/python-sdk-deps.sh)" bench/pysdk/bench.py --bin bin --json "$out/pysdk.json"
+e2b_py="$(E2B_SDK_VERSIONS=2.63.0 scripts/e2b-sdk.sh | cut -d= -f2)"
+run e2bbench "$e2b_py" bench/e2bbench/bench.py --bin bin --json "$out/e2bbench.json"
 run ecs go test -run '^$' -bench . -benchtime 50x ./providers/ecs/
 run warmpool go test -run '^$' -bench 'BenchmarkStore_Claim|BenchmarkManager_AcquireWarm' -benchtime=2000x ./warmpool/ ./warmpool/boltstore/
 run execagent go test -run '^$' -bench 'BenchmarkSession|BenchmarkExec|BenchmarkSpawnBash' -benchtime=3000x ./execagent/

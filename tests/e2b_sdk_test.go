@@ -87,8 +87,9 @@ func TestE2B_SDK(t *testing.T) {
 }
 
 // The newest pinned SDK on the Docker provider, routed by headers: the
-// same suite in containers of an image with bash, and a full disk (a pool
-// whose work directory holds 25 MiB) is NotEnoughSpaceException.
+// same suite in containers of an image with bash, pause (a frozen
+// container) and resume, and a full disk (a pool whose work directory
+// holds 25 MiB) is NotEnoughSpaceException.
 func TestE2B_SDK_Docker(t *testing.T) {
 	pythons := testenv.E2BPythons(t)
 	newest := ""
@@ -116,7 +117,7 @@ func TestE2B_SDK_Docker(t *testing.T) {
 	g.waitReady("default", 2)
 	g.waitReady("small", 1)
 	runE2BSuite(t, pythons[newest], newest, "headers", g,
-		"E2B_API_URL="+g.url(), "E2B_SANDBOX_URL="+g.url(), "E2B_API_KEY="+key, "QUARRY_E2B_SMALL_DISK_TEMPLATE=small")
+		"E2B_API_URL="+g.url(), "E2B_SANDBOX_URL="+g.url(), "E2B_API_KEY="+key, "QUARRY_E2B_SMALL_DISK_TEMPLATE=small", "QUARRY_E2B_PAUSE=1")
 }
 
 // versionLess compares dotted versions numerically (2.9.0 < 2.31.0).

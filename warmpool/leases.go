@@ -240,3 +240,94 @@ func (m *Manager) present(l Lease) Lease {
 	}
 	return l
 }
+
+// Pause freezes an active lease's task, when its provider can
+// (providers.Pauser: Docker's cgroup freezer), and marks the lease paused
+// (Lease.PausedAt): the fence then refuses the sandbox's calls until
+// Resume. The lease keeps its expiry: a paused sandbox still ends at its
+// time to live, unless heartbeats or a new expiry move it. ErrConflict when
+// it is paused already; a *badinput.Error when the provider cannot pause.
+// The mark is written first, so that no call reaches a frozen agent on
+// this replica; when the freeze fails, it is cleared again.
+func (m *Manager) Pause(ctx context.Context, id, owner string) (Lease, error) {
+	return m.setPaused(ctx, id, owner, true)
+}
+
+// Resume thaws a paused lease's task and clears its mark (in that order:
+// the mark is cleared once the agent can answer). ErrConflict when it is
+// not paused.
+func (m *Manager) Resume(ctx context.Context, id, owner string) (Lease, error) {
+	return m.setPaused(ctx, id, owner, false)
+}
+
+func (m *Manager) setPaused(ctx context.Context, id, owner string, pause bool) (Lease, error) {
+	verb := map[bool]string{true: "pause", false: "resume"}[pause]
+	ctx = ContextWithCaller(ctx, CallerHeartbeat)
+	l, err := m.get(ctx, id, owner)
+	if err != nil {
+		return Lease{}, err
+	}
+	if l.State != LeaseActive {
+		return l, fmt.Errorf("%s lease %s: it is %s: %w", verb, id, l.State, ErrLeaseEnded)
+	}
+	pauser, taskID, err := m.pauserOf(ctx, l)
+	if err != nil {
+		return Lease{}, err
+	}
+	mark := func(paused bool) (Lease, error) {
+		done := m.cache.writeLease(id)
+		out, err := m.store.PauseLease(ctx, id, owner, paused, m.clock.Now())
+		done()
+		if err == nil {
+			m.cache.put(out, m.clock.Now())
+		}
+		return out, err
+	}
+	if pause {
+		marked, err := mark(true)
+		if err != nil {
+			return m.leaseResult(verb, id, marked, err)
+		}
+		if err := pauser.Pause(ctx, taskID); err != nil {
+			if _, uerr := mark(false); uerr != nil {
+				m.log.Warn("pause failed, and clearing the lease's paused mark failed too", "lease", id, "err", uerr)
+			}
+			return Lease{}, fmt.Errorf("pause lease %s: %w", id, err)
+		}
+		return m.present(marked), nil
+	}
+	if l.PausedAt.IsZero() {
+		return Lease{}, PausedConflict(id, false)
+	}
+	if err := pauser.Resume(ctx, taskID); err != nil {
+		return Lease{}, fmt.Errorf("resume lease %s: %w", id, err)
+	}
+	resumed, err := mark(false)
+	if err != nil {
+		return m.leaseResult(verb, id, resumed, err)
+	}
+	return m.present(resumed), nil
+}
+
+// pauserOf returns the provider of l's task as a providers.Pauser, and the
+// provider's id of the task; a *badinput.Error when that provider cannot
+// pause.
+func (m *Manager) pauserOf(ctx context.Context, l Lease) (providers.Pauser, string, error) {
+	name, taskID := l.Provider, l.ProviderTaskID
+	if name == "" || taskID == "" { // a lease from before leases named them
+		rec, err := m.store.GetTask(ctx, l.TaskID)
+		if err != nil {
+			return nil, "", fmt.Errorf("pause lease %s: its task: %w", l.ID, err)
+		}
+		name, taskID = rec.Provider, rec.ProviderID
+	}
+	prov, err := m.providerOf(name)
+	if err != nil {
+		return nil, "", fmt.Errorf("pause lease %s: %w", l.ID, err)
+	}
+	p, ok := prov.(providers.Pauser)
+	if !ok {
+		return nil, "", badinput.New("sandbox", "its provider (%s) cannot pause a sandbox; Docker's can (docs/E2B.md)", name)
+	}
+	return p, taskID, nil
+}

@@ -911,3 +911,86 @@ func TestManager_Launch_SpecCarriesTheDisk(t *testing.T) {
 	assert.Equal(t, 64, spec.MemoryMB)
 	assert.Equal(t, 2048, spec.DiskMB, "the pool's disk reaches the provider, separate from memory")
 }
+
+// pausingProvider is the fake provider with providers.Pauser: it records
+// the paused task ids, and fails a pause with failPause.
+type pausingProvider struct {
+	*fakeProvider
+	pmu       sync.Mutex
+	paused    map[string]bool
+	failPause error
+}
+
+func (p *pausingProvider) Pause(_ context.Context, id string) error {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	if p.failPause != nil {
+		return p.failPause
+	}
+	p.paused[id] = true
+	return nil
+}
+
+func (p *pausingProvider) Resume(_ context.Context, id string) error {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	delete(p.paused, id)
+	return nil
+}
+
+// Pause marks the lease and freezes its task; a second pause, or a resume
+// of a running lease, is a PauseStateError; a failed freeze leaves the
+// lease running; a provider that cannot pause is bad input.
+func TestManager_PauseResume(t *testing.T) {
+	var pp *pausingProvider
+	e := newEnvSetup(t, fastConfig(), func(e *env) {
+		pp = &pausingProvider{fakeProvider: e.prov, paused: map[string]bool{}}
+		e.provider = pp
+	}, testPool(0, 2))
+	l, _, err := e.m.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "default", Owner: "alice", LeaseSeconds: 60})
+	require.NoError(t, err)
+
+	got, err := e.m.Pause(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.False(t, got.PausedAt.IsZero())
+	assert.True(t, pp.paused[l.ProviderTaskID], "the provider froze the lease's task")
+	read, err := e.m.Get(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.False(t, read.PausedAt.IsZero(), "Get reads it paused")
+	var state *warmpool.PauseStateError
+	_, err = e.m.Pause(t.Context(), l.ID, "alice")
+	require.ErrorAs(t, err, &state)
+	assert.True(t, state.Paused)
+	_, err = e.m.Pause(t.Context(), l.ID, "mallory")
+	require.ErrorIs(t, err, warmpool.ErrNotFound)
+
+	got, err = e.m.Resume(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.True(t, got.PausedAt.IsZero())
+	assert.False(t, pp.paused[l.ProviderTaskID], "thawed")
+	_, err = e.m.Resume(t.Context(), l.ID, "alice")
+	require.ErrorAs(t, err, &state)
+	assert.False(t, state.Paused)
+
+	pp.pmu.Lock()
+	pp.failPause = errors.New("engine says no")
+	pp.pmu.Unlock()
+	_, err = e.m.Pause(t.Context(), l.ID, "alice")
+	require.ErrorContains(t, err, "engine says no")
+	read, err = e.m.Get(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.True(t, read.PausedAt.IsZero(), "a failed freeze leaves the lease running")
+}
+
+func TestManager_Pause_ProviderThatCannot(t *testing.T) {
+	e := newEnv(t, fastConfig(), testPool(0, 2))
+	l, _, err := e.m.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "default", Owner: "alice", LeaseSeconds: 60})
+	require.NoError(t, err)
+	var bad *badinput.Error
+	_, err = e.m.Pause(t.Context(), l.ID, "alice")
+	require.ErrorAs(t, err, &bad)
+	assert.Contains(t, err.Error(), "cannot pause")
+	read, err := e.m.Get(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.True(t, read.PausedAt.IsZero(), "nothing marked")
+}

@@ -59,10 +59,16 @@ func (m *Manager) leaseTask(l Lease) (TaskRecord, bool) {
 	if l.ProviderTaskID == "" || l.Provider == "" {
 		return TaskRecord{}, false
 	}
-	return TaskRecord{
+	rec := TaskRecord{
 		ID: l.TaskID, Pool: l.Pool, Provider: l.Provider, ProviderID: l.ProviderTaskID, State: TaskStopping,
 		AgentURL: l.AgentURL, AgentToken: l.AgentToken, LeaseID: l.ID, Generation: l.Generation,
-	}, true
+	}
+	if !l.PausedAt.IsZero() {
+		// A frozen agent answers no fence; it runs nothing until it is
+		// removed, frozen.
+		rec.AgentURL = ""
+	}
+	return rec, true
 }
 
 // stopTask stops a stopping task in its provider (finding it by name when

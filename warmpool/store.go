@@ -142,7 +142,10 @@ type Lease struct {
 	CreatedAt time.Time     `json:"created_at"`
 	ExpiresAt time.Time     `json:"expires_at"`
 	EndedAt   time.Time     `json:"ended_at,omitempty"`
-	Version   int64         `json:"version"`
+	// PausedAt is when the lease's sandbox was paused (Manager.Pause: its
+	// task frozen by a provider that can); zero while it runs.
+	PausedAt time.Time `json:"paused_at,omitempty"`
+	Version  int64     `json:"version"`
 }
 
 // StateAt is the lease's state as clients see it at now: an active lease
@@ -375,6 +378,29 @@ func CheckRenew(now time.Time) error {
 	return nil
 }
 
+// PausedConflict is PauseLease's error for a lease that already is as
+// asked (paused, or running with paused false): a *PauseStateError, which
+// is ErrConflict.
+func PausedConflict(id string, paused bool) error {
+	return &PauseStateError{ID: id, Paused: paused}
+}
+
+// PauseStateError: lease ID is paused already (Paused), or is not paused.
+// It is ErrConflict, but not a race: retrying changes nothing.
+type PauseStateError struct {
+	ID     string
+	Paused bool
+}
+
+func (e *PauseStateError) Error() string {
+	if e.Paused {
+		return fmt.Sprintf("lease %s is paused already", e.ID)
+	}
+	return fmt.Sprintf("lease %s is not paused", e.ID)
+}
+
+func (e *PauseStateError) Is(target error) bool { return target == ErrConflict }
+
 // CheckEnd checks how EndLease is asked to end lease id: end.State is
 // LeaseReleased, LeaseExpired or LeaseLost, and end.Now is set.
 func CheckEnd(id string, end LeaseEnd) error {
@@ -517,6 +543,11 @@ type LeaseStore interface {
 	// ErrNotFound when unknown; an error for a zero expiresAt on a lease
 	// without a Duration; CheckRenew's error when it refuses now.
 	RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (Lease, error)
+	// PauseLease marks an active, unexpired lease paused (PausedAt = now)
+	// or, with paused false, running again (PausedAt cleared), in one
+	// conditional write. ErrConflict when it already is so; otherwise the
+	// errors of RenewLease.
+	PauseLease(ctx context.Context, id, owner string, paused bool, now time.Time) (Lease, error)
 	// EndLease ends an active lease and moves its task to stopping, in one
 	// atomic write. Ending an already-ended lease returns it with ErrLeaseEnded.
 	// CheckEnd's error for an end it refuses.

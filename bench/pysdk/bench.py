@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import resource
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,21 +26,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "sdk" / "python" / "src"))
 sys.path.insert(0, str(ROOT / "sdk" / "python" / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
+from benchlib import parse_args, report_header, summary  # noqa: E402
 from gateway import Gateway  # noqa: E402
 
 from quarry import AsyncQuarry, Quarry  # noqa: E402
-
-
-def pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
-
-
-def summary(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "p50_ms": round(pct(xs, 50) * 1000, 3), "p99_ms": round(pct(xs, 99) * 1000, 3),
-            "mean_ms": round(statistics.fmean(xs) * 1000, 3)}
 
 
 async def overhead(gw: Gateway, runs: int, block: int) -> dict[str, Any]:
@@ -156,18 +147,8 @@ async def wait_ready(gw: Gateway, n: int, timeout: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=str(ROOT / "bin"))
-    ap.add_argument("--runs", type=int, default=2000, help="session runs per path (overhead; 0 skips it)")
-    ap.add_argument("--sandboxes", type=int, default=1000, help="the fleet's sandboxes (0 skips it)")
-    ap.add_argument("--runs-each", type=int, default=10)
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": sys.version.split()[0],
-                           "httpx": httpx.__version__}
+    args = parse_args(2000, "session runs per path (overhead; 0 skips it)", 1000)
+    out: dict[str, Any] = report_header(httpx=httpx.__version__)
     if args.runs:
         report_overhead(out, args)
     if args.sandboxes:

@@ -69,6 +69,8 @@ type dockerAPI interface {
 	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
 	ContainerLogs(ctx context.Context, id string, options container.LogsOptions) (io.ReadCloser, error)
 	ContainerRemove(ctx context.Context, id string, options container.RemoveOptions) error
+	ContainerPause(ctx context.Context, id string) error
+	ContainerUnpause(ctx context.Context, id string) error
 	ImagePull(ctx context.Context, ref string, options image.PullOptions) (io.ReadCloser, error)
 	ImageRemove(ctx context.Context, image string, options image.RemoveOptions) ([]image.DeleteResponse, error)
 	ImageBuild(ctx context.Context, buildContext io.Reader, options build.ImageBuildOptions) (build.ImageBuildResponse, error)
@@ -616,6 +618,52 @@ func (p *Provider) Stop(ctx context.Context, id string, reason string) error {
 		return fmt.Errorf("stop task %s: %w", id, err)
 	}
 	p.logger.Info("task stopped", "task", info.Config.Labels[providers.LabelTask], "container", shortID(info.ID), "reason", reason)
+	return nil
+}
+
+// Pause implements providers.Pauser with the engine's cgroup freezer
+// (`docker pause`): the container's processes keep their memory and use no
+// CPU. Pausing a paused container is nil.
+func (p *Provider) Pause(ctx context.Context, id string) error {
+	return p.freeze(ctx, id, true)
+}
+
+// Resume implements providers.Pauser (`docker unpause`). Resuming a running
+// container is nil.
+func (p *Provider) Resume(ctx context.Context, id string) error {
+	return p.freeze(ctx, id, false)
+}
+
+// freeze pauses (or unpauses) one of this gateway's containers, after
+// checking that it is one and that it is not so already.
+func (p *Provider) freeze(ctx context.Context, id string, pause bool) error {
+	verb := map[bool]string{true: "pause", false: "resume"}[pause]
+	info, err := p.api.ContainerInspect(ctx, id)
+	switch {
+	case isNotFound(err):
+		return fmt.Errorf("%s task %s: %w", verb, id, providers.ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("%s task %s: inspect: %w", verb, id, err)
+	case info.Config == nil || !p.ours(info.Config.Labels):
+		return fmt.Errorf("%s task %s: not a container of this gateway: %w", verb, id, providers.ErrNotFound)
+	case info.State == nil || !info.State.Running:
+		status := "unknown"
+		if info.State != nil {
+			status = string(info.State.Status)
+		}
+		return fmt.Errorf("%s task %s: the container is not running (%s)", verb, id, status)
+	case info.State.Paused == pause:
+		return nil
+	}
+	if pause {
+		err = p.api.ContainerPause(ctx, info.ID)
+	} else {
+		err = p.api.ContainerUnpause(ctx, info.ID)
+	}
+	if err != nil {
+		return fmt.Errorf("%s task %s: %w", verb, id, err)
+	}
+	p.logger.Info("task "+map[bool]string{true: "paused", false: "resumed"}[pause], "task", info.Config.Labels[providers.LabelTask], "container", shortID(info.ID))
 	return nil
 }
 

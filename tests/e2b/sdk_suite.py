@@ -8,7 +8,8 @@ with nothing but E2B's own environment variables pointing the SDK at a Quarry ga
 
 Two variables are the harness's, not the SDK's: QUARRY_E2B_TEMPLATE (the pool to create from) and
 QUARRY_E2B_ROUTING ("headers" or "hosts": signed file URLs and get_host need the host form), and,
-on Docker, QUARRY_E2B_SMALL_DISK_TEMPLATE (a pool whose work directory holds 25 MiB).
+on Docker, QUARRY_E2B_SMALL_DISK_TEMPLATE (a pool whose work directory holds 25 MiB) and
+QUARRY_E2B_PAUSE=1 (the provider pauses sandboxes).
 
 A test that needs a method this SDK version does not have is skipped with the reason
 "not in e2b <version>"; the Go side allows no other skip.
@@ -29,6 +30,7 @@ from e2b import (
     CommandExitException,
     Sandbox,
     SandboxQuery,
+    SandboxState,
 )
 from e2b.exceptions import (
     AuthenticationException,
@@ -329,6 +331,32 @@ class KilledSandbox(Base):
             sbx.files.read("x", request_timeout=30)
         self.assertLess(time.monotonic() - t0, 60, "calls on a killed sandbox end")
         self.assertFalse(sbx.is_running())
+
+
+class Pause(Base):
+    def test_pause_then_connect_resumes_with_processes_and_files(self):
+        sbx = self.create()
+        needs(sbx, "pause")
+        if os.environ.get("QUARRY_E2B_PAUSE") != "1":
+            with self.assertRaises(Exception) as cm:
+                sbx.pause()
+            self.assertIn("cannot pause", str(cm.exception))
+            self.assertEqual(sbx.commands.run("echo running").stdout, "running\n", "a refused pause leaves it running")
+            return
+        sbx.files.write("kept.txt", "kept")
+        h = sbx.commands.run("sleep 600", background=True)
+        self.assertTrue(sbx.pause())
+        self.assertFalse(sbx.pause(), "a second pause: already paused")
+        self.assertEqual(sbx.get_info().state.value, "paused")
+        ids = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"suite": RUN}, state=[SandboxState.PAUSED])).next_items()]
+        self.assertIn(sbx.sandbox_id, ids)
+        with self.assertRaises(SandboxException):
+            sbx.commands.run("true", request_timeout=30)
+        again = Sandbox.connect(sbx.sandbox_id)
+        self.assertEqual(again.get_info().state.value, "running")
+        self.assertEqual(again.files.read("kept.txt"), "kept")
+        self.assertIn(h.pid, [p.pid for p in again.commands.list()], "its processes live on")
+        self.assertEqual(again.commands.run("echo back").stdout, "back\n")
 
 
 class FullDisk(Base):

@@ -46,6 +46,26 @@ func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now
 	})
 }
 
+// PauseLease implements warmpool.LeaseStore.
+func (s *Store) PauseLease(ctx context.Context, id, owner string, paused bool, now time.Time) (warmpool.Lease, error) {
+	if err := warmpool.CheckRenew(now); err != nil {
+		return warmpool.Lease{}, err
+	}
+	return s.changeLease(ctx, "pause lease", id, owner, func(_ *tx, l warmpool.Lease) (warmpool.Lease, error) {
+		if !l.ExpiresAt.After(now) {
+			return l, fmt.Errorf("lease %s expired at %s: %w", id, l.ExpiresAt.Format(time.RFC3339), warmpool.ErrLeaseEnded)
+		}
+		if paused == !l.PausedAt.IsZero() {
+			return warmpool.Lease{}, warmpool.PausedConflict(id, paused)
+		}
+		l.PausedAt = time.Time{}
+		if paused {
+			l.PausedAt = now
+		}
+		return l, nil
+	})
+}
+
 // EndLease implements warmpool.LeaseStore: the lease ends and its task
 // becomes stopping in one transaction. On ErrLeaseEnded it returns the
 // lease as stored.

@@ -40,6 +40,7 @@ const (
 	fReqDigest      = "request_digest"
 	fDuration       = "duration_ns"
 	fExpiresAt      = "expires_at"
+	fPausedAt       = "paused_at"
 	fEndedAt        = "ended_at"
 	fHolder         = "holder"
 	fProviderTaskID = "provider_task_id"
@@ -284,6 +285,7 @@ func leaseItem(l warmpool.Lease, shards int, endedTTL time.Duration, forgotten b
 	putTime(it, fCreatedAt, l.CreatedAt)
 	putTime(it, fExpiresAt, l.ExpiresAt)
 	putTime(it, fEndedAt, l.EndedAt)
+	putTime(it, fPausedAt, l.PausedAt)
 	if forgotten {
 		it[fIdemForgotten] = &types.AttributeValueMemberBOOL{Value: true}
 	}
@@ -325,7 +327,7 @@ func decodeLease(it item) (warmpool.Lease, error) {
 		State: warmpool.LeaseState(d.s(fState)), Reason: d.s(fReason), Generation: d.n(fGeneration),
 		AgentURL: d.s(fAgentURL), AgentToken: d.s(fAgentToken), ProviderTaskID: d.s(fProviderTaskID), Provider: d.s(fProvider), Image: d.s(fImage), Labels: d.m(fLabels),
 		IdempotencyKey: d.s(fIdemKey), RequestDigest: d.s(fReqDigest), Duration: time.Duration(d.n(fDuration)),
-		CreatedAt: d.time(fCreatedAt), ExpiresAt: d.time(fExpiresAt), EndedAt: d.time(fEndedAt),
+		CreatedAt: d.time(fCreatedAt), ExpiresAt: d.time(fExpiresAt), EndedAt: d.time(fEndedAt), PausedAt: d.time(fPausedAt),
 		Version: d.n(fVersion),
 	}
 	return l, d.done("lease", l.ID)

@@ -71,15 +71,10 @@ func (s *Store) GetLease(ctx context.Context, id string) (warmpool.Lease, error)
 // ErrLeaseEnded it also returns the lease as stored.
 func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now time.Time) (warmpool.Lease, error) {
 	const action = "renew lease"
-	if err := warmpool.CheckRenew(now); err != nil {
+	e, cond, err := s.activeUpdate(ctx, action, now)
+	if err != nil {
 		return warmpool.Lease{}, err
 	}
-	if err := s.begin(ctx, action); err != nil {
-		return warmpool.Lease{}, err
-	}
-	e := newExpr()
-	cond := "attribute_exists(" + e.n(attrPK) + ") AND " + e.n(fState) + " = " + e.v(avS(string(warmpool.LeaseActive))) +
-		" AND " + e.n(fExpiresAt) + " > " + e.v(avTime(now))
 	if expiresAt.IsZero() { // by the lease's own duration
 		at := e.v(avTime(now)) + " + " + e.n(fDuration)
 		e.set = append(e.set, e.n(fExpiresAt)+" = "+at, e.n(attrExpirySK)+" = "+at)
@@ -89,6 +84,38 @@ func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now
 		e.Set(attrExpirySK, avTime(expiresAt))
 	}
 	e.Add(fVersion, avN(1))
+	return s.updateLease(ctx, action, id, owner, e, cond, func(l warmpool.Lease) error {
+		switch {
+		case !l.ExpiresAt.After(now):
+			return fmt.Errorf("renew lease %s: expired at %s: %w", id, l.ExpiresAt.Format(time.RFC3339Nano), warmpool.ErrLeaseEnded)
+		case expiresAt.IsZero() && l.Duration <= 0:
+			return fmt.Errorf("renew lease %s: it has no duration to renew it by", id)
+		}
+		return fmt.Errorf("renew lease %s: changed concurrently: %w", id, warmpool.ErrConflict)
+	})
+}
+
+// activeUpdate begins an update of a lease at now (CheckRenew's check)
+// and returns its expression and the condition that the lease exists, is
+// active and has not expired.
+func (s *Store) activeUpdate(ctx context.Context, action string, now time.Time) (*expr, string, error) {
+	if err := warmpool.CheckRenew(now); err != nil {
+		return nil, "", err
+	}
+	if err := s.begin(ctx, action); err != nil {
+		return nil, "", err
+	}
+	e := newExpr()
+	cond := "attribute_exists(" + e.n(attrPK) + ") AND " + e.n(fState) + " = " + e.v(avS(string(warmpool.LeaseActive))) +
+		" AND " + e.n(fExpiresAt) + " > " + e.v(avTime(now))
+	return e, cond, nil
+}
+
+// updateLease makes one conditional UpdateItem (e, cond: the caller's,
+// with the owner's condition added when owner is set) of lease id and
+// returns the lease as updated; a refused condition is explained from the
+// lease as stored (refusal, with active for an active lease).
+func (s *Store) updateLease(ctx context.Context, action, id, owner string, e *expr, cond string, active func(warmpool.Lease) error) (warmpool.Lease, error) {
 	if owner != "" {
 		cond += " AND " + e.n(fOwner) + " = " + e.v(avS(owner))
 	}
@@ -104,24 +131,42 @@ func (s *Store) RenewLease(ctx context.Context, id, owner string, expiresAt, now
 				return warmpool.Lease{}, translate(action, err)
 			}
 		}
-		return s.refusal(action, id, owner, old, func(l warmpool.Lease) error {
-			switch {
-			case !l.ExpiresAt.After(now):
-				return fmt.Errorf("renew lease %s: expired at %s: %w", id, l.ExpiresAt.Format(time.RFC3339Nano), warmpool.ErrLeaseEnded)
-			case expiresAt.IsZero() && l.Duration <= 0:
-				return fmt.Errorf("renew lease %s: it has no duration to renew it by", id)
-			}
-			return fmt.Errorf("renew lease %s: changed concurrently: %w", id, warmpool.ErrConflict)
-		})
+		return s.refusal(action, id, owner, old, active)
 	}
 	if err != nil {
 		return warmpool.Lease{}, translate(action, err)
 	}
 	l, err := decodeLease(out.Attributes)
 	if err != nil {
-		return warmpool.Lease{}, fmt.Errorf("renew lease %s: %w", id, err)
+		return warmpool.Lease{}, fmt.Errorf("%s %s: %w", action, id, err)
 	}
 	return l, nil
+}
+
+// PauseLease implements warmpool.LeaseStore: one conditional UpdateItem.
+func (s *Store) PauseLease(ctx context.Context, id, owner string, paused bool, now time.Time) (warmpool.Lease, error) {
+	const action = "pause lease"
+	e, cond, err := s.activeUpdate(ctx, action, now)
+	if err != nil {
+		return warmpool.Lease{}, err
+	}
+	if paused {
+		cond += " AND attribute_not_exists(" + e.n(fPausedAt) + ")"
+		e.Set(fPausedAt, avTime(now))
+	} else {
+		cond += " AND attribute_exists(" + e.n(fPausedAt) + ")"
+		e.remove = append(e.remove, e.n(fPausedAt))
+	}
+	e.Add(fVersion, avN(1))
+	return s.updateLease(ctx, action, id, owner, e, cond, func(l warmpool.Lease) error {
+		switch {
+		case !l.ExpiresAt.After(now):
+			return fmt.Errorf("pause lease %s: expired at %s: %w", id, l.ExpiresAt.Format(time.RFC3339Nano), warmpool.ErrLeaseEnded)
+		case paused == !l.PausedAt.IsZero():
+			return warmpool.PausedConflict(id, paused)
+		}
+		return fmt.Errorf("pause lease %s: changed concurrently: %w", id, warmpool.ErrConflict)
+	})
 }
 
 // refusal explains why a conditional write on lease id was refused, from

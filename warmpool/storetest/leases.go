@@ -60,6 +60,45 @@ func testRenewByDuration(t *testing.T, s warmpool.Store) {
 	assert.Equal(t, res.Lease.Version, stored.Version, "nothing was written")
 }
 
+// testPause: PauseLease marks and clears PausedAt on an active lease,
+// which heartbeats keep and an end keeps; a second pause (or resume) is
+// ErrConflict, another owner's is ErrLeaseNotHeld, an expired lease's
+// ErrLeaseEnded.
+func testPause(t *testing.T, s warmpool.Store) {
+	_ = ready(t, s, "p", 1)
+	res := claim(t, s, "p", newLease("o")) // a minute
+	at := base.Add(10 * time.Second)
+	_, err := s.PauseLease(t.Context(), res.Lease.ID, "mallory", true, at)
+	require.ErrorIs(t, err, warmpool.ErrLeaseNotHeld)
+	got, err := s.PauseLease(t.Context(), res.Lease.ID, "o", true, at)
+	require.NoError(t, err)
+	assertTime(t, at, got.PausedAt, "paused_at")
+	assert.Greater(t, got.Version, res.Lease.Version)
+	_, err = s.PauseLease(t.Context(), res.Lease.ID, "o", true, at.Add(time.Second))
+	require.ErrorIs(t, err, warmpool.ErrConflict, "paused already")
+
+	renewed, err := s.RenewLease(t.Context(), res.Lease.ID, "o", time.Time{}, at.Add(2*time.Second))
+	require.NoError(t, err)
+	assertTime(t, at, renewed.PausedAt, "a heartbeat keeps paused_at")
+	stored, err := s.GetLease(t.Context(), res.Lease.ID)
+	require.NoError(t, err)
+	assertTime(t, at, stored.PausedAt, "stored paused_at")
+
+	got, err = s.PauseLease(t.Context(), res.Lease.ID, "o", false, at.Add(3*time.Second))
+	require.NoError(t, err)
+	assert.True(t, got.PausedAt.IsZero(), "resumed: %v", got.PausedAt)
+	_, err = s.PauseLease(t.Context(), res.Lease.ID, "o", false, at.Add(4*time.Second))
+	require.ErrorIs(t, err, warmpool.ErrConflict, "not paused")
+	stored, err = s.GetLease(t.Context(), res.Lease.ID)
+	require.NoError(t, err)
+	assert.True(t, stored.PausedAt.IsZero(), "stored: resumed")
+
+	_, err = s.PauseLease(t.Context(), res.Lease.ID, "o", true, base.Add(10*time.Minute))
+	require.ErrorIs(t, err, warmpool.ErrLeaseEnded, "expired")
+	_, err = s.PauseLease(t.Context(), "no-such-lease", "o", true, at)
+	require.ErrorIs(t, err, warmpool.ErrNotFound)
+}
+
 // testLeaseEnv: the env reaches the claim's result (the agent's init), and
 // no read returns it: it is kept apart from the lease's record.
 func testLeaseEnv(t *testing.T, s warmpool.Store) {

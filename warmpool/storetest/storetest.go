@@ -88,6 +88,7 @@ func Run(t *testing.T, newStore func(t *testing.T) warmpool.Store, opts Options)
 		{"LeaseByKey_NamesTheKeysLease", testLeaseByKey},
 		{"RenewLease_BeforeExpiryExtends", testRenew},
 		{"RenewLease_ZeroExpiryRenewsByTheDuration", testRenewByDuration},
+		{"PauseLease_MarksAndClears", testPause},
 		{"RenewLease_RefusesExpiredEndedOtherOwnerUnknown", testRenewRefusals},
 		{"EndLease_MovesTaskToStopping", testEndLease},
 		{"EndLease_TwiceReturnsLeaseEnded", testEndLeaseTwice},
