@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 
-.PHONY: all build lambda run test unit flake-hunt bench bench-scale bench-images lint clean
+.PHONY: all build lambda run test unit fuzz flake-hunt bench bench-scale bench-images lint clean
 
 all: build
 
@@ -24,6 +24,9 @@ run: build ## start the gateway on embedded defaults (process provider, embedded
 
 test: ## everything CI runs: vet, unit and integration suites with their real dependencies
 	./scripts/test.sh
+
+fuzz: ## fuzz every parser of untrusted input (Go fuzz targets), FUZZTIME each (default 8s; make test runs it too); FUZZ selects targets
+	./scripts/fuzz.sh
 
 flake-hunt: ## make test's race-enabled suites COUNT times (default 20) under CPU pressure (stress-ng); PKGS, RUN, SUITE, STRESS=0
 	./scripts/flake-hunt.sh

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"cmp"
+	"compress/flate"
 	"compress/gzip"
 	"errors"
 	"fmt"
@@ -211,7 +212,8 @@ func uploadError(err error, limit int64) error {
 		return fmt.Errorf("archive is over the upload limit of %d bytes: %w", limit, errTooLarge)
 	case errors.As(err, &br), errors.Is(err, errTooLarge):
 		return err
-	case errors.Is(err, tar.ErrHeader), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, gzip.ErrHeader), errors.Is(err, gzip.ErrChecksum):
+	case errors.Is(err, tar.ErrHeader), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, gzip.ErrHeader), errors.Is(err, gzip.ErrChecksum),
+		errors.As(err, new(flate.CorruptInputError)):
 		return invalid("body", "not a valid tar or tar.gz archive: %s", err.Error())
 	case errors.Is(err, syscall.ENAMETOOLONG):
 		return invalid("body", "an archive entry's name is too long (a name is at most %d bytes, a path %d): %s", maxNameBytes, maxPathBytes, err.Error())

@@ -23,6 +23,9 @@ go vet -tags integration ./tests/...
 echo "== unit and component tests (race detector; Docker, busybox; the AWS suites' packages run next)"
 go test -race -count=1 "${race_pkgs[@]}"
 
+echo "== fuzz: every fuzz target of a parser of untrusted input, a few seconds each (scripts/fuzz.sh)"
+scripts/fuzz.sh
+
 echo "== AWS suites: DynamoDB lease store and relay broker (conformance, 10,000-claim race), S3 checkpoint store, ECS provider, Lambda mode"
 go test -race -count=1 -p 1 -timeout 30m "${aws_pkgs[@]/#/./}"
 
