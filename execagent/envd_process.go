@@ -213,18 +213,23 @@ func (t *envdProcTable) add(ep *envdProc) {
 }
 
 // finish records the end of ep (its output delivered to the subscribers'
-// queues) and retains it.
+// queues) and retains it. Its room is freed before done is closed: a
+// client that has seen the end may start another process at once (the
+// room was freed after it, and such a start was refused now and then: 1
+// run of TestEnvd_Start_BoundedByMaxProcesses in 20 under stress-ng).
 func (t *envdProcTable) finish(ep *envdProc, end pbEndEvent, atDeadline bool) {
 	now := time.Now()
 	ep.mu.Lock()
 	ep.end, ep.ended, ep.atDeadline = &end, now, atDeadline
-	close(ep.done)
 	ep.mu.Unlock()
 	t.mu.Lock()
 	t.running--
 	t.exited = append(t.exited, ep)
 	t.pruneLocked(now)
 	t.mu.Unlock()
+	ep.mu.Lock()
+	close(ep.done)
+	ep.mu.Unlock()
 }
 
 // pruneLocked forgets the exited processes past their retention or beyond
