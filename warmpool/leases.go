@@ -254,8 +254,8 @@ func (m *Manager) Pause(ctx context.Context, id, owner string) (Lease, error) {
 }
 
 // Resume thaws a paused lease's task and clears its mark (in that order:
-// the mark is cleared once the agent can answer). ErrConflict when it is
-// not paused.
+// the mark is cleared once the agent can answer). A *PauseStateError (an
+// ErrConflict) when the store's lease is not paused.
 func (m *Manager) Resume(ctx context.Context, id, owner string) (Lease, error) {
 	return m.setPaused(ctx, id, owner, false)
 }
@@ -296,9 +296,9 @@ func (m *Manager) setPaused(ctx context.Context, id, owner string, pause bool) (
 		}
 		return m.present(marked), nil
 	}
-	if l.PausedAt.IsZero() {
-		return Lease{}, PausedConflict(id, false)
-	}
+	// The store says whether it is paused (this replica's copy of the lease
+	// may predate a pause made on another); thawing a running task is a
+	// no-op.
 	if err := pauser.Resume(ctx, taskID); err != nil {
 		return Lease{}, fmt.Errorf("resume lease %s: %w", id, err)
 	}

@@ -994,3 +994,26 @@ func TestManager_Pause_ProviderThatCannot(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, read.PausedAt.IsZero(), "nothing marked")
 }
+
+// A lease paused by another replica (written to the store, not through
+// this manager, whose copy of the lease says running) is resumed: the
+// store, not the replica's copy, says whether it is paused.
+func TestManager_Resume_PausedByAnotherReplica(t *testing.T) {
+	var pp *pausingProvider
+	e := newEnvSetup(t, fastConfig(), func(e *env) {
+		pp = &pausingProvider{fakeProvider: e.prov, paused: map[string]bool{}}
+		e.provider = pp
+	}, testPool(0, 2))
+	l, _, err := e.m.Acquire(t.Context(), warmpool.AcquireRequest{Pool: "default", Owner: "alice", LeaseSeconds: 60})
+	require.NoError(t, err)
+	_, err = e.m.Get(t.Context(), l.ID, "alice") // this replica's copy: running
+	require.NoError(t, err)
+	_, err = e.store.PauseLease(t.Context(), l.ID, "alice", true, e.clock.Now())
+	require.NoError(t, err)
+	require.NoError(t, pp.Pause(t.Context(), l.ProviderTaskID))
+
+	got, err := e.m.Resume(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.True(t, got.PausedAt.IsZero())
+	assert.False(t, pp.paused[l.ProviderTaskID], "thawed")
+}
