@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 
-.PHONY: all build lambda run test unit fuzz flake-hunt bench bench-scale bench-images lint clean
+.PHONY: all build lambda run test unit fuzz faults flake-hunt bench bench-scale bench-images lint clean
 
 all: build
 
@@ -27,6 +27,9 @@ test: ## everything CI runs: vet, unit and integration suites with their real de
 
 fuzz: ## fuzz every parser of untrusted input (Go fuzz targets), FUZZTIME each (default 8s; make test runs it too); FUZZ selects targets
 	./scripts/fuzz.sh
+
+faults: ## three replicas on DynamoDB under a seeded nemesis (kills, pauses, store faults, killed sandboxes), the history checked: DURATION (default 10m), SEED, CLIENTS, KINDS
+	./scripts/faults.sh
 
 flake-hunt: ## make test's race-enabled suites COUNT times (default 20) under CPU pressure (stress-ng); PKGS, RUN, SUITE, STRESS=0
 	./scripts/flake-hunt.sh

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# make faults: the fault-injection run (tests/faults_test.go, TestFaults) for longer than make
+# test's 45 s: three gateway replicas on DynamoDB (the emulator, through a serializing proxy and a
+# fault proxy per replica), the process provider, trainers' traffic, and a seeded nemesis (replicas
+# killed and paused, the store's connections slowed, reset and blackholed, sandboxes killed); then
+# the history checker and the leftovers check.
+#
+#   make faults                                   # 10 minutes, a random seed
+#   SEED=1234 DURATION=2m make faults             # replay a seed's schedule
+#   CLIENTS=8 KINDS=kill-replica,pause-replica make faults
+#
+# The history (JSON lines, one operation each) is kept in .cache/faults/faults-<seed>.jsonl.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+trap test_env_cleanup EXIT
+source scripts/test-env.sh # dependencies, the emulator, strict mode
+
+export QUARRY_FAULTS_DURATION="${DURATION:-10m}"
+[ -n "${SEED:-}" ] && export QUARRY_FAULTS_SEED="$SEED"
+[ -n "${CLIENTS:-}" ] && export QUARRY_FAULTS_CLIENTS="$CLIENTS"
+[ -n "${KINDS:-}" ] && export QUARRY_FAULTS_KINDS="$KINDS"
+export QUARRY_FAULTS_OUT="$PWD/.cache/faults"
+echo "== faults: $QUARRY_FAULTS_DURATION of traffic under faults (history in $QUARRY_FAULTS_OUT)"
+go test -tags integration -count=1 -timeout 2h -run '^TestFaults$' -v ./tests/
