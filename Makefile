@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 
-.PHONY: all build lambda run test unit fuzz faults flake-hunt bench bench-scale bench-images lint clean
+.PHONY: all build lambda run test unit fuzz faults soak flake-hunt bench bench-scale bench-images lint clean
 
 all: build
 
@@ -30,6 +30,9 @@ fuzz: ## fuzz every parser of untrusted input (Go fuzz targets), FUZZTIME each (
 
 faults: ## three replicas on DynamoDB under a seeded nemesis (kills, pauses, store faults, killed sandboxes), the history checked: DURATION (default 10m), SEED, CLIENTS, KINDS
 	./scripts/faults.sh
+
+soak: ## one gateway under steady load (acquires, commands, PTYs, ports, releases, killed sandboxes) for DURATION (default 30m); fails on RSS, goroutine or file growth after warm-up
+	./scripts/soak.sh
 
 flake-hunt: ## make test's race-enabled suites COUNT times (default 20) under CPU pressure (stress-ng); PKGS, RUN, SUITE, STRESS=0
 	./scripts/flake-hunt.sh
