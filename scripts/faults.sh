@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# make faults: the fault-injection run (tests/faults_test.go, TestFaults) for longer than make
-# test's 45 s: three gateway replicas on DynamoDB (the emulator, through a serializing proxy and a
-# fault proxy per replica), the process provider, trainers' traffic, and a seeded nemesis (replicas
-# killed and paused, the store's connections slowed, reset and blackholed, sandboxes killed); then
-# the history checker and the leftovers check.
+# make faults: the fault-injection runs of tests/faults_test.go for longer than make test's (45 s and
+# 30 s): three gateway replicas on DynamoDB (the emulator, through a serializing proxy and a fault
+# proxy per replica), trainers' traffic, and a seeded nemesis (replicas killed and paused, the
+# store's connections slowed, reset and blackholed, sandboxes killed, the data dir filled, the
+# Docker engine restarted); then the history checker and the leftovers check. TestFaults runs on the
+# process provider, TestFaults_Docker on Docker, each for DURATION.
 #
-#   make faults                                   # 10 minutes, a random seed
+#   make faults                                   # 10 minutes each, a random seed
 #   SEED=1234 DURATION=2m make faults             # replay a seed's schedule
 #   CLIENTS=8 KINDS=kill-replica,pause-replica make faults
 #
@@ -22,4 +23,4 @@ export QUARRY_FAULTS_DURATION="${DURATION:-10m}"
 [ -n "${KINDS:-}" ] && export QUARRY_FAULTS_KINDS="$KINDS"
 export QUARRY_FAULTS_OUT="$PWD/.cache/faults"
 echo "== faults: $QUARRY_FAULTS_DURATION of traffic under faults (history in $QUARRY_FAULTS_OUT)"
-go test -tags integration -count=1 -timeout 2h -run '^TestFaults$' -v ./tests/
+go test -tags integration -count=1 -timeout 2h -run '^TestFaults(_Docker)?$' -v ./tests/

@@ -47,6 +47,8 @@ QUARRY_ROCK_PYTHON="$(scripts/rock-sdk.sh)"
 export QUARRY_ROCK_PYTHON
 QUARRY_E2B_PYTHONS="$(scripts/e2b-sdk.sh)"
 export QUARRY_E2B_PYTHONS
+QUARRY_SCHEMATHESIS_PYTHON="$(scripts/schemathesis.sh)"
+export QUARRY_SCHEMATHESIS_PYTHON
 # E2B's host routing (https://49983-{id}.{domain}) in tests/e2b_sdk_test.go: nss-myhostname resolves
 # every name under .localhost to the loopback address, so no test edits /etc/hosts.
 ensure_apt libnss-myhostname getent ahostsv4 e2b-probe.localhost

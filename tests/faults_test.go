@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,12 +20,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/docker/docker/api/types/container"
 
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/faults"
 	"github.com/quarryhq/quarry/internal/testenv"
+	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -44,11 +54,31 @@ import (
 // that broke a rule, and leaves the whole history as JSON lines.
 func TestFaults(t *testing.T) {
 	testenv.AWS(t)
-	cfg := faultsConfigFromEnv(t)
+	runFaults(t, nil, 45*time.Second, []faults.FaultKind{faults.KillReplica, faults.PauseReplica,
+		faults.StoreLatency, faults.StoreReset, faults.StoreBlackhole, faults.KillAgent, faults.DiskFull})
+}
+
+// TestFaults_Docker is TestFaults on the Docker provider: the nemesis also
+// kills containers from outside (docker kill) and restarts the Docker
+// engine. A sandbox's identity is its hostname; commands leave no marker
+// (a released sandbox's container, and its files, are gone), so the two
+// marker rules are the process provider's run's to check. make test runs
+// it for 30 s (QUARRY_FAULTS_DURATION sets both runs).
+func TestFaults_Docker(t *testing.T) {
+	testenv.AWS(t)
+	d := requireDocker(t)
+	runFaults(t, d, 30*time.Second, []faults.FaultKind{faults.KillReplica, faults.PauseReplica,
+		faults.StoreLatency, faults.StoreReset, faults.StoreBlackhole, faults.KillAgent, faults.RestartEngine})
+}
+
+// runFaults is one fault run: on the process provider when d is nil, else
+// on Docker.
+func runFaults(t *testing.T, d *dockerTest, duration time.Duration, kinds []faults.FaultKind) {
+	cfg := faultsConfigFromEnv(t, duration, kinds)
 	t.Logf("faults: seed %d, %s of traffic, %d clients, faults %v (replay: QUARRY_FAULTS_SEED=%d)",
 		cfg.seed, cfg.duration, cfg.clients, cfg.kinds, cfg.seed)
 
-	fc := startFaultCluster(t)
+	fc := startFaultCluster(t, d)
 	ctx := longCtxFor(t, cfg.duration+6*time.Minute)
 	waitReadyOn(t, fc.gws[0], "default", 3)
 
@@ -83,7 +113,12 @@ func TestFaults(t *testing.T) {
 	require.NoError(t, faults.WriteJSON(f, ops))
 	require.NoError(t, f.Close())
 
-	violations := faults.Check(ops, load.ran, 30*time.Second)
+	ops = append(ops, fc.engineLosses(ops, injected)...)
+	var ran func(int64) bool
+	if fc.d == nil {
+		ran = load.ran
+	}
+	violations := faults.Check(ops, ran, 30*time.Second)
 	for _, v := range violations {
 		t.Errorf("seed %d: %s\n  faults around it:\n%s", cfg.seed, v, faultsAround(injected, v.Ops))
 	}
@@ -91,7 +126,7 @@ func TestFaults(t *testing.T) {
 	// What is left behind, once the replicas have reconciled.
 	released := load.releasedTasks(ops)
 	eventuallyStore(t, 2*time.Minute, "every agent and record accounted for, no active lease, every released sandbox stopped", func() error {
-		if err := fc.reconciled(ctx); err != nil {
+		if err := fc.books(ctx); err != nil {
 			return err
 		}
 		active, err := fc.tables.store.ListLeases(ctx, warmpool.LeaseFilter{State: warmpool.LeaseActive})
@@ -101,14 +136,24 @@ func TestFaults(t *testing.T) {
 		if len(active) > 0 {
 			return fmt.Errorf("%d leases still active, e.g. %s", len(active), active[0].ID)
 		}
-		agents := liveAgents(fc.dataDir)
+		live := fc.liveSandboxes()
 		for task, lease := range released {
-			if pid, ok := agents[task]; ok {
-				return fmt.Errorf("lease %s was released, and its sandbox %s still runs (pid %d)", lease, task, pid)
+			if _, ok := live[task]; ok {
+				return fmt.Errorf("lease %s was released, and its sandbox %s still runs", lease, task)
 			}
 		}
 		return fc.countersMatch(ctx)
 	})
+
+	// Every acknowledged checkpoint is there, through any replica.
+	for _, o := range ops {
+		if o.Kind != faults.Checkpoint || o.Outcome != faults.OK {
+			continue
+		}
+		g := fc.gws[int(o.ID)%len(fc.gws)]
+		_, err := g.client().GetCheckpoint(ctx, o.Checkpoint)
+		assert.NoError(t, err, "checkpoint %s, acknowledged to %s, read through replica %d", o.Checkpoint, o, int(o.ID)%len(fc.gws))
+	}
 
 	summary := summarize(ops, injected, violations)
 	t.Logf("faults: seed %d: %s; history: %s", cfg.seed, summary, histFile)
@@ -124,8 +169,8 @@ type faultsConfig struct {
 	kinds    []faults.FaultKind
 }
 
-func faultsConfigFromEnv(t *testing.T) faultsConfig {
-	c := faultsConfig{seed: mrand.Uint64() >> 1, duration: 45 * time.Second, clients: 4, kinds: faults.AllFaults}
+func faultsConfigFromEnv(t *testing.T, duration time.Duration, kinds []faults.FaultKind) faultsConfig {
+	c := faultsConfig{seed: mrand.Uint64() >> 1, duration: duration, clients: 4, kinds: kinds}
 	if s := os.Getenv("QUARRY_FAULTS_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err, "QUARRY_FAULTS_SEED must be a number")
@@ -146,8 +191,12 @@ func faultsConfigFromEnv(t *testing.T) faultsConfig {
 	if s := os.Getenv("QUARRY_FAULTS_KINDS"); s != "" {
 		c.kinds = nil
 		for k := range strings.SplitSeq(s, ",") {
-			require.Contains(t, faults.AllFaults, faults.FaultKind(k), "QUARRY_FAULTS_KINDS")
-			c.kinds = append(c.kinds, faults.FaultKind(k))
+			if slices.Contains(kinds, faults.FaultKind(k)) {
+				c.kinds = append(c.kinds, faults.FaultKind(k))
+			}
+		}
+		if len(c.kinds) == 0 {
+			t.Skipf("QUARRY_FAULTS_KINDS=%s names none of this run's faults %v", s, kinds)
 		}
 	}
 	return c
@@ -171,13 +220,55 @@ func longCtxFor(t *testing.T, d time.Duration) context.Context {
 // their own fault proxy (in front of the serializing store proxy).
 type faultCluster struct {
 	*cluster
+	d    *dockerTest // the Docker provider's run; nil: the process provider's
 	nets []*faults.Proxy
+	// smallDisk: the data directory is a file system of its own (a
+	// tmpfs), which disk-full fills; "" when it could not be mounted (not
+	// root), and disk-full is skipped.
+	smallDisk string
 }
 
-func startFaultCluster(t *testing.T) *faultCluster {
+// mountSmallDisk mounts a tmpfs of size bytes on dir, unmounted at the end
+// (lazily: the last agents may still be leaving it). It returns why it
+// could not ("" when mounted).
+func mountSmallDisk(t *testing.T, dir string, size int) string {
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0755", size)); err != nil {
+		return fmt.Sprintf("mount a tmpfs on the data directory: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return ""
+}
+
+// fillDisk writes one file into dir until its file system is full, and
+// returns a function that removes it.
+func fillDisk(dir string) (func(), error) {
+	path := filepath.Join(dir, "faults-filler")
+	f, err := os.Create(path)
+	if err != nil {
+		return func() {}, err
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err = f.Write(buf); err != nil {
+			break
+		}
+	}
+	_ = f.Close()
+	remove := func() { _ = os.Remove(path) }
+	if !errors.Is(err, syscall.ENOSPC) {
+		return remove, fmt.Errorf("fill %s: %w", dir, err)
+	}
+	return remove, nil
+}
+
+func startFaultCluster(t *testing.T, d *dockerTest) *faultCluster {
 	t.Helper()
 	tb := newTables(t)
-	fc := &faultCluster{cluster: &cluster{t: t, tables: tb, dataDir: t.TempDir(), maxTotal: 10}}
+	fc := &faultCluster{cluster: &cluster{t: t, tables: tb, dataDir: t.TempDir(), maxTotal: 10}, d: d}
+	if d == nil {
+		fc.smallDisk = mountSmallDisk(t, fc.dataDir, 256<<20)
+	}
+	bucket := newBucket(t, tb.aws)
 	store := startStoreProxy(t, tb.aws.endpoint)
 	u, err := url.Parse(store.url)
 	require.NoError(t, err)
@@ -188,10 +279,49 @@ func startFaultCluster(t *testing.T) *faultCluster {
 		fc.nets = append(fc.nets, p)
 		env := append(tb.gatewayEnv("http://"+p.Addr()), fmt.Sprintf("QUARRY_REPLICA_ID=replica-%d", i),
 			"QUARRY_LOCK_TTL=2s", "QUARRY_ORPHAN_INTERVAL=1s", "QUARRY_ORPHAN_GRACE=10s", "QUARRY_LAUNCH_QUEUE_TIMEOUT=5s",
-			"QUARRY_CHECKPOINT_DIR="+t.TempDir())
+			// One checkpoint store for every replica: S3 (the emulator's) and
+			// its DynamoDB table, reached through the replica's fault proxy.
+			"QUARRY_CHECKPOINT_STORE=s3", "QUARRY_CHECKPOINT_BUCKET="+bucket, "QUARRY_CHECKPOINT_TABLE="+tb.checkpoints)
+		if d != nil {
+			fc.gws = append(fc.gws, d.startGateway(dockerFaultPools, withEnv(env...)))
+			continue
+		}
 		fc.gws = append(fc.gws, startGateway(t, replicaPools, withDataDir(fc.dataDir), withEnv(env...)))
 	}
 	return fc
+}
+
+// newBucket makes an S3 bucket on the test's AWS endpoint for the replicas'
+// checkpoint store, and empties and deletes it at the end.
+func newBucket(t *testing.T, a awsSettings) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(a.region),
+		config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(a.keyID, a.secret, "")))
+	require.NoError(t, err)
+	s3c := s3.NewFromConfig(cfg, func(o *s3.Options) { o.BaseEndpoint, o.UsePathStyle = aws.String(a.endpoint), true })
+	bucket := fmt.Sprintf("quarry-faults-%x", time.Now().UnixNano()&0xffffffffff)
+	_, err = s3c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p := s3.NewListObjectsV2Paginator(s3c, &s3.ListObjectsV2Input{Bucket: aws.String(bucket)})
+		for p.HasMorePages() {
+			page, err := p.NextPage(ctx)
+			if err != nil {
+				t.Logf("list bucket %s: %v", bucket, err)
+				return
+			}
+			for _, o := range page.Contents {
+				_, _ = s3c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(bucket), Key: o.Key})
+			}
+		}
+		_, err := s3c.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(bucket)})
+		assert.NoError(t, err, "delete bucket %s", bucket)
+	})
+	return bucket
 }
 
 // injectedFault is a fault as the nemesis carried it out.
@@ -228,7 +358,19 @@ func (fc *faultCluster) runNemesis(t *testing.T, ctx context.Context, rec *fault
 			fc.nets[f.Target].Set(faults.NetFault(strings.TrimPrefix(string(f.Kind), "store-")))
 			heal = func() { fc.nets[f.Target].Set(faults.Pass) }
 		case faults.KillAgent:
-			in.note = fc.killAgent(rec, load, f.Pick)
+			in.note = fc.killSandbox(rec, load, f.Pick)
+		case faults.RestartEngine:
+			fc.d.restartEngine() // the fault lasts as long as the restart does
+		case faults.DiskFull:
+			if fc.smallDisk != "" {
+				in.note = "skipped: " + fc.smallDisk
+				break
+			}
+			remove, err := fillDisk(fc.dataDir)
+			heal = remove
+			if err != nil {
+				in.note = "skipped: " + err.Error()
+			}
 		}
 		time.Sleep(f.For)
 		heal()
@@ -238,26 +380,129 @@ func (fc *faultCluster) runNemesis(t *testing.T, ctx context.Context, rec *fault
 	return out
 }
 
-// killAgent kills the exec agent of one leased sandbox whose task is
-// known, and records the loss in the history.
-func (fc *faultCluster) killAgent(rec *faults.Recorder, load *faultLoad, pick uint64) string {
+// killSandbox kills one leased sandbox whose task is known from outside
+// (the process provider's agent with SIGKILL, a Docker container with
+// docker kill), and records the loss in the history.
+func (fc *faultCluster) killSandbox(rec *faults.Recorder, load *faultLoad, pick uint64) string {
 	lease, task := load.pickHeld(pick)
 	if lease == "" {
 		return "skipped: no leased sandbox with a known task"
 	}
-	pid, ok := liveAgents(fc.dataDir)[task]
+	handle, ok := fc.liveSandboxes()[task]
 	if !ok {
-		return fmt.Sprintf("skipped: the agent of %s (lease %s) is gone already", task, lease)
+		return fmt.Sprintf("skipped: sandbox %s (lease %s) is gone already", task, lease)
 	}
 	op := rec.Begin(-1, -1, faults.Lose, lease)
 	op.Task, op.Outcome = task, faults.Unknown
-	err := syscall.Kill(pid, syscall.SIGKILL)
+	var err error
+	if fc.d != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), dockerWait)
+		err = fc.d.cli.ContainerKill(ctx, handle, "KILL")
+		cancel()
+	} else {
+		pid, _ := strconv.Atoi(handle)
+		err = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	if err != nil {
 		op.Err = err.Error()
 	}
 	rec.End(op)
-	return fmt.Sprintf("killed the agent of %s (lease %s, pid %d)", task, lease, pid)
+	return fmt.Sprintf("killed sandbox %s (lease %s, %s)", task, lease, handle)
 }
+
+// liveSandboxes maps each running sandbox's task, as its commands name it
+// (taskOf), to a handle to kill it by: the agent's pid (process provider)
+// or the container's id (Docker).
+func (fc *faultCluster) liveSandboxes() map[string]string {
+	out := map[string]string{}
+	if fc.d == nil {
+		for task, pid := range liveAgents(fc.dataDir) {
+			out[task] = strconv.Itoa(pid)
+		}
+		return out
+	}
+	for id := range fc.d.running("") {
+		out[id[:12]] = id // a container's hostname is its short id
+	}
+	return out
+}
+
+// books is cluster.reconciled for the run's provider.
+func (fc *faultCluster) books(ctx context.Context) error {
+	if fc.d == nil {
+		return fc.reconciled(ctx)
+	}
+	recs, err := fc.tables.store.ListTasks(ctx, "")
+	if err != nil {
+		return err
+	}
+	byID := map[string]warmpool.TaskRecord{}
+	for _, r := range recs {
+		byID[r.ID] = r
+	}
+	running := map[string]bool{}
+	for _, c := range fc.d.containers("") {
+		if c.State != container.StateRunning {
+			continue
+		}
+		task := c.Labels[providers.LabelTask]
+		running[task] = true
+		if _, ok := byID[task]; !ok {
+			return fmt.Errorf("container %s (task %s) runs, but no task record accounts for it", c.ID[:12], task)
+		}
+	}
+	for _, r := range recs {
+		if !running[r.ID] && !(r.State == warmpool.TaskLaunching && time.Now().Before(r.LaunchDeadline)) {
+			return fmt.Errorf("task record %s (%s) has no running container and no launch in flight", r.ID, r.State)
+		}
+	}
+	if len(recs) > fc.maxTotal {
+		return fmt.Errorf("%d task records: over max_total %d", len(recs), fc.maxTotal)
+	}
+	return nil
+}
+
+// engineLosses are the losses an engine restart may cause: every lease
+// that may have had a container during the restart (its acquire began
+// before the restart ended, and its release was not acknowledged before
+// the restart began) may have lost it, at any time after the restart
+// began.
+func (fc *faultCluster) engineLosses(ops []faults.Op, injected []injectedFault) []faults.Op {
+	var out []faults.Op
+	for _, f := range injected {
+		if f.Kind != faults.RestartEngine {
+			continue
+		}
+		began, ended := map[string]bool{}, map[string]bool{}
+		for _, o := range ops {
+			switch {
+			case o.Kind == faults.Acquire && o.Lease != "" && o.Call <= f.end:
+				began[o.Lease] = true
+			case o.Kind == faults.Release && o.Outcome == faults.OK && o.Return < f.start:
+				ended[o.Lease] = true
+			}
+		}
+		for lease := range began {
+			if !ended[lease] {
+				out = append(out, faults.Op{ID: -1, Client: -1, Replica: -1, Kind: faults.Lose, Lease: lease,
+					Call: f.start, Return: f.end, Outcome: faults.Unknown, Err: "the engine restarted"})
+			}
+		}
+	}
+	return out
+}
+
+// dockerFaultPools is TestFaults_Docker's pool: small containers of the
+// bash test image.
+const dockerFaultPools = `pools:
+  - name: default
+    image: quarry-test/bash:latest
+    cpu: 0.25
+    memory: 128Mi
+    min_warm: 3
+    max_total: 10
+    startup_timeout_seconds: 60
+`
 
 // countersMatch compares what each replica's /v1/pools counts with the
 // task records in the store.
@@ -335,6 +580,9 @@ func (l *faultLoad) client(soft, hard context.Context, id int) {
 				break
 			}
 		}
+		if !lost && r.IntN(3) == 0 {
+			lost = l.checkpointAndRestore(hard, r, id, lease)
+		}
 		if !lost {
 			l.call(hard, r, id, faults.Heartbeat, lease, func(ctx context.Context, c *client.Client, _ *faults.Op) error {
 				_, err := c.Heartbeat(ctx, lease)
@@ -360,11 +608,35 @@ func (l *faultLoad) client(soft, hard context.Context, id int) {
 	}
 }
 
+// checkpointAndRestore takes a checkpoint of the sandbox and, half the
+// time, restores it; it reports whether the lease was refused as ended.
+func (l *faultLoad) checkpointAndRestore(ctx context.Context, r *mrand.Rand, id int, lease string) bool {
+	op := l.call(ctx, r, id, faults.Checkpoint, lease, func(ctx context.Context, c *client.Client, op *faults.Op) error {
+		ck, err := c.CreateCheckpoint(ctx, lease, client.CreateCheckpointRequest{})
+		op.Checkpoint = ck.ID
+		return err
+	})
+	if op.Outcome != faults.OK || r.IntN(2) == 0 {
+		return op.Outcome == faults.Refused
+	}
+	ck := op.Checkpoint
+	op = l.call(ctx, r, id, faults.Restore, lease, func(ctx context.Context, c *client.Client, op *faults.Op) error {
+		op.Checkpoint = ck
+		_, err := c.RestoreSandbox(ctx, lease, ck)
+		return err
+	})
+	return op.Outcome == faults.Refused
+}
+
 // exec runs a command that leaves a marker named by the operation and
 // prints the sandbox's working directory (which names its task).
 func (l *faultLoad) exec(ctx context.Context, r *mrand.Rand, id int, lease string) faults.Op {
 	return l.call(ctx, r, id, faults.Exec, lease, func(ctx context.Context, c *client.Client, op *faults.Op) error {
-		res, err := c.Exec(ctx, lease, agentapi.ExecRequest{Command: fmt.Sprintf("touch %s/%d && pwd", l.markers, op.ID)})
+		cmd := fmt.Sprintf("touch %s/%d && pwd", l.markers, op.ID)
+		if l.fc.d != nil {
+			cmd, op.Marked = "hostname", false
+		}
+		res, err := c.Exec(ctx, lease, agentapi.ExecRequest{Command: cmd})
 		if err != nil {
 			return err
 		}
@@ -412,9 +684,13 @@ func (l *faultLoad) call(ctx context.Context, r *mrand.Rand, id int, kind faults
 	return l.rec.End(op)
 }
 
-// taskOf names the task of a sandbox's working directory under the
-// process provider (<data dir>/process/<task>/...).
+// taskOf names the task of a sandbox from what its command printed: the
+// working directory under the process provider (<data dir>/process/<task>/...),
+// the hostname (the container's short id) on Docker.
 func (l *faultLoad) taskOf(dir string) string {
+	if l.fc.d != nil {
+		return dir
+	}
 	rest, ok := strings.CutPrefix(dir, filepath.Join(l.fc.dataDir, "process")+"/")
 	if !ok {
 		return ""

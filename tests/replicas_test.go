@@ -73,7 +73,11 @@ func (a awsSettings) env(endpoint string) []string {
 type awsTables struct {
 	aws           awsSettings
 	tasks, leases string
-	store         *dynamostore.Store
+	// relay and checkpoints: the model relay's and the S3 checkpoint
+	// store's tables, made with the others (named by the test, so that no
+	// test makes or deletes another's, nor the defaults).
+	relay, checkpoints string
+	store              *dynamostore.Store
 }
 
 // newTables creates fresh tables with `quarry tables create` and deletes
@@ -87,7 +91,7 @@ func newTables(t *testing.T) *awsTables {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	prefix := "e2e-" + hex.EncodeToString(b)
-	tb := &awsTables{aws: a, tasks: prefix + "-tasks", leases: prefix + "-leases"}
+	tb := &awsTables{aws: a, tasks: prefix + "-tasks", leases: prefix + "-leases", relay: prefix + "-relay", checkpoints: prefix + "-checkpoints"}
 	tb.quarry(t, "create")
 	t.Cleanup(func() { tb.quarry(t, "delete") })
 
@@ -103,7 +107,8 @@ func newTables(t *testing.T) *awsTables {
 // quarry runs `quarry tables <verb>` on the test's tables.
 func (tb *awsTables) quarry(t *testing.T, verb string) {
 	t.Helper()
-	cmd := exec.Command(bins.quarry, "tables", verb, "--tasks-table", tb.tasks, "--leases-table", tb.leases, "--timeout", "2m")
+	cmd := exec.Command(bins.quarry, "tables", verb, "--tasks-table", tb.tasks, "--leases-table", tb.leases,
+		"--relay-table", tb.relay, "--checkpoint-table", tb.checkpoints, "--timeout", "2m")
 	cmd.Env = append(os.Environ(), tb.aws.env(tb.aws.endpoint)...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "quarry tables %s: %s", verb, out)

@@ -104,7 +104,7 @@ func leaseStep(s int, k Kind, out Outcome) []any {
 		if out != OK {
 			return []any{s}
 		}
-	case Exec, Heartbeat:
+	case Exec, Heartbeat, Checkpoint, Restore:
 		switch {
 		case out == OK && s == active, out == Refused && s == ended, out == Unknown:
 			return []any{s}

@@ -81,6 +81,18 @@ func TestCheck_Histories(t *testing.T) {
 			op(2, 0, Acquire, "L1", 11, 20, OK),
 			op(3, 0, Release, "L1", 21, 30, OK),
 		}, nil},
+		{"a checkpoint and a restore while active, a checkpoint refused after the release", []Op{
+			op(1, 0, Acquire, "L1", 0, 10, OK),
+			op(2, 0, Checkpoint, "L1", 11, 20, OK),
+			op(3, 0, Restore, "L1", 21, 30, OK),
+			op(4, 0, Release, "L1", 31, 40, OK),
+			op(5, 0, Checkpoint, "L1", 41, 50, Refused),
+		}, nil},
+		{"a restore that succeeds after the release was acknowledged", []Op{
+			op(1, 0, Acquire, "L1", 0, 10, OK),
+			op(2, 0, Release, "L1", 11, 20, OK),
+			op(3, 0, Restore, "L1", 21, 30, OK),
+		}, []string{RuleLinearizable}},
 		{"a call that outlived its deadline", []Op{
 			{ID: 1, Kind: Acquire, Lease: "L1", Outcome: Unknown, Code: "deadline", Late: true, Return: time.Minute},
 		}, []string{RuleEveryCallEnds}},

@@ -21,6 +21,10 @@ const (
 	Heartbeat Kind = "heartbeat"
 	Release   Kind = "release"
 	Lose      Kind = "lose"
+	// Checkpoint and Restore are calls on a lease, as Exec is: they need
+	// it active.
+	Checkpoint Kind = "checkpoint"
+	Restore    Kind = "restore"
 )
 
 // Outcome is what a client learned from an operation's answer.
@@ -57,6 +61,9 @@ type Op struct {
 	// Task is the task (sandbox) the operation saw, when its answer named
 	// it: an exec prints its working directory.
 	Task string `json:"task,omitempty"`
+	// Checkpoint is the checkpoint an operation made (Checkpoint) or
+	// restored (Restore).
+	Checkpoint string `json:"checkpoint,omitempty"`
 	// Marked: an exec whose command leaves a marker named by ID when it
 	// runs, so that the checker can tell whether a refused command ran.
 	Marked bool `json:"marked,omitempty"`

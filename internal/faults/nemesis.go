@@ -22,13 +22,20 @@ const (
 	StoreLatency   FaultKind = "store-latency"
 	StoreReset     FaultKind = "store-reset"
 	StoreBlackhole FaultKind = "store-blackhole"
-	// KillAgent: SIGKILL the exec agent inside a leased sandbox (the
-	// sandbox dies under its holder).
+	// KillAgent: kill a leased sandbox from outside (the process
+	// provider's agent with SIGKILL, a Docker container with docker kill):
+	// it dies under its holder.
 	KillAgent FaultKind = "kill-agent"
+	// DiskFull: the replicas' data directory is filled to the last byte
+	// for the fault's duration.
+	DiskFull FaultKind = "disk-full"
+	// RestartEngine: stop the Docker engine and start it again (the
+	// fault's duration is the restart's own); its containers die with it.
+	RestartEngine FaultKind = "restart-engine"
 )
 
 // AllFaults is every fault, for a schedule that uses them all.
-var AllFaults = []FaultKind{KillReplica, PauseReplica, StoreLatency, StoreReset, StoreBlackhole, KillAgent}
+var AllFaults = []FaultKind{KillReplica, PauseReplica, StoreLatency, StoreReset, StoreBlackhole, KillAgent, DiskFull, RestartEngine}
 
 // Fault is one scheduled fault: at At (since the run began), Kind against
 // replica Target (ignored by KillAgent, which picks a leased sandbox by

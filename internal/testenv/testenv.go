@@ -35,6 +35,9 @@ const (
 	// EnvE2BPythons names the pythons of venvs with E2B's SDK, one per
 	// pinned version: "version=python,…" (E2BPythons).
 	EnvE2BPythons = "QUARRY_E2B_PYTHONS"
+	// EnvSchemathesisPython names the python of a venv with schemathesis
+	// (SchemathesisPython).
+	EnvSchemathesisPython = "QUARRY_SCHEMATHESIS_PYTHON"
 	// EnvChromium names a Chromium binary for browser tests (Chromium).
 	EnvChromium = "QUARRY_TEST_CHROMIUM"
 	// EnvRegistry names an image registry without authentication,
@@ -116,6 +119,11 @@ var (
 		env:  EnvRockPython,
 		what: "ROCK's Python SDK (rl-rock)",
 		how:  "run `make test`, or set " + EnvRockPython + "=\"$(scripts/rock-sdk.sh)\" (it installs the SDK into .cache/rock-venv and prints its python)",
+	}
+	schemathesisDep = dependency{
+		env:  EnvSchemathesisPython,
+		what: "schemathesis (API fuzzing from openapi.json)",
+		how:  "run `make test`, or set " + EnvSchemathesisPython + "=\"$(scripts/schemathesis.sh)\" (it installs schemathesis into .cache/schemathesis-venv and prints its python)",
 	}
 	e2bDep = dependency{
 		env:  EnvE2BPythons,
@@ -390,6 +398,17 @@ func RockPython(t testing.TB) string {
 	py := rockDep.value(t)
 	if err := check("rock "+py, func() error { return pythonImports(py, nil, rockModules) }); err != nil {
 		rockDep.broken(t, "%v", err)
+	}
+	return py
+}
+
+// SchemathesisPython returns the python of a venv with schemathesis,
+// checked to import it. Not asked for: t is skipped, or fails when Strict.
+func SchemathesisPython(t testing.TB) string {
+	t.Helper()
+	py := schemathesisDep.value(t)
+	if err := check("schemathesis "+py, func() error { return pythonImports(py, nil, []string{"schemathesis"}) }); err != nil {
+		schemathesisDep.broken(t, "%v", err)
 	}
 	return py
 }
