@@ -76,10 +76,12 @@ expected-statuses = ["1XX", "2XX", "3XX", "4XX", 502, 503, 504, 507]
 `, sbx.ID)), 0o644))
 	t.Logf("apifuzz: seed %d, %s (replay: QUARRY_APIFUZZ_SEED=%d)", seed, budget, seed)
 
+	schema, err := filepath.Abs("../gateway/openapi.json")
+	require.NoError(t, err)
 	runCtx, cancel := context.WithTimeout(c, budget+3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, filepath.Join(filepath.Dir(py), "schemathesis"), "--config-file", config, "--no-color",
-		"run", "../gateway/openapi.json",
+		"run", schema,
 		"--url", g.url(),
 		"--header", "Authorization: Bearer "+g.key,
 		"--header", "X-API-Key: "+g.key, // E2B's control plane
@@ -97,6 +99,7 @@ expected-statuses = ["1XX", "2XX", "3XX", "4XX", 502, 503, 504, 507]
 	require.NoError(t, err)
 	cmd.Env = append(os.Environ(), "SCHEMATHESIS_TELEMETRY=false", "NO_COLOR=1",
 		"SCHEMATHESIS_HOOKS=quarry_hooks", "PYTHONPATH="+hooks)
+	cmd.Dir = dir // its caches (.schemathesis, .hypothesis) stay out of the tree
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("schemathesis (seed %d) failed: %v\n%s", seed, err, out)
