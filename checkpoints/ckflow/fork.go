@@ -2,6 +2,7 @@ package ckflow
 
 import (
 	"context"
+	"fmt"
 
 	"golang.org/x/sync/errgroup"
 
@@ -46,10 +47,11 @@ type ForkOutcome struct {
 }
 
 // Fork takes a checkpoint of lease now (Take), then makes req.Count new
-// sandboxes of the same pool, owner and env with it restored
-// (AcquireRestored), each its own lease. The forks are made concurrently,
-// all within Config.ForkTimeout; each outcome is its sandbox or its own
-// error, in order. The error is Take's (then no sandbox is made) or
+// sandboxes of the same pool, owner and env with it restored, each its own
+// lease: the sandboxes are acquired concurrently, then the checkpoint is
+// read from the store once and streamed into all of them at once; a
+// sandbox whose restore fails is released. All within Config.ForkTimeout;
+// each outcome is its sandbox or its own error, in order. The error is Take's (then no sandbox is made) or
 // CheckCount's.
 func (s *Service) Fork(ctx context.Context, lease warmpool.Lease, req ForkRequest) (checkpoints.Checkpoint, []ForkOutcome, error) {
 	if err := CheckCount(req.Count); err != nil {
@@ -62,16 +64,34 @@ func (s *Service) Fork(ctx context.Context, lease warmpool.Lease, req ForkReques
 	forks := make([]ForkOutcome, req.Count)
 	fctx, cancel := context.WithTimeout(ctx, s.cfg.ForkTimeout)
 	defer cancel()
-	var eg errgroup.Group // every fork runs: count is bounded by MaxForks
+	// Every fork's sandbox first, then the checkpoint, read from the store
+	// once and streamed into all of them at once (restoreAll).
+	var eg errgroup.Group // every acquire runs: count is bounded by MaxForks
 	for i := range forks {
 		eg.Go(func() error {
-			forks[i].Lease, _, forks[i].Err = s.AcquireRestored(fctx, warmpool.AcquireRequest{
+			forks[i].Lease, _, forks[i].Err = s.leases.Acquire(fctx, warmpool.AcquireRequest{
 				Pool: lease.Pool, Owner: lease.Owner, LeaseSeconds: req.LeaseSeconds, Env: lease.Env, Labels: req.Labels,
-			}, ck)
+			})
 			return nil
 		})
 	}
 	_ = eg.Wait()
+	var made []int
+	var leases []warmpool.Lease
+	for i, f := range forks {
+		if f.Err == nil {
+			made, leases = append(made, i), append(leases, f.Lease)
+		}
+	}
+	if len(leases) > 0 {
+		_, errs := s.restoreAll(fctx, leases, ck)
+		for j, i := range made {
+			if errs[j] != nil {
+				s.releaseUnrestored(ctx, leases[j])
+				forks[i] = ForkOutcome{Err: fmt.Errorf("restore checkpoint %s into a new sandbox of pool %s: %w", ck.ID, lease.Pool, errs[j])}
+			}
+		}
+	}
 	if !req.KeepCheckpoint {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CallTimeout)
 		defer cancel()

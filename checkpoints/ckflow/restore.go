@@ -2,7 +2,11 @@ package ckflow
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/quarryhq/quarry/checkpoints"
@@ -47,31 +51,105 @@ func checkImage(ck checkpoints.Checkpoint, pool, image string) error {
 // (checkpoints.ErrCorrupt) whatever the agent said. The agent's errors go
 // through Leases.CallFailed.
 func (s *Service) Restore(ctx context.Context, lease warmpool.Lease, ck checkpoints.Checkpoint) (agentapi.RestoreResult, error) {
+	res, errs := s.restoreAll(ctx, []warmpool.Lease{lease}, ck)
+	return res[0], errs[0]
+}
+
+// restoreAll restores ck into every lease (all of one owner) at once,
+// reading the blob from the store once: each chunk goes to every agent
+// still reading, so the slowest sets the pace and memory stays one chunk.
+// An agent that answers early (a refusal) drops out; the others go on. It
+// returns each lease's result and error, as Restore does.
+func (s *Service) restoreAll(ctx context.Context, leases []warmpool.Lease, ck checkpoints.Checkpoint) ([]agentapi.RestoreResult, []error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StreamTimeout)
 	defer cancel()
 	start := time.Now()
-	rc, ck, err := s.store.Open(ctx, ck.ID, lease.Owner)
-	if err != nil {
-		return agentapi.RestoreResult{}, err
+	results, errs := make([]agentapi.RestoreResult, len(leases)), make([]error, len(leases))
+	rc, ck, err := s.store.Open(ctx, ck.ID, leases[0].Owner)
+	if err != nil { // a store read (not found, unavailable), not a failed restore
+		for i := range errs {
+			errs[i] = err
+		}
+		return results, errs
 	}
 	defer rc.Close()
-	// A failing store reader ends the body as if it were whole: the agent
+	// A failing store reader ends the body as if it were whole: each agent
 	// then finds that it does not hash to ck.SHA256 and refuses it after
 	// removing what it staged, so the answer waits for the sandbox to be
 	// as it was (an aborted body would be cleaned up after the answer).
 	src := &trackedReader{r: rc, endOnError: true}
-	res, err := s.sandboxes.Agent(lease).Restore(ctx, ck.SHA256, src)
-	if src.err != nil {
-		err = fmt.Errorf("read checkpoint %s: %w", ck.ID, src.err)
-	} else if err != nil {
-		err = s.leases.CallFailed(ctx, lease, err)
+	bodies := make([]*io.PipeWriter, len(leases))
+	var wg sync.WaitGroup
+	for i, lease := range leases {
+		pr, pw := io.Pipe()
+		bodies[i] = pw
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = s.sandboxes.Agent(lease).Restore(ctx, ck.SHA256, pr)
+			pr.CloseWithError(errAnswered) // what is still written to it fails at once
+		}()
 	}
-	if err != nil {
-		s.metrics.Failed(OpRestore)
-		return res, err
+	fanOut(src, bodies)
+	wg.Wait()
+	for i, lease := range leases {
+		switch {
+		case src.err != nil:
+			errs[i] = fmt.Errorf("read checkpoint %s: %w", ck.ID, src.err)
+		case errs[i] != nil:
+			errs[i] = s.leases.CallFailed(ctx, lease, errs[i])
+		}
+		if errs[i] != nil {
+			s.metrics.Failed(OpRestore)
+			continue
+		}
+		s.metrics.Restored(ck.SizeBytes, time.Since(start))
 	}
-	s.metrics.Restored(ck.SizeBytes, time.Since(start))
-	return res, nil
+	return results, errs
+}
+
+// errAnswered ends the body of an agent that answered before reading it
+// all.
+var errAnswered = errors.New("the agent answered before the end of the checkpoint")
+
+// fanOut copies src to every body at once, chunk by chunk, until src ends
+// or no body takes more, then closes them all.
+func fanOut(src io.Reader, bodies []*io.PipeWriter) {
+	defer func() {
+		for _, b := range bodies {
+			_ = b.Close()
+		}
+	}()
+	open := make([]bool, len(bodies))
+	for i := range open {
+		open[i] = true
+	}
+	buf := make([]byte, 256<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			var wg sync.WaitGroup
+			for i, b := range bodies {
+				if !open[i] {
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if _, werr := b.Write(buf[:n]); werr != nil {
+						open[i] = false
+					}
+				}()
+			}
+			wg.Wait()
+			if !slices.Contains(open, true) {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // AcquireRestored leases a sandbox and restores ck (Resolved for req's
@@ -85,12 +163,18 @@ func (s *Service) AcquireRestored(ctx context.Context, req warmpool.AcquireReque
 		return lease, replayed, err
 	}
 	if _, err := s.Restore(ctx, lease, ck); err != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CallTimeout)
-		defer cancel()
-		if rerr := s.leases.Release(rctx, lease); rerr != nil {
-			s.log.Warn("release sandbox after a failed restore", "lease", lease.ID, "err", rerr)
-		}
+		s.releaseUnrestored(ctx, lease)
 		return warmpool.Lease{}, false, fmt.Errorf("restore checkpoint %s into a new sandbox of pool %s: %w", ck.ID, req.Pool, err)
 	}
 	return lease, false, nil
+}
+
+// releaseUnrestored releases a sandbox whose restore failed, so that
+// nothing half-restored is handed out (even when ctx has ended).
+func (s *Service) releaseUnrestored(ctx context.Context, lease warmpool.Lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CallTimeout)
+	defer cancel()
+	if err := s.leases.Release(rctx, lease); err != nil {
+		s.log.Warn("release sandbox after a failed restore", "lease", lease.ID, "err", err)
+	}
 }

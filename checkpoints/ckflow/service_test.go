@@ -390,3 +390,79 @@ func TestNew_RefusesMissingDepsAndBadConfig(t *testing.T) {
 	_, err = New(cfg, good)
 	assert.ErrorContains(t, err, "ForkTimeout")
 }
+
+// countingStore counts the blobs opened.
+type countingStore struct {
+	checkpoints.Store
+	mu    sync.Mutex
+	opens int
+}
+
+func (s *countingStore) Open(ctx context.Context, id, owner string) (io.ReadCloser, checkpoints.Checkpoint, error) {
+	s.mu.Lock()
+	s.opens++
+	s.mu.Unlock()
+	return s.Store.Open(ctx, id, owner)
+}
+
+// A fork of N reads the checkpoint from the store once and streams it into
+// every fork at once; an agent that refuses it drops out (its sandbox
+// released), and the others are restored all the same.
+func TestService_Fork_ReadsTheCheckpointOnce(t *testing.T) {
+	var counted *countingStore
+	agents := map[string]*fakeAgent{}
+	var mu sync.Mutex
+	e := newEnv(t, checkpoints.Budget{}, func(_ *Config, d *Deps) {
+		counted = &countingStore{Store: d.Store}
+		d.Store = counted
+		d.Sandboxes = &fakeSandboxes{AgentFn: func(l warmpool.Lease) Agent {
+			mu.Lock()
+			defer mu.Unlock()
+			a, ok := agents[l.ID]
+			if !ok {
+				a = &fakeAgent{archive: bytes.Repeat([]byte("archive "), 1024)}
+				if l.ID == "sbx-new-3" { // refuses at once, before reading the body
+					a.RestoreFn = func(context.Context, string, io.Reader) (agentapi.RestoreResult, error) {
+						return agentapi.RestoreResult{}, &agentapi.Error{Status: http.StatusInsufficientStorage, Code: agentapi.CodeInsufficientStorage, Message: "full"}
+					}
+				}
+				agents[l.ID] = a
+			}
+			return a
+		}}
+	})
+	// The source's archive: large enough for many chunks.
+	src := &fakeAgent{archive: bytes.Repeat([]byte("0123456789abcdef"), 100_000)}
+	agents[e.lease.ID] = src
+	_, forks, err := e.svc.Fork(context.Background(), e.lease, ForkRequest{Count: 6})
+	require.NoError(t, err)
+	assert.Equal(t, 1, counted.opens, "the blob is read once for 6 forks")
+	failed := 0
+	for _, f := range forks {
+		if f.Err != nil {
+			failed++
+			var ae *agentapi.Error
+			assert.ErrorAs(t, f.Err, &ae, "the refusing agent's answer")
+			continue
+		}
+		a := agents[f.Lease.ID]
+		require.Len(t, a.restored, 1, "fork %s restored", f.Lease.ID)
+		assert.Equal(t, src.archive, a.restored[0], "fork %s got the whole checkpoint", f.Lease.ID)
+	}
+	assert.Equal(t, 1, failed)
+	require.Len(t, e.leases.released, 1, "the fork whose restore failed is released")
+	assert.Equal(t, "sbx-new-3", e.leases.released[0].ID)
+}
+
+// A blob that turns out corrupt fails every fork (each agent refuses the
+// short body, nothing half-restored is handed out), and each is released.
+func TestService_Fork_CorruptCheckpointFailsEveryFork(t *testing.T) {
+	e := newEnv(t, checkpoints.Budget{}, func(_ *Config, d *Deps) { d.Store = corruptStore{d.Store} })
+	_, forks, err := e.svc.Fork(context.Background(), e.lease, ForkRequest{Count: 3})
+	require.NoError(t, err)
+	for _, f := range forks {
+		assert.ErrorIs(t, f.Err, checkpoints.ErrCorrupt)
+	}
+	assert.Len(t, e.leases.released, 3)
+	assert.Empty(t, e.agent.restored)
+}
