@@ -70,6 +70,15 @@ func (m *Manager) refill(ctx context.Context, p *pool, c TaskCounts, holder bool
 		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
 		err := m.reserve(sctx, p, recs)
 		cancel()
+		if err != nil && lostAnswer(err) && ctx.Err() == nil {
+			// The reservation may have been written all the same: adoptLost
+			// finds out, holding the Launch call meanwhile, and launches it
+			// if so.
+			if m.goBackground(CallerReconcile, func(bg context.Context) { m.adoptLost(bg, p, recs) }) {
+				p.blocked(m, blockedStore, n, "err", err)
+				return
+			}
+		}
 		if err != nil {
 			p.endLaunch(0)
 			switch {
@@ -97,6 +106,52 @@ func (m *Manager) refill(ctx context.Context, p *pool, c TaskCounts, holder bool
 		}
 		n -= k
 	}
+}
+
+// lostAnswer reports whether a reservation's error leaves open whether it
+// was written: not a refusal the store decided (no capacity, an id taken,
+// the store closed), but a deadline, a broken connection or a store error
+// whose request may have been applied before it failed.
+func lostAnswer(err error) bool {
+	return !errors.Is(err, ErrNoCapacity) && !errors.Is(err, ErrConflict) && !errors.Is(err, ErrClosed)
+}
+
+// adoptLost settles a reservation whose answer was lost (refill holds its
+// Launch call for it): ReserveTasks writes all or none, so its first
+// record tells. Looked for after 1, 2, 4 and 8 s (a
+// request the store received may be applied after its caller gave up);
+// found, the tasks are launched as if the answer had come, instead of
+// holding their slots until their launch deadline; not found, the refill
+// backs off as after any failed reservation.
+func (m *Manager) adoptLost(ctx context.Context, p *pool, recs []TaskRecord) {
+	for wait := time.Second; wait <= 8*time.Second; wait *= 2 {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			p.endLaunch(0)
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+		rec, err := m.store.GetTask(sctx, recs[0].ID)
+		cancel()
+		if err == nil && rec.State == TaskLaunching && rec.Version == 1 {
+			m.log.Info("a reservation whose answer was lost was written: launching it", "pool", p.cfg.Name, "tasks", len(recs))
+			for i := range recs {
+				recs[i].Version = 1
+			}
+			p.addLocal(len(recs))
+			m.launchChunk(ctx, p, recs)
+			return
+		}
+		if err == nil {
+			break // written, and taken over since (the orphan sweep): not ours to launch
+		}
+	}
+	p.endLaunch(0)
+	p.launchResult(false, m.cfg.LaunchBackoff, m.cfg.LaunchBackoffMax)
+	p.poke()
 }
 
 // launchChunk launches reserved tasks (one Launch call) and hands the ones
