@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -34,6 +35,7 @@ import (
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/faults"
 	"github.com/quarryhq/quarry/internal/testenv"
+	"github.com/quarryhq/quarry/modelservice/modeltest"
 	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
 )
@@ -93,6 +95,10 @@ func runFaults(t *testing.T, d *dockerTest, duration time.Duration, kinds []faul
 		wg.Add(1)
 		go func() { defer wg.Done(); load.client(soft, hard, i) }()
 	}
+	trainerCtx, stopTrainer := context.WithCancel(ctx)
+	defer stopTrainer()
+	trainerDone := make(chan struct{})
+	go func() { defer close(trainerDone); load.trainer(trainerCtx) }()
 
 	injected := fc.runNemesis(t, ctx, rec, load, schedule)
 	stopLoad()
@@ -106,6 +112,8 @@ func runFaults(t *testing.T, d *dockerTest, duration time.Duration, kinds []faul
 		t.Errorf("the clients did not finish their rounds within 2 minutes of the end of the faults")
 	}
 
+	stopTrainer()
+	<-trainerDone
 	ops := rec.Ops()
 	histFile := filepath.Join(cmpDir(os.Getenv("QUARRY_FAULTS_OUT"), t), fmt.Sprintf("faults-%d.jsonl", cfg.seed))
 	f, err := os.Create(histFile)
@@ -125,7 +133,7 @@ func runFaults(t *testing.T, d *dockerTest, duration time.Duration, kinds []faul
 
 	// What is left behind, once the replicas have reconciled.
 	released := load.releasedTasks(ops)
-	eventuallyStore(t, 2*time.Minute, "every agent and record accounted for, no active lease, every released sandbox stopped", func() error {
+	eventuallyStore(t, 2*time.Minute, "every agent and record accounted for, no active lease or relay request, every released sandbox stopped", func() error {
 		if err := fc.books(ctx); err != nil {
 			return err
 		}
@@ -135,6 +143,10 @@ func runFaults(t *testing.T, d *dockerTest, duration time.Duration, kinds []faul
 		}
 		if len(active) > 0 {
 			return fmt.Errorf("%d leases still active, e.g. %s", len(active), active[0].ID)
+		}
+		tr := &modeltest.Trainer{URL: fc.gws[0].url(), Key: fc.gws[0].key, HTTP: &http.Client{Timeout: 10 * time.Second}}
+		if left, err := tr.Claim(0, 8, ""); err != nil || len(left) > 0 {
+			return fmt.Errorf("relay requests left behind: %d (%v)", len(left), err)
 		}
 		live := fc.liveSandboxes()
 		for task, lease := range released {
@@ -281,7 +293,11 @@ func startFaultCluster(t *testing.T, d *dockerTest) *faultCluster {
 			"QUARRY_LOCK_TTL=2s", "QUARRY_ORPHAN_INTERVAL=1s", "QUARRY_ORPHAN_GRACE=10s", "QUARRY_LAUNCH_QUEUE_TIMEOUT=5s",
 			// One checkpoint store for every replica: S3 (the emulator's) and
 			// its DynamoDB table, reached through the replica's fault proxy.
-			"QUARRY_CHECKPOINT_STORE=s3", "QUARRY_CHECKPOINT_BUCKET="+bucket, "QUARRY_CHECKPOINT_TABLE="+tb.checkpoints)
+			"QUARRY_CHECKPOINT_STORE=s3", "QUARRY_CHECKPOINT_BUCKET="+bucket, "QUARRY_CHECKPOINT_TABLE="+tb.checkpoints,
+			// One model relay for every replica: a sandbox calls the replica
+			// that launched it, the trainer claims and answers on any.
+			"QUARRY_RELAY_BROKER=dynamodb", "QUARRY_RELAY_DYNAMODB_TABLE="+tb.relay,
+			"QUARRY_RELAY_SECRET=relay-secret-shared-by-the-replicas-0123456789")
 		if d != nil {
 			fc.gws = append(fc.gws, d.startGateway(dockerFaultPools, withEnv(env...)))
 			continue
@@ -583,6 +599,9 @@ func (l *faultLoad) client(soft, hard context.Context, id int) {
 		if !lost && r.IntN(3) == 0 {
 			lost = l.checkpointAndRestore(hard, r, id, lease)
 		}
+		if !lost && l.fc.d == nil && r.IntN(3) == 0 {
+			lost = l.relay(hard, r, id, lease).Outcome == faults.Refused
+		}
 		if !lost {
 			l.call(hard, r, id, faults.Heartbeat, lease, func(ctx context.Context, c *client.Client, _ *faults.Op) error {
 				_, err := c.Heartbeat(ctx, lease)
@@ -628,6 +647,56 @@ func (l *faultLoad) checkpointAndRestore(ctx context.Context, r *mrand.Rand, id 
 	return op.Outcome == faults.Refused
 }
 
+// errRelay is a relayed model call that failed inside the sandbox (curl's
+// error): the command ran, the call did not get its answer.
+var errRelay = errors.New("the relayed call failed")
+
+// relay makes a model call from inside the sandbox, through the relay of
+// the replica that launched it (the sandbox's OPENAI_BASE_URL), and checks
+// that the answer is its own.
+func (l *faultLoad) relay(ctx context.Context, r *mrand.Rand, id int, lease string) faults.Op {
+	return l.call(ctx, r, id, faults.Relay, lease, func(ctx context.Context, c *client.Client, op *faults.Op) error {
+		want := fmt.Sprintf("relay-%d", op.ID)
+		cmd := fmt.Sprintf(`curl -sS -m 25 -H "Authorization: Bearer $OPENAI_API_KEY" -H 'Content-Type: application/json' `+
+			`-d '{"model":"policy","messages":[{"role":"user","content":"%s"}]}' "$OPENAI_BASE_URL/chat/completions"`, want)
+		res, err := c.Exec(ctx, lease, agentapi.ExecRequest{Command: cmd})
+		if err != nil {
+			return err
+		}
+		if got := answerTo.FindString(res.Stdout); got != "" && got != "answer to: "+want {
+			op.Wrong = got
+			return nil
+		}
+		if res.ExitCode != 0 || !strings.Contains(res.Stdout, "answer to: "+want) {
+			return fmt.Errorf("%w: exit %d: %s%s", errRelay, res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return nil
+	})
+}
+
+// answerTo finds the trainer's answer in a relayed call's output.
+var answerTo = regexp.MustCompile(`answer to: relay-[0-9]+`)
+
+// trainer claims the relayed calls on a random replica and answers each
+// with its own content, until ctx ends. A replica that does not answer
+// (killed, paused) costs it one claim's wait.
+func (l *faultLoad) trainer(ctx context.Context) {
+	r := mrand.New(mrand.NewPCG(l.seed, 1<<32))
+	hc := &http.Client{Timeout: 10 * time.Second}
+	for ctx.Err() == nil {
+		g := l.fc.gws[r.IntN(len(l.fc.gws))]
+		tr := &modeltest.Trainer{URL: g.url(), Key: g.key, HTTP: hc}
+		reqs, err := tr.Claim(time.Second, 8, "")
+		if err != nil {
+			sleepCtx(ctx, 100*time.Millisecond)
+			continue
+		}
+		for _, q := range reqs {
+			_, _, _ = tr.Respond(q.ID, 0, modeltest.ChatCompletion("chatcmpl-"+q.ID, "policy", "answer to: "+q.LastUserMessage()))
+		}
+	}
+}
+
 // exec runs a command that leaves a marker named by the operation and
 // prints the sandbox's working directory (which names its task).
 func (l *faultLoad) exec(ctx context.Context, r *mrand.Rand, id int, lease string) faults.Op {
@@ -670,6 +739,8 @@ func (l *faultLoad) call(ctx context.Context, r *mrand.Rand, id int, kind faults
 		op.Outcome, op.Code = faults.Refused, ce.Code
 	case errors.As(err, &ce):
 		op.Outcome, op.Code = faults.Unknown, ce.Code
+	case errors.Is(err, errRelay):
+		op.Outcome, op.Code = faults.Unknown, "relay"
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		op.Outcome, op.Code, op.Late = faults.Unknown, "deadline", true
 	default:

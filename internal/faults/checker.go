@@ -27,6 +27,9 @@ const (
 	// RuleEveryCallEnds: every call ended within its deadline, with a
 	// result or a classified error.
 	RuleEveryCallEnds = "every-call-ends"
+	// RuleOwnAnswer: a relayed model call got the answer to its own
+	// request, never another's.
+	RuleOwnAnswer = "own-answer"
 )
 
 // Violation is one broken rule, with the operations that show it.
@@ -58,6 +61,10 @@ func Check(ops []Op, ran func(id int64) bool, timeout time.Duration) []Violation
 		out = append(out, checkMarkers(ops, ran)...)
 	}
 	for _, o := range ops {
+		if o.Wrong != "" {
+			out = append(out, Violation{Rule: RuleOwnAnswer, Ops: []Op{o},
+				Detail: fmt.Sprintf("the relayed call got %q", o.Wrong)})
+		}
 		if o.Late {
 			out = append(out, Violation{Rule: RuleEveryCallEnds,
 				Detail: fmt.Sprintf("the call took %.1fs", (o.Return - o.Call).Seconds()), Ops: []Op{o}})
@@ -104,7 +111,7 @@ func leaseStep(s int, k Kind, out Outcome) []any {
 		if out != OK {
 			return []any{s}
 		}
-	case Exec, Heartbeat, Checkpoint, Restore:
+	case Exec, Heartbeat, Checkpoint, Restore, Relay:
 		switch {
 		case out == OK && s == active, out == Refused && s == ended, out == Unknown:
 			return []any{s}

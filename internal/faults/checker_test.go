@@ -93,6 +93,10 @@ func TestCheck_Histories(t *testing.T) {
 			op(2, 0, Release, "L1", 11, 20, OK),
 			op(3, 0, Restore, "L1", 21, 30, OK),
 		}, []string{RuleLinearizable}},
+		{"a relayed call answered with another call's answer", []Op{
+			op(1, 0, Acquire, "L1", 0, 10, OK),
+			{ID: 2, Kind: Relay, Lease: "L1", Outcome: OK, Call: 11 * time.Millisecond, Return: 20 * time.Millisecond, Wrong: "answer to: relay-7"},
+		}, []string{RuleOwnAnswer}},
 		{"a call that outlived its deadline", []Op{
 			{ID: 1, Kind: Acquire, Lease: "L1", Outcome: Unknown, Code: "deadline", Late: true, Return: time.Minute},
 		}, []string{RuleEveryCallEnds}},

@@ -25,6 +25,9 @@ const (
 	// it active.
 	Checkpoint Kind = "checkpoint"
 	Restore    Kind = "restore"
+	// Relay is a model call from inside the sandbox through the gateway's
+	// relay, answered by the trainer: a call on the lease, as Exec is.
+	Relay Kind = "relay"
 )
 
 // Outcome is what a client learned from an operation's answer.
@@ -67,6 +70,9 @@ type Op struct {
 	// Marked: an exec whose command leaves a marker named by ID when it
 	// runs, so that the checker can tell whether a refused command ran.
 	Marked bool `json:"marked,omitempty"`
+	// Wrong: what a relay call got that was not the answer to its own
+	// request (another request's answer).
+	Wrong string `json:"wrong,omitempty"`
 	// Late: the call ended after its deadline (Code "deadline"), or its
 	// answer took longer than the run's bound on any call.
 	Late bool `json:"late,omitempty"`
