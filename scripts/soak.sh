@@ -7,6 +7,7 @@
 #
 #   make soak                    # 30 minutes
 #   DURATION=10m make soak
+#   WORKERS=1 make soak          # a lighter load (default 4 workers)
 #
 # The samples are kept as CSV in .cache/soak/.
 set -euo pipefail
@@ -16,6 +17,7 @@ trap test_env_cleanup EXIT
 source scripts/test-env.sh # dependencies, strict mode, the run's temp dir
 
 export QUARRY_SOAK_DURATION="${DURATION:-30m}"
+[ -n "${WORKERS:-}" ] && export QUARRY_SOAK_WORKERS="$WORKERS"
 export QUARRY_SOAK_OUT="$PWD/.cache/soak"
 echo "== soak: $QUARRY_SOAK_DURATION of steady load (samples in $QUARRY_SOAK_OUT)"
 go test -tags 'integration soak' -count=1 -timeout 3h -run '^TestSoak$' -v ./tests/

@@ -29,6 +29,7 @@ import (
 
 // TestSoak is make soak: one gateway (process provider, embedded store)
 // under steady load for QUARRY_SOAK_DURATION (default 30m): workers
+// (QUARRY_SOAK_WORKERS, default 4)
 // acquire, run commands and a session, write and read a file, drive a
 // PTY, serve and fetch a port through the proxy, beat and release; one
 // sandbox lives through the whole run and gets the same traffic, so that
@@ -55,6 +56,12 @@ func TestSoak(t *testing.T) {
 		duration = d
 	}
 	workers := 4
+	if s := os.Getenv("QUARRY_SOAK_WORKERS"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err, "QUARRY_SOAK_WORKERS")
+		require.True(t, n >= 1 && n <= 16, "QUARRY_SOAK_WORKERS must be 1 to 16")
+		workers = n
+	}
 	warmup := min(5*time.Minute, duration/6)
 	g := startGateway(t, `pools:
   - name: default
@@ -113,8 +120,8 @@ func TestSoak(t *testing.T) {
 	require.NoError(t, os.MkdirAll(out, 0o755))
 	csv := filepath.Join(out, fmt.Sprintf("soak-%s.csv", time.Now().UTC().Format("20060102-150405")))
 	require.NoError(t, writeSoakCSV(csv, samples))
-	t.Logf("soak: %s, %d rounds (%d with an error, %d of them in a sandbox the faults killed), %d faults; samples: %s",
-		duration, s.rounds.Load(), s.errs.Load(), s.faultedErrs.Load(), s.kills.Load(), csv)
+	t.Logf("soak: %s, %d workers, %d rounds (%d with an error, %d of them in a sandbox the faults killed), %d faults; samples: %s",
+		duration, workers, s.rounds.Load(), s.errs.Load(), s.faultedErrs.Load(), s.kills.Load(), csv)
 
 	var after []soakSample
 	for _, smp := range samples {
