@@ -293,9 +293,23 @@ func (m *Manager) markReady(ctx context.Context, p *pool, rec TaskRecord) (TaskR
 	defer cancel()
 	out, err := m.store.UpdateTask(sctx, rec, from)
 	if err != nil {
-		return rec, fmt.Errorf("mark task %s ready: %w", rec.ID, err)
+		// The write may have been applied and its answer lost (a retry of
+		// it then conflicts with its own result), and the task claimed
+		// since: a task that is ready or leased on the agent it was
+		// launched with is alive in the pool's hands, not a failure to
+		// give up (which would stop a sandbox someone holds).
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
+		got, gerr := m.store.GetTask(rctx, rec.ID)
+		rcancel()
+		if gerr != nil || (got.State != TaskReady && got.State != TaskLeased) || got.AgentURL != rec.AgentURL {
+			return rec, fmt.Errorf("mark task %s ready: %w", rec.ID, err)
+		}
+		p.log.Info("marking a task ready failed, and it is ready or leased already: kept", "task", rec.ID, "state", got.State, "err", err)
+		out = got
 	}
-	p.queue.offer(out.ID)
+	if out.State == TaskReady {
+		p.queue.offer(out.ID)
+	}
 	p.changed.broadcast()
 	return out, nil
 }

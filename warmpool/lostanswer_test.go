@@ -55,3 +55,44 @@ func TestManager_Refill_LostReservationAnswer(t *testing.T) {
 		})
 	}
 }
+
+// lostMarkStore applies the first launching→ready write and answers it
+// with a conflict, as the retry of a write whose answer was lost does
+// (the first attempt applied, the retry finds the record moved on).
+type lostMarkStore struct {
+	warmpool.Store
+	lost atomic.Int32
+}
+
+func (s *lostMarkStore) UpdateTask(ctx context.Context, rec warmpool.TaskRecord, from warmpool.TaskState) (warmpool.TaskRecord, error) {
+	out, err := s.Store.UpdateTask(ctx, rec, from)
+	if err == nil && from == warmpool.TaskLaunching && rec.State == warmpool.TaskReady && s.lost.Add(-1) >= 0 {
+		return warmpool.TaskRecord{}, fmt.Errorf("update task %s: at version %d in state ready: %w", rec.ID, out.Version, warmpool.ErrConflict)
+	}
+	return out, err
+}
+
+// A task whose ready mark was written, but answered as a conflict (its
+// answer lost, the retry seeing the record moved on), is kept: it is ready
+// (or leased since), not a failed launch to stop. A fault run found the
+// stop: a sandbox was handed out, then its launcher stopped it
+// ("lost: its task stopped") under a blackholed store.
+func TestManager_MarkReady_LostAnswerKeepsTheTask(t *testing.T) {
+	s := &lostMarkStore{}
+	s.lost.Store(1)
+	e := newEnvSetup(t, fastConfig(), func(e *env) {
+		e.wrap = func(st warmpool.Store) warmpool.Store { s.Store = st; return s }
+	}, testPool(1, 1))
+	require.Eventually(t, func() bool { return e.status().Ready == 1 }, waitFor, 20*time.Millisecond, "%+v", e.status())
+	require.Zero(t, s.lost.Load(), "the ready mark was answered with a conflict")
+	// The starter handles the answer at once: a stop, or the record given
+	// up, would come within moments (a bound on an absence, not a wait for
+	// readiness; under load it can only miss the defect, never fail a fix).
+	assert.Never(t, func() bool {
+		return len(e.prov.stopCalls()) > 0 || e.status().Ready != 1
+	}, time.Second, 10*time.Millisecond, "the task was stopped or given up: stops %v", e.prov.stopCalls())
+	_, _, launched, _ := e.prov.counts()
+	assert.Equal(t, 1, launched, "nothing was launched again")
+	l := e.acquire("alice")
+	assert.NotEmpty(t, l.AgentURL)
+}
