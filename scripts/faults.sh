@@ -22,5 +22,6 @@ export QUARRY_FAULTS_DURATION="${DURATION:-10m}"
 [ -n "${CLIENTS:-}" ] && export QUARRY_FAULTS_CLIENTS="$CLIENTS"
 [ -n "${KINDS:-}" ] && export QUARRY_FAULTS_KINDS="$KINDS"
 export QUARRY_FAULTS_OUT="$PWD/.cache/faults"
+export QUARRY_FAULTS_RESTART_ENGINE=1 # the Docker run restarts the engine too
 echo "== faults: $QUARRY_FAULTS_DURATION of traffic under faults (history in $QUARRY_FAULTS_OUT)"
 go test -tags integration -count=1 -timeout 2h -run '^TestFaults(_Docker)?$' -v ./tests/
