@@ -65,8 +65,10 @@ type lostMarkStore struct {
 }
 
 func (s *lostMarkStore) UpdateTask(ctx context.Context, rec warmpool.TaskRecord, from warmpool.TaskState) (warmpool.TaskRecord, error) {
+	// Counted before the write: the test sees the task ready only after it.
+	lose := from == warmpool.TaskLaunching && rec.State == warmpool.TaskReady && s.lost.Add(-1) >= 0
 	out, err := s.Store.UpdateTask(ctx, rec, from)
-	if err == nil && from == warmpool.TaskLaunching && rec.State == warmpool.TaskReady && s.lost.Add(-1) >= 0 {
+	if err == nil && lose {
 		return warmpool.TaskRecord{}, fmt.Errorf("update task %s: at version %d in state ready: %w", rec.ID, out.Version, warmpool.ErrConflict)
 	}
 	return out, err
