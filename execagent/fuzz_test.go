@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
@@ -302,17 +304,10 @@ func FuzzPTYFrames(f *testing.F) {
 				t.Fatalf("the agent did not end the connection within 10 s of the client's end")
 			}
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		require.Eventually(t, func() bool {
 			info, err := a.client.GetPTY(ctx, pty.ID)
-			if err != nil || info.Clients == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the PTY still counts %d clients 10 s after the connection ended", info.Clients)
-			}
-			time.Sleep(5 * time.Millisecond) // the read loop's end: polled, bounded by the deadline
-		}
+			return err != nil || info.Clients == 0
+		}, 10*time.Second, 5*time.Millisecond, "the PTY still counts clients 10 s after the connection ended")
 		if _, err := a.client.Health(ctx); err != nil {
 			t.Fatalf("the agent stopped serving: %v", err)
 		}

@@ -394,7 +394,10 @@ func (fc *faultCluster) runNemesis(t *testing.T, ctx context.Context, rec *fault
 				in.note = "skipped: " + err.Error()
 			}
 		}
-		time.Sleep(f.For)
+		select { // the fault lasts its scheduled time
+		case <-time.After(f.For):
+		case <-ctx.Done():
+		}
 		heal()
 		in.end = rec.Now()
 		out = append(out, in)

@@ -312,9 +312,12 @@ func (s *soak) port(ctx context.Context, id string, port int) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond) // the server's start-up, polled until it answers
+	defer tick.Stop()
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		req, _ := http.NewRequestWithContext(wctx, http.MethodGet, u, nil)
 		resp, err := s.c.PortClient().Do(req)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
@@ -323,10 +326,11 @@ func (s *soak) port(ctx context.Context, id string, port int) error {
 				return nil
 			}
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		select {
+		case <-tick.C:
+		case <-wctx.Done():
 			return fmt.Errorf("port %d: not answering 200 within 30 s (%v)", port, err)
 		}
-		time.Sleep(50 * time.Millisecond) // the server's start-up: polled, bounded by the deadline
 	}
 }
 
