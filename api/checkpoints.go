@@ -14,7 +14,7 @@ type Checkpoint struct {
 	Paths     []string          `json:"paths"`   // absolute paths in the sandbox
 	Exclude   []string          `json:"exclude,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
-	Format    string            `json:"format"`     // "tar+gzip"
+	Format    string            `json:"format"`     // "tar" or "tar+gzip"
 	SizeBytes int64             `json:"size_bytes"` // the archive's bytes, as stored
 	Files     int               `json:"files"`      // entries: directories, files, symlinks
 	SHA256    string            `json:"sha256"`     // hex of the archive's bytes

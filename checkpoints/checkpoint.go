@@ -21,7 +21,7 @@ type Checkpoint struct {
 	Paths     []string          `json:"paths"`   // absolute paths in the sandbox
 	Exclude   []string          `json:"exclude,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
-	Format    string            `json:"format"`     // "tar+gzip" today (agentapi names it)
+	Format    string            `json:"format"`     // "tar" or "tar+gzip" (agentapi names them)
 	SizeBytes int64             `json:"size_bytes"` // archive bytes as stored
 	Files     int               `json:"files"`      // entries in the archive
 	SHA256    string            `json:"sha256"`     // hex of the archive bytes

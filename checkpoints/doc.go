@@ -1,5 +1,5 @@
 // Package checkpoints is the checkpoint-store contract: a checkpoint is one
-// tar+gzip archive of a sandbox's paths, taken by its agent, with its
+// tar archive (agentapi.FormatTar, or FormatTarGzip) of a sandbox's paths, taken by its agent, with its
 // metadata (Checkpoint), kept for its owner (an API key) until it is
 // deleted or it expires. Store is the interface the gateway uses to keep
 // them. The package also holds what every store shares: the sentinel

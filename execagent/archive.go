@@ -221,6 +221,16 @@ func uploadError(err error, limit int64) error {
 	return err
 }
 
+// tarBlock is the size of a tar block.
+const tarBlock = 512
+
+// isGzip reports whether body starts with gzip's magic bytes (else it is
+// read as a tar).
+func isGzip(body *bufio.Reader) bool {
+	magic, _ := body.Peek(2)
+	return len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b
+}
+
 // extractor extracts tar entries below root.
 type extractor struct {
 	root    *os.Root
@@ -228,6 +238,7 @@ type extractor struct {
 	budget  int64  // extracted bytes left
 	bytes   int64
 	entries int
+	rooted  int // entries that took the os.Root path, not the fast one
 	// exact (a restore) keeps every directory's mode and mtime in dirs,
 	// for finish: extracting into a directory changes its mtime, and one
 	// without write permission could not take its entries.
@@ -239,6 +250,9 @@ type extractor struct {
 	// made holds the directories this extraction made, open, by name
 	// ("." the root): the fast path (extract_fast.go). nil: none.
 	made map[string]*os.File
+	// open is the path of made directories the archive is in, the root
+	// first: the ones made still holds (extract_fast.go).
+	open []madeDir
 	// listed, when set, collects the directories the archive lists, by
 	// name, with the mode an extraction that is not exact gives them
 	// (mode|0700): an upload gives them to the directories it merges into.
@@ -408,6 +422,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	if done, err := x.fastEntry(hdr, name, body); done || err != nil {
 		return err
 	}
+	x.rooted++
 	if err := x.checkParents(hdr, name); err != nil {
 		return err
 	}

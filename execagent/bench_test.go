@@ -4,13 +4,12 @@ import (
 	"bytes"
 	stdgzip "compress/gzip"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +32,15 @@ func (l *latencies) add(d time.Duration) {
 	l.mu.Lock()
 	l.d = append(l.d, d)
 	l.mu.Unlock()
+}
+
+// p50 returns the median latency (0 with none).
+func (l *latencies) p50() time.Duration {
+	if len(l.d) == 0 {
+		return 0
+	}
+	slices.Sort(l.d)
+	return l.d[(len(l.d)-1)/2]
 }
 
 // report adds p50 and p99 (in µs) to the benchmark's metrics.
@@ -221,13 +229,7 @@ func BenchmarkRestore(b *testing.B) {
 // work dir below base.
 func benchRestore(b *testing.B, base string, w workspace, level string) {
 	a := benchAgent(b, base, w)
-	rc, _, err := a.client.CheckpointLevel(context.Background(), nil, nil, level)
-	require.NoError(b, err)
-	archive, err := io.ReadAll(rc)
-	require.NoError(b, err)
-	require.NoError(b, rc.Close())
-	sum := sha256.Sum256(archive)
-	hexSum := hex.EncodeToString(sum[:])
+	archive, _, hexSum := takeCheckpointAt(b, a, nil, nil, level)
 	var lat latencies
 	for b.Loop() {
 		b.StopTimer()
@@ -241,6 +243,57 @@ func benchRestore(b *testing.B, base string, w workspace, level string) {
 	}
 	b.SetBytes(w.Bytes)
 	lat.report(b)
+}
+
+// BenchmarkRestoreVsCopy measures, side by side in one run, a restore in
+// place of the 100 MB / 10k-file workspace (archived without compression,
+// the gateway's default) and `cp -a` of the same tree to a new directory
+// on the same file system, alternating the two every iteration: issue 27's
+// goal is the restore within 1.5x of the copy. Reported: the p50 of each
+// (restore-p50-µs, cp-p50-µs) and their ratio (restore/cp).
+func BenchmarkRestoreVsCopy(b *testing.B) {
+	for _, fsys := range benchFileSystems() {
+		b.Run(fsys.name, func(b *testing.B) {
+			if _, err := exec.LookPath("cp"); err != nil {
+				b.Skip("no cp on PATH")
+			}
+			a := benchAgent(b, fsys.dir, workspace100MB)
+			archive, _, hexSum := takeCheckpointAt(b, a, nil, nil, agentapi.CompressionNone)
+			copies := b.TempDir()
+			if fsys.name == "shm" {
+				var err error
+				copies, err = os.MkdirTemp(fsys.dir, "quarry-cpbench-")
+				require.NoError(b, err)
+				b.Cleanup(func() { _ = os.RemoveAll(copies) })
+			}
+			var restores, cps latencies
+			i := 0
+			for b.Loop() {
+				i++
+				b.StopTimer()
+				dst := filepath.Join(copies, strconv.Itoa(i))
+				b.StartTimer()
+				t0 := time.Now()
+				if out, err := exec.Command("cp", "-a", a.cfg.Workdir, dst).CombinedOutput(); err != nil {
+					b.Fatalf("cp -a: %v: %s", err, out)
+				}
+				cps.add(time.Since(t0))
+				b.StopTimer()
+				require.NoError(b, os.RemoveAll(dst))
+				require.NoError(b, os.WriteFile(filepath.Join(a.cfg.Workdir, "created-since"), []byte("x"), 0o644))
+				b.StartTimer()
+				t0 = time.Now()
+				if _, err := a.client.Restore(context.Background(), hexSum, bytes.NewReader(archive)); err != nil {
+					b.Fatal(err)
+				}
+				restores.add(time.Since(t0))
+			}
+			r, c := restores.p50(), cps.p50()
+			b.ReportMetric(float64(r.Microseconds()), "restore-p50-µs")
+			b.ReportMetric(float64(c.Microseconds()), "cp-p50-µs")
+			b.ReportMetric(float64(r)/float64(c), "restore/cp")
+		})
+	}
 }
 
 type benchFS struct{ name, dir string }
@@ -277,13 +330,7 @@ func benchAgent(b *testing.B, base string, w workspace) *testAgent {
 // "Checkpoints").
 func BenchmarkCompressors(b *testing.B) {
 	a := benchAgent(b, "/dev/shm", workspace100MB)
-	rc, _, err := a.client.CheckpointLevel(context.Background(), nil, nil, agentapi.CompressionNone)
-	require.NoError(b, err)
-	zr, err := gzip.NewReader(rc)
-	require.NoError(b, err)
-	stream, err := io.ReadAll(zr)
-	require.NoError(b, err)
-	require.NoError(b, rc.Close())
+	stream, _, _ := takeCheckpointAt(b, a, nil, nil, agentapi.CompressionNone) // a plain tar
 	gz := func(level int) func(io.Writer) io.WriteCloser {
 		return func(w io.Writer) io.WriteCloser { z, _ := gzip.NewWriterLevel(w, level); return z }
 	}

@@ -91,8 +91,9 @@ func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	h := w.Header()
-	h.Set("Content-Type", "application/gzip")
-	h.Set(agentapi.HeaderFormat, agentapi.FormatTarGzip)
+	format := agentapi.FormatOf(name)
+	h.Set("Content-Type", agentapi.ContentType(format))
+	h.Set(agentapi.HeaderFormat, format)
 	h.Set(agentapi.HeaderFiles, strconv.Itoa(len(walk.entries)))
 	h.Set(agentapi.HeaderSkipped, strconv.Itoa(walk.skipped))
 	h.Set(agentapi.HeaderBytes, strconv.FormatInt(walk.bytes, 10))
@@ -102,7 +103,7 @@ func (s *Server) handleCheckpoint(w http.ResponseWriter, r *http.Request) error 
 	}
 	h.Set(agentapi.HeaderRoots, string(list))
 	w.WriteHeader(http.StatusOK)
-	if err := s.writeCheckpoint(w, roots, walk.entries, level); err != nil {
+	if err := s.writeCheckpoint(w, roots, walk.entries, format, level); err != nil {
 		// The status is sent: abort the connection so the caller sees a
 		// broken transfer rather than a short but valid archive.
 		s.log.Warn("checkpoint aborted", "roots", roots, "err", err)
@@ -218,14 +219,20 @@ func (s *Server) walkCheckpoint(r *http.Request, roots []string, ex excludes) (c
 	return walk, nil
 }
 
-// writeCheckpoint streams the archive of entries to w.
-func (s *Server) writeCheckpoint(w io.Writer, roots []string, entries []ckEntry, level int) error {
+// writeCheckpoint streams the archive of entries to w, in format (gzip at
+// level for agentapi.FormatTarGzip).
+func (s *Server) writeCheckpoint(w io.Writer, roots []string, entries []ckEntry, format string, level int) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
-	zw, err := gzip.NewWriterLevel(bw, level)
-	if err != nil {
-		return fmt.Errorf("start gzip: %w", err)
+	var out io.Writer = bw
+	var zw *gzip.Writer
+	if format == agentapi.FormatTarGzip {
+		var err error
+		if zw, err = gzip.NewWriterLevel(bw, level); err != nil {
+			return fmt.Errorf("start gzip: %w", err)
+		}
+		out = zw
 	}
-	tw := tar.NewWriter(zw)
+	tw := tar.NewWriter(out)
 	list, err := json.Marshal(roots)
 	if err != nil {
 		return fmt.Errorf("encode roots: %w", err)
@@ -244,8 +251,10 @@ func (s *Server) writeCheckpoint(w io.Writer, roots []string, entries []ckEntry,
 	if err := tw.Close(); err != nil {
 		return fmt.Errorf("end tar: %w", err)
 	}
-	if err := zw.Close(); err != nil {
-		return fmt.Errorf("end gzip: %w", err)
+	if zw != nil {
+		if err := zw.Close(); err != nil {
+			return fmt.Errorf("end gzip: %w", err)
+		}
 	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("send: %w", err)

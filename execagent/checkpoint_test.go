@@ -67,7 +67,14 @@ func treeState(t testing.TB, root string) map[string]entryState {
 // returns the archive with its info and sha256.
 func takeCheckpoint(t testing.TB, a *testAgent, paths, exclude []string) ([]byte, agentapi.CheckpointInfo, string) {
 	t.Helper()
-	rc, info, err := a.client.Checkpoint(context.Background(), paths, exclude)
+	return takeCheckpointAt(t, a, paths, exclude, "")
+}
+
+// takeCheckpointAt is takeCheckpoint at a compression level ("": the
+// agent's default).
+func takeCheckpointAt(t testing.TB, a *testAgent, paths, exclude []string, level string) ([]byte, agentapi.CheckpointInfo, string) {
+	t.Helper()
+	rc, info, err := a.client.CheckpointLevel(context.Background(), paths, exclude, level)
 	require.NoError(t, err)
 	defer rc.Close()
 	b, err := io.ReadAll(rc)
@@ -86,9 +93,13 @@ func restoreArchive(a *testAgent, sum string, b []byte) (agentapi.RestoreResult,
 // entries.
 func readArchive(t testing.TB, b []byte) ([]string, []*tar.Header) {
 	t.Helper()
-	zr, err := gzip.NewReader(bytes.NewReader(b))
-	require.NoError(t, err)
-	tr := tar.NewReader(zr)
+	var in io.Reader = bytes.NewReader(b)
+	if bytes.HasPrefix(b, []byte{0x1f, 0x8b}) {
+		zr, err := gzip.NewReader(in)
+		require.NoError(t, err)
+		in = zr
+	}
+	tr := tar.NewReader(in)
 	first, err := tr.Next()
 	require.NoError(t, err)
 	require.Equal(t, byte(tar.TypeXGlobalHeader), first.Typeflag, "the first entry is the roots header")
@@ -251,7 +262,8 @@ func TestCheckpoint_RoundTrip_RootsStagedBeside(t *testing.T) {
 	assert.Equal(t, want, got)
 }
 
-// Every compression level is plain gzip, and restores.
+// Every compression level restores: none is a plain tar (FormatTar), the
+// others gzip (FormatTarGzip).
 func TestCheckpoint_CompressionLevels(t *testing.T) {
 	a := newTestAgent(t, nil)
 	makeWorkspace(t, a.cfg.Workdir, workspace{Files: 40, Bytes: 400 << 10}, 7)
@@ -259,17 +271,14 @@ func TestCheckpoint_CompressionLevels(t *testing.T) {
 	sizes := map[string]int{}
 	for _, level := range []string{agentapi.CompressionFast, agentapi.CompressionNone, agentapi.CompressionSmall} {
 		t.Run(level, func(t *testing.T) {
-			rc, info, err := a.client.CheckpointLevel(context.Background(), nil, nil, level)
-			require.NoError(t, err)
-			b, err := io.ReadAll(rc)
-			require.NoError(t, err)
-			require.NoError(t, rc.Close())
+			b, info, sum := takeCheckpointAt(t, a, nil, nil, level)
 			_, hdrs := readArchive(t, b)
 			assert.Len(t, hdrs, info.Files)
+			assert.Equal(t, agentapi.FormatOf(level), info.Format)
+			assert.Equal(t, level != agentapi.CompressionNone, bytes.HasPrefix(b, []byte{0x1f, 0x8b}), "gzip")
 			sizes[level] = len(b)
 			require.NoError(t, os.RemoveAll(filepath.Join(a.cfg.Workdir, "d000")))
-			sum := sha256.Sum256(b)
-			_, err = restoreArchive(a, hex.EncodeToString(sum[:]), b)
+			_, err := restoreArchive(a, sum, b)
 			require.NoError(t, err)
 			assert.Equal(t, want, treeState(t, a.cfg.Workdir))
 		})
@@ -529,20 +538,14 @@ func TestRestore_ConcurrentIsBusy(t *testing.T) {
 	w := a.cfg.Workdir
 	makeWorkspace(t, w, workspace{Files: 50, Bytes: 2 << 20}, 5)
 	want := treeState(t, w)
-	rc, _, err := a.client.CheckpointLevel(context.Background(), nil, nil, agentapi.CompressionNone)
-	require.NoError(t, err)
-	b, err := io.ReadAll(rc)
-	require.NoError(t, err)
-	require.NoError(t, rc.Close())
-	s := sha256.Sum256(b)
-	sum := hex.EncodeToString(s[:])
+	b, _, sum := takeCheckpointAt(t, a, nil, nil, agentapi.CompressionNone)
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
 		_, err := a.client.Restore(context.Background(), sum, pr)
 		done <- err
 	}()
-	_, err = pw.Write(b[:len(b)/2])
+	_, err := pw.Write(b[:len(b)/2])
 	require.NoError(t, err)
 	eventually(t, func() bool { return len(stagingLeft(t, w)) == 1 }, "the first restore stages")
 	_, err = restoreArchive(a, sum, b)

@@ -14,7 +14,9 @@ import (
 )
 
 // maxMadeDirs bounds the directories an extraction keeps open for its fast
-// path; past it, entries below new directories take the os.Root path.
+// path: the depth of the directory it is in (it closes those the archive
+// has left, below); past it, entries below new directories take the
+// os.Root path.
 const maxMadeDirs = 1024
 
 // A restore stages into a directory it has just made, so most of its
@@ -28,11 +30,46 @@ const maxMadeDirs = 1024
 // directory (extractor.replace refuses). Anything else — an existing
 // name, a symlink, a hard link, a parent the archive did not list —
 // takes the os.Root path, which checks every parent.
+//
+// Only the directories on the path the archive is in stay open: an archive
+// lists a directory's entries together, depth first, so when an entry
+// arrives outside an open directory, that directory is closed (its mode
+// and mtime are then set through the root by finish), and an entry that
+// comes back to it later takes the os.Root path. The open directories are
+// at most the tree's depth, however many directories the archive holds.
 
 // fresh marks the extractor's root as a directory made empty for it, so
 // that the fast path starts there. f is the root, opened as a directory.
 func (x *extractor) fresh(f *os.File) {
 	x.made = map[string]*os.File{".": f}
+	x.open = append(x.open[:0], madeDir{name: ".", meta: -1})
+}
+
+// madeDir is an open directory of the fast path: its name and its entry's
+// index in x.dirs (-1: none, the root or an extraction that is not exact).
+type madeDir struct {
+	name string
+	meta int
+}
+
+// leave closes the open directories that dir (an entry's parent) is not
+// in, deepest first, and gives their listings in x.dirs to finish's path
+// through the root.
+func (x *extractor) leave(dir string) {
+	for len(x.open) > 1 {
+		top := x.open[len(x.open)-1]
+		if dir == top.name || inside(dir, top.name) {
+			return
+		}
+		x.open = x.open[:len(x.open)-1]
+		if f := x.made[top.name]; f != nil {
+			_ = f.Close()
+			delete(x.made, top.name)
+		}
+		if top.meta >= 0 {
+			x.dirs[top.meta].f, x.dirs[top.meta].parent = nil, nil
+		}
+	}
 }
 
 // close closes the root and every directory the fast path kept open. It
@@ -42,6 +79,7 @@ func (x *extractor) close() {
 		_ = f.Close()
 		delete(x.made, name)
 	}
+	x.open = x.open[:0]
 	_ = x.root.Close()
 }
 
@@ -49,7 +87,9 @@ func (x *extractor) close() {
 // directory this extraction made, and reports whether it did; false with
 // a nil error sends the entry to the os.Root path.
 func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (bool, error) {
-	parent, ok := x.made[path.Dir(name)]
+	dir := path.Dir(name)
+	x.leave(dir)
+	parent, ok := x.made[dir]
 	if !ok {
 		return false, nil
 	}
@@ -79,6 +119,11 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		}
 		f := os.NewFile(uintptr(fd), full)
 		x.made[name] = f
+		meta := -1
+		if x.exact {
+			meta = len(x.dirs)
+		}
+		x.open = append(x.open, madeDir{name: name, meta: meta})
 		if err := f.Chmod(mode | 0o700); err != nil { // stay writable for later entries
 			return true, fail(err)
 		}

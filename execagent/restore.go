@@ -50,6 +50,8 @@ type restore struct {
 	units []*restoreUnit
 	files int
 	bytes int64
+	// rooted: entries that took the os.Root path (extract_fast.go), logged.
+	rooted int
 }
 
 // handleRestore answers PUT /v1/checkpoint?sha256= (docs/ARCHITECTURE.md,
@@ -67,8 +69,10 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) error {
 	}
 	defer s.ckMu.Unlock()
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
-	hash := sha256.New()
-	in := bufio.NewReaderSize(io.TeeReader(body, hash), 64<<10)
+	pipe := newHashPipe(body)
+	// A small buffer: for gzip's magic bytes; reads of a block or more go
+	// past it, straight from the pipe's chunks.
+	in := bufio.NewReaderSize(pipe, tarBlock)
 	rs := &restore{s: s}
 	err = rs.stage(in)
 	if err == nil {
@@ -76,7 +80,7 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) error {
 			err = restoreError(err, s.cfg.MaxUploadBytes)
 		}
 	}
-	if got := hex.EncodeToString(hash.Sum(nil)); err == nil && got != want {
+	if got := hex.EncodeToString(pipe.Sum()); err == nil && got != want {
 		err = invalid("sha256", "the body hashes to %s, not %s: it is another archive, or it was damaged on its way; nothing was changed", got, want)
 	}
 	if err != nil {
@@ -89,7 +93,7 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) error {
 	}
 	rs.cleanup()
 	res := agentapi.RestoreResult{Files: rs.files, Bytes: rs.bytes, DurationMS: time.Since(start).Milliseconds()}
-	s.log.Info("restore", "roots", len(rs.units), "files", res.Files, "bytes", res.Bytes, "duration_ms", res.DurationMS)
+	s.log.Info("restore", "roots", len(rs.units), "files", res.Files, "bytes", res.Bytes, "rooted", rs.rooted, "duration_ms", res.DurationMS)
 	writeJSON(w, http.StatusOK, res)
 	return nil
 }
@@ -108,20 +112,26 @@ func querySHA256(r *http.Request) (string, error) {
 func restoreError(err error, limit int64) error {
 	var corrupt flate.CorruptInputError
 	if errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.As(err, &corrupt) {
-		return invalid("body", "not a valid checkpoint archive (%s): %s; nothing was changed", agentapi.FormatTarGzip, err.Error())
+		return invalid("body", "not a valid checkpoint archive (%s or %s): %s; nothing was changed", agentapi.FormatTar, agentapi.FormatTarGzip, err.Error())
 	}
 	return uploadError(err, limit)
 }
 
-// stage extracts the archive read from in into the roots' staging
-// directories, reading the gzip stream to its end (its CRC checked).
-func (rs *restore) stage(in io.Reader) error {
+// stage extracts the archive read from in (a tar, or a tar.gz by its
+// magic bytes: agentapi.FormatTar, FormatTarGzip) into the roots' staging
+// directories, reading a gzip stream to its end (its CRC checked).
+func (rs *restore) stage(in *bufio.Reader) error {
 	limit := rs.s.cfg.MaxUploadBytes
-	zr, err := gzip.NewReader(in)
-	if err != nil {
-		return restoreError(err, limit)
+	var src io.Reader = in
+	var zr *gzip.Reader
+	if isGzip(in) {
+		var err error
+		if zr, err = gzip.NewReader(in); err != nil {
+			return restoreError(err, limit)
+		}
+		src = zr
 	}
-	tr := tar.NewReader(zr)
+	tr := tar.NewReader(src)
 	if err := rs.readRoots(tr); err != nil {
 		return err
 	}
@@ -183,8 +193,10 @@ func (rs *restore) stage(in io.Reader) error {
 			return err
 		}
 	}
-	if _, err := io.Copy(io.Discard, zr); err != nil {
-		return restoreError(err, limit)
+	if zr != nil {
+		if _, err := io.Copy(io.Discard, zr); err != nil {
+			return restoreError(err, limit)
+		}
 	}
 	for _, u := range rs.units {
 		if u.x == nil {
@@ -195,6 +207,7 @@ func (rs *restore) stage(in io.Reader) error {
 		}
 		rs.files += u.x.entries
 		rs.bytes += u.x.bytes
+		rs.rooted += u.x.rooted
 		if u.inPlace {
 			rs.files++
 		}

@@ -77,7 +77,7 @@ func (s *Server) newUpload(p string) (*upload, error) {
 func (u *upload) extract(body *bufio.Reader) error {
 	limit := u.s.cfg.MaxUploadBytes
 	var in io.Reader = body
-	if magic, _ := body.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+	if isGzip(body) {
 		zr, err := gzip.NewReader(body)
 		if err != nil {
 			return invalid("body", "invalid gzip stream: %s", err.Error())

@@ -176,7 +176,7 @@ func TestCheckpoints_CreateListGetDelete(t *testing.T) {
 	assert.Equal(t, "default", ck.Pool)
 	assert.Equal(t, "host", ck.Image)
 	assert.Equal(t, "sbx-1", ck.Sandbox)
-	assert.Equal(t, agentapi.FormatTarGzip, ck.Format)
+	assert.Equal(t, agentapi.FormatTar, ck.Format, "the default level, none: a plain tar")
 	assert.Equal(t, 7, ck.Files, "the root, a.txt, sub, sub/deep, b.txt, link, empty: run.sh excluded")
 	assert.Positive(t, ck.SizeBytes)
 	assert.Len(t, ck.SHA256, 64)

@@ -82,7 +82,7 @@ type Config struct {
 	// RetryAfter is the Retry-After of 503 answers (default 2s).
 	RetryAfter time.Duration `envconfig:"QUARRY_RETRY_AFTER"`
 	// CheckpointCompression is the level agents compress checkpoints at:
-	// "none" (the default: gzip's stored blocks, the speed of a copy),
+	// "none" (the default: a plain tar, the speed of a copy),
 	// "fast" (Huffman only: archives about 0.6 of none's, restores about
 	// twice as slow) or "small" (deflate's fastest level).
 	CheckpointCompression string `envconfig:"QUARRY_CHECKPOINT_COMPRESSION"`

@@ -20,6 +20,7 @@ import (
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/quarryhq/quarry/checkpoints"
+	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/awserr"
 )
 
@@ -146,7 +147,7 @@ func (s *Store) Put(ctx context.Context, meta checkpoints.Checkpoint, r io.Reade
 	}
 	_, err = s.up.UploadObject(ctx, &transfermanager.UploadObjectInput{
 		Bucket: aws.String(s.cfg.Bucket), Key: aws.String(blob), Body: d,
-		ContentType: aws.String("application/gzip"),
+		ContentType: aws.String(agentapi.ContentType(meta.Format)),
 	})
 	if err != nil {
 		s.abandon(ctx, meta.ID, nonce, blob)

@@ -451,8 +451,8 @@ func (c *Client) CheckpointLevel(ctx context.Context, paths, exclude []string, c
 // checkpointInfo reads the headers of a checkpoint answer.
 func checkpointInfo(h http.Header) (CheckpointInfo, error) {
 	info := CheckpointInfo{Format: h.Get(HeaderFormat)}
-	if info.Format != FormatTarGzip {
-		return info, fmt.Errorf("the agent sent format %q, not %q", info.Format, FormatTarGzip)
+	if info.Format != FormatTarGzip && info.Format != FormatTar {
+		return info, fmt.Errorf("the agent sent format %q, not %q or %q", info.Format, FormatTarGzip, FormatTar)
 	}
 	for _, f := range []struct {
 		name string

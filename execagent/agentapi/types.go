@@ -40,11 +40,34 @@ const (
 	HeaderRoots = "X-Quarry-Roots"
 )
 
-// FormatTarGzip is the format of a checkpoint archive: a tar stream, gzip
-// compressed (one gzip member or several), whose first entry is a PAX
-// global header with the record PAXRoots. Each root's entries are named by
-// their absolute path without the leading "/", the root's own entry first.
-const FormatTarGzip = "tar+gzip"
+// The formats of a checkpoint archive: a tar stream whose first entry is a
+// PAX global header with the record PAXRoots, each root's entries named by
+// their absolute path without the leading "/", the root's own entry first;
+// FormatTar as it is (CompressionNone), FormatTarGzip gzip compressed (one
+// gzip member or several). A restore takes either, told apart by gzip's
+// magic bytes.
+const (
+	FormatTar     = "tar"
+	FormatTarGzip = "tar+gzip"
+)
+
+// ContentType returns the media type of a checkpoint archive of format.
+func ContentType(format string) string {
+	if format == FormatTar {
+		return "application/x-tar"
+	}
+	return "application/gzip"
+}
+
+// FormatOf returns the format of a checkpoint archive taken at the
+// compression level named (CompressionNone: FormatTar; every other level:
+// FormatTarGzip).
+func FormatOf(compression string) string {
+	if compression == CompressionNone {
+		return FormatTar
+	}
+	return FormatTarGzip
+}
 
 // PAXRoots is the PAX record of a checkpoint archive's global header that
 // lists its roots: a JSON array of absolute, clean paths, none inside
@@ -60,14 +83,16 @@ const PAXRoots = "QUARRY.roots"
 // sandbox it was taken from. Roots elsewhere are restored where they were.
 const PAXWorkdir = "QUARRY.workdir"
 
-// Compression levels of a checkpoint (the compression query parameter);
-// every level is plain gzip, FormatTarGzip.
+// Compression levels of a checkpoint (the compression query parameter):
+// CompressionNone is a plain tar (FormatTar), the others gzip
+// (FormatTarGzip).
 const (
 	// CompressionFast (the default) is Huffman coding only: about four
 	// times the speed of deflate's fastest level, for two thirds of its
 	// gain.
 	CompressionFast = "fast"
-	// CompressionNone is gzip's stored blocks: the speed of a copy.
+	// CompressionNone is no compression, a plain tar (FormatTar): the speed
+	// of a copy.
 	CompressionNone = "none"
 	// CompressionSmall is deflate's fastest level.
 	CompressionSmall = "small"
