@@ -619,6 +619,11 @@ func TestCommandTimeout(t *testing.T) {
 		{name: "capped", body: `{"timeout_ms": 99999999999}`, want: time.Hour},
 		{name: "malformed: default", body: `{"timeout_ms": "soon"}`, want: DefaultCommandTimeout + time.Second},
 		{name: "empty body", body: ``, want: DefaultCommandTimeout + time.Second},
+		{name: "the key in capitals, as Go's decoder (the agent's) takes it", body: `{"TIMEOUT_MS":2500}`, want: 3500 * time.Millisecond},
+		{name: "the key in escapes", body: `{"timeout\u005fms":2500}`, want: 3500 * time.Millisecond},
+		{name: "the key at the end of the body", body: `{"command":"x","timeout_ms":1}`, want: time.Second + time.Millisecond},
+		{name: "no such key, a word like it", body: `{"command":"echo timeout_m"}`, want: DefaultCommandTimeout + time.Second},
+		{name: "the key with a letter Go's decoder folds (U+017F for s)", body: `{"timeout_mſ":2500}`, want: 3500 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -964,4 +969,24 @@ func TestProxy_KillAll_RealAgent(t *testing.T) {
 
 	resp, body = call(t, http.MethodPost, base+"/kill-all", testKey, strings.NewReader(`{"all": true}`), "Content-Type", "application/json")
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "the agent's 400 passes through: %s", body)
+}
+
+// A body mayNameTimeout passes over is one Go's decoder (the agent's)
+// reads no timeout_ms from: skipping its decode changes no call's bound.
+func FuzzMayNameTimeout(f *testing.F) {
+	for _, seed := range []string{`{"command":"x","timeout_ms":2500}`, `{"TIMEOUT_MS":1}`, `{"timeout\u005fms":2}`,
+		"{\"timeout_m\u017f\":3}", `{"command":"echo timeout_m"}`, `{"Timeout_Ms":4,"x":[1,2]}`, ``} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if mayNameTimeout(body) {
+			return
+		}
+		var v struct {
+			TimeoutMS int64 `json:"timeout_ms"`
+		}
+		if json.Unmarshal(body, &v) == nil && v.TimeoutMS != 0 {
+			t.Fatalf("mayNameTimeout(%q) = false, but the decoder reads timeout_ms %d from it", body, v.TimeoutMS)
+		}
+	})
 }
