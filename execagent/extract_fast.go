@@ -9,6 +9,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -132,7 +135,14 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		if hdr.Size > x.budget {
 			return true, fmt.Errorf("archive extracts to more than the upload limit: %w", errTooLarge)
 		}
-		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		// Created with its mode when the umask leaves it whole (the usual
+		// 0644, 0755, 0444: creating a file grants its descriptor write
+		// access whatever its mode), saving a chmod; else 0600, then chmod.
+		create, chmod := uint32(0o600), true
+		if umask := processUmask(); umask >= 0 && uint32(mode)&^0o777 == 0 && uint32(mode)&uint32(umask) == 0 {
+			create, chmod = uint32(mode), false
+		}
+		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, create)
 		if errors.Is(err, unix.EEXIST) {
 			return false, nil
 		}
@@ -147,7 +157,7 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		n, err := io.CopyN(w, body, hdr.Size)
 		x.budget -= n
 		x.bytes += n
-		if err == nil {
+		if err == nil && chmod {
 			err = f.Chmod(mode)
 		}
 		cerr := f.Close()
@@ -171,6 +181,26 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 	x.entries++
 	return true, nil
 }
+
+// processUmask returns the agent's umask, read once from /proc/self/status
+// (reading it with umask(2) sets it, racing every process the agent
+// starts meanwhile); -1 when it cannot be read.
+var processUmask = sync.OnceValue(func() int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+			if err != nil || n > 0o777 {
+				return -1
+			}
+			return int(n)
+		}
+	}
+	return -1
+})
 
 // setTimes gives the entry base of the directory dirfd the archive's
 // mtime as both its atime and its mtime (as os.Chtimes(mtime, mtime)).

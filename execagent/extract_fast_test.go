@@ -89,3 +89,36 @@ func TestExtract_BackToALeftDirectory(t *testing.T) {
 	}
 	require.NoError(t, os.Chmod(filepath.Join(neu, "a"), 0o755)) // for TempDir's removal
 }
+
+// A regular file gets its archive's mode exactly, whether the umask leaves
+// it whole (created with it) or not (created 0600, then chmod-ed).
+func TestExtract_ModesWhateverTheUmask(t *testing.T) {
+	umask := processUmask()
+	require.GreaterOrEqual(t, umask, 0, "the agent's umask is read from /proc/self/status")
+	probe := filepath.Join(t.TempDir(), "probe")
+	f, err := os.OpenFile(probe, os.O_CREATE|os.O_WRONLY, 0o666)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	fi, err := os.Stat(probe)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o666&^umask), fi.Mode().Perm(), "the umask read is the one the kernel applies")
+
+	x, neu := stageInto(t)
+	modes := []int64{0o644, 0o666, 0o444, 0o700, 0o755, 0o600, 0o777, 0o000}
+	for i, m := range modes {
+		h := &tar.Header{Name: fmt.Sprintf("f%d", i), Typeflag: tar.TypeReg, Mode: m, Size: 1, ModTime: time.Unix(1_600_000_000, 0)}
+		require.NoError(t, x.entry(h, strings.NewReader("x")))
+	}
+	require.NoError(t, x.finish())
+	assert.Zero(t, x.rooted)
+	for i, m := range modes {
+		fi, err := os.Lstat(filepath.Join(neu, fmt.Sprintf("f%d", i)))
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(m), fi.Mode().Perm(), "mode %04o", m)
+		data, err := os.ReadFile(filepath.Join(neu, fmt.Sprintf("f%d", i)))
+		if m&0o400 != 0 {
+			require.NoError(t, err)
+			assert.Equal(t, "x", string(data), "written whatever its mode")
+		}
+	}
+}
