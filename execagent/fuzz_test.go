@@ -148,7 +148,8 @@ func FuzzDecodeProto(f *testing.F) {
 // FuzzRestoreArchive restores a checkpoint archive whose roots header
 // names one root, "t" of the work dir (recorded as /sandbox/t, taken in
 // /sandbox, so the corpus does not depend on where the test's work dir
-// is), followed by any bytes as its entries. Whatever the entries (names
+// is), followed by any bytes as its entries, as a tar or gzip-compressed
+// (both formats a restore takes). Whatever the entries (names
 // outside the root, links out of it, the root's entry twice or missing,
 // devices, sizes, truncated streams), the answer is 200 or a 4xx (507 for
 // a full disk) within 10 s; nothing outside "t" appears or changes; no
@@ -165,10 +166,12 @@ func FuzzRestoreArchive(f *testing.F) {
 		{{name: "sandbox/t/a.txt", body: "before its root"}},
 		{{name: "sandbox/t/", typ: tar.TypeDir}, {name: "sandbox/t/dev", typ: tar.TypeChar}},
 	} {
-		f.Add(makeTar(f, false, seed...))
+		for _, plain := range []bool{false, true} { // tar+gzip and tar: a restore takes both
+			f.Add(makeTar(f, false, seed...), plain)
+		}
 	}
-	f.Add([]byte("not a tar"))
-	f.Add([]byte{})
+	f.Add([]byte("not a tar"), false)
+	f.Add([]byte{}, true)
 
 	a := newTestAgent(f, func(c *Config) { c.MaxUploadBytes = 1 << 20 })
 	w := a.cfg.Workdir
@@ -189,9 +192,9 @@ func FuzzRestoreArchive(f *testing.F) {
 			t.Fatal(err)
 		}
 	}
-	f.Fuzz(func(t *testing.T, entries []byte) {
+	f.Fuzz(func(t *testing.T, entries []byte, plain bool) {
 		reset(t)
-		body := checkpointBody(t, entries)
+		body := checkpointBody(t, entries, plain)
 		sum := sha256.Sum256(body)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -220,7 +223,7 @@ func FuzzRestoreArchive(f *testing.F) {
 // checkpointBody is a checkpoint archive (gzip'd tar) of the root
 // /sandbox/t taken in /sandbox: its roots header, then entries as they
 // are.
-func checkpointBody(t testing.TB, entries []byte) []byte {
+func checkpointBody(t testing.TB, entries []byte, plain bool) []byte {
 	var tarBuf bytes.Buffer
 	tw := tar.NewWriter(&tarBuf)
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeXGlobalHeader, Name: "pax_global_header",
@@ -231,6 +234,9 @@ func checkpointBody(t testing.TB, entries []byte) []byte {
 		t.Fatal(err)
 	}
 	tarBuf.Write(entries)
+	if plain {
+		return tarBuf.Bytes()
+	}
 	var out bytes.Buffer
 	zw := gzip.NewWriter(&out)
 	if _, err := zw.Write(tarBuf.Bytes()); err != nil {
