@@ -3,6 +3,7 @@ package warmpool_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quarryhq/quarry/internal/syncbuf"
 	"github.com/quarryhq/quarry/internal/testenv"
 	"github.com/quarryhq/quarry/warmpool"
 	"github.com/quarryhq/quarry/warmpool/dynamostore"
@@ -28,11 +30,13 @@ func TestManager_Refill_PastMaxReserveOnDynamoDB(t *testing.T) {
 	const n = 100
 	cfg := fastConfig()
 	cfg.ReconcileInterval, cfg.LaunchChunk, cfg.LaunchBudget = 100*time.Millisecond, n, n
+	var logs syncbuf.Buffer // the manager's log, shown when the pool does not fill
 	e := newEnvSetup(t, cfg, func(e *env) {
+		e.logger = slog.New(slog.NewTextHandler(&logs, nil))
 		e.wrap = func(warmpool.Store) warmpool.Store { return ds }
 	}, testPool(n, n))
 	require.Eventually(t, func() bool { return e.status().Ready == n }, 3*time.Minute, 100*time.Millisecond,
-		"the pool never had %d ready tasks", n)
+		"the pool never had %d ready tasks; the manager's log:\n%s", n, &logs)
 }
 
 // An on-demand pool on DynamoDB (the emulator): made once, its task counted

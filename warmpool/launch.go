@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/quarryhq/quarry/providers"
@@ -116,15 +117,24 @@ func lostAnswer(err error) bool {
 	return !errors.Is(err, ErrNoCapacity) && !errors.Is(err, ErrConflict) && !errors.Is(err, ErrClosed)
 }
 
+// lostAnswerWait is adoptLost's first wait (1 s; its longest is 8 times
+// it). Tests shorten it (export_test.go).
+var lostAnswerWait atomic.Int64
+
+func init() { lostAnswerWait.Store(int64(time.Second)) }
+
 // adoptLost settles a reservation whose answer was lost (refill holds its
 // Launch call for it): ReserveTasks writes all or none, so its first
-// record tells. Looked for after 1, 2, 4 and 8 s (a
-// request the store received may be applied after its caller gave up);
-// found, the tasks are launched as if the answer had come, instead of
-// holding their slots until their launch deadline; not found, the refill
-// backs off as after any failed reservation.
+// record tells. Looked for after 1, 2, 4 and 8 s (a request the store
+// received may be applied after its caller gave up), then every 8 s while
+// the store does not answer, until the records' launch deadline (after
+// which the reconciler gives them up); found, the tasks are launched as
+// if the answer had come, instead of holding their slots until that
+// deadline; not found after 8 s, the refill backs off as after any failed
+// reservation.
 func (m *Manager) adoptLost(ctx context.Context, p *pool, recs []TaskRecord) {
-	for wait := time.Second; wait <= 8*time.Second; wait *= 2 {
+	first := time.Duration(lostAnswerWait.Load())
+	for wait := first; ; wait = min(2*wait, 8*first) {
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -147,6 +157,12 @@ func (m *Manager) adoptLost(ctx context.Context, p *pool, recs []TaskRecord) {
 		}
 		if err == nil {
 			break // written, and taken over since (the orphan sweep): not ours to launch
+		}
+		if errors.Is(err, ErrNotFound) && wait >= 8*first {
+			break // not written
+		}
+		if !m.clock.Now().Before(recs[0].LaunchDeadline) {
+			break // the store never answered: the reconciler gives them up
 		}
 	}
 	p.endLaunch(0)
@@ -238,8 +254,18 @@ func (m *Manager) launch(ctx context.Context, p *pool, recs []TaskRecord) ([]Tas
 		r, err := m.store.UpdateTask(sctx, rec, rec.State)
 		cancel()
 		if err != nil {
-			m.failLaunch(ctx, p, rec, fmt.Errorf("record the launched task: %w", err))
-			continue
+			// Applied, its answer lost: the record holds the task (a
+			// launch given up here would stop it and leave its record
+			// launching, its slot held until its launch deadline).
+			got, ok := m.readBack(ctx, rec.ID, func(got TaskRecord) bool {
+				return got.State == TaskLaunching && got.ProviderID == rec.ProviderID
+			})
+			if !ok {
+				m.failLaunch(ctx, p, rec, fmt.Errorf("record the launched task: %w", err))
+				continue
+			}
+			p.log.Info("recording a launched task failed, and it is recorded: kept", "task", rec.ID, "err", err)
+			r = got
 		}
 		out = append(out, r)
 	}
@@ -293,15 +319,14 @@ func (m *Manager) markReady(ctx context.Context, p *pool, rec TaskRecord) (TaskR
 	defer cancel()
 	out, err := m.store.UpdateTask(sctx, rec, from)
 	if err != nil {
-		// The write may have been applied and its answer lost (a retry of
-		// it then conflicts with its own result), and the task claimed
-		// since: a task that is ready or leased on the agent it was
-		// launched with is alive in the pool's hands, not a failure to
-		// give up (which would stop a sandbox someone holds).
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
-		got, gerr := m.store.GetTask(rctx, rec.ID)
-		rcancel()
-		if gerr != nil || (got.State != TaskReady && got.State != TaskLeased) || got.AgentURL != rec.AgentURL {
+		// The write may have been applied and its answer lost, and the
+		// task claimed since: a task that is ready or leased on the agent
+		// it was launched with is alive in the pool's hands, not a failure
+		// to give up (which would stop a sandbox someone holds).
+		got, ok := m.readBack(ctx, rec.ID, func(got TaskRecord) bool {
+			return (got.State == TaskReady || got.State == TaskLeased) && got.AgentURL == rec.AgentURL
+		})
+		if !ok {
 			return rec, fmt.Errorf("mark task %s ready: %w", rec.ID, err)
 		}
 		p.log.Info("marking a task ready failed, and it is ready or leased already: kept", "task", rec.ID, "state", got.State, "err", err)
@@ -312,6 +337,17 @@ func (m *Manager) markReady(ctx context.Context, p *pool, rec TaskRecord) (TaskR
 	}
 	p.changed.broadcast()
 	return out, nil
+}
+
+// readBack reads task id after a write of it failed, which may have been
+// applied with its answer lost (a deadline, a broken connection; a retry
+// of it then conflicts with its own result): it returns the record and
+// whether applied says the write is in it. A failed read is false.
+func (m *Manager) readBack(ctx context.Context, id string, applied func(TaskRecord) bool) (TaskRecord, bool) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StoreTimeout)
+	defer cancel()
+	got, err := m.store.GetTask(rctx, id)
+	return got, err == nil && applied(got)
 }
 
 // giveBack returns a healthy task that its cold start could not use to the

@@ -20,6 +20,15 @@ type lostAnswerStore struct {
 	warmpool.Store
 	lost  atomic.Int32 // how many answers to lose yet
 	write bool         // whether a lost reservation was written
+	// unanswered: how many lookups of a task fail with a deadline yet.
+	unanswered atomic.Int32
+}
+
+func (s *lostAnswerStore) GetTask(ctx context.Context, id string) (warmpool.TaskRecord, error) {
+	if s.unanswered.Add(-1) >= 0 {
+		return warmpool.TaskRecord{}, fmt.Errorf("get task %s: %w", id, context.DeadlineExceeded)
+	}
+	return s.Store.GetTask(ctx, id)
 }
 
 func (s *lostAnswerStore) ReserveTasks(ctx context.Context, pool string, maxTotal int, recs []warmpool.TaskRecord) error {
@@ -54,6 +63,26 @@ func TestManager_Refill_LostReservationAnswer(t *testing.T) {
 			assert.Equal(t, 3, e.status().Ready+e.status().Launching+e.status().Leased, "no record beyond max_total")
 		})
 	}
+}
+
+// A reservation whose answer was lost, written, is launched even when the
+// store does not answer its lookups for longer than the adoption's
+// doubling waits (1+2+4+8 times its first): it is looked for until its
+// launch deadline, not given up while it holds its slots. Before, after
+// four failed lookups the records stayed launching, never launched, until
+// that deadline (never, here: the clock does not move).
+func TestManager_Refill_LostReservationAnswer_StoreSilent(t *testing.T) {
+	defer warmpool.SetLostAnswerWait(10 * time.Millisecond)()
+	s := &lostAnswerStore{write: true}
+	s.lost.Store(1)
+	s.unanswered.Store(6)
+	e := newEnvSetup(t, fastConfig(), func(e *env) {
+		e.wrap = func(st warmpool.Store) warmpool.Store { s.Store = st; return s }
+	}, testPool(3, 3))
+	require.Eventually(t, func() bool { return e.status().Ready == 3 }, waitFor, 20*time.Millisecond,
+		"the pool fills: %+v", e.status())
+	assert.Less(t, s.unanswered.Load(), int32(1), "the lookups went unanswered")
+	assert.Equal(t, 3, e.status().Ready+e.status().Launching+e.status().Leased, "no record beyond max_total")
 }
 
 // lostMarkStore applies the first launching→ready write and answers it
@@ -97,4 +126,46 @@ func TestManager_MarkReady_LostAnswerKeepsTheTask(t *testing.T) {
 	assert.Equal(t, 1, launched, "nothing was launched again")
 	l := e.acquire("alice")
 	assert.NotEmpty(t, l.AgentURL)
+}
+
+// lostLaunchStore applies the first write that records a launched task's
+// provider id, and answers it as lost: with a deadline (deadline) or as
+// the retry of an applied write sees it, a conflict.
+type lostLaunchStore struct {
+	warmpool.Store
+	lost     atomic.Int32
+	deadline bool
+}
+
+func (s *lostLaunchStore) UpdateTask(ctx context.Context, rec warmpool.TaskRecord, from warmpool.TaskState) (warmpool.TaskRecord, error) {
+	lose := from == warmpool.TaskLaunching && rec.State == warmpool.TaskLaunching && rec.ProviderID != "" && s.lost.Add(-1) >= 0
+	out, err := s.Store.UpdateTask(ctx, rec, from)
+	if err == nil && lose {
+		if s.deadline {
+			return warmpool.TaskRecord{}, fmt.Errorf("update task %s: %w", rec.ID, context.DeadlineExceeded)
+		}
+		return warmpool.TaskRecord{}, fmt.Errorf("update task %s: at version %d: %w", rec.ID, out.Version, warmpool.ErrConflict)
+	}
+	return out, err
+}
+
+// A launched task whose record was written, but its answer lost, is the
+// pool's all the same: not a failed launch whose provider task is stopped
+// while its record stays launching, holding its slot until its launch
+// deadline (the clock never moves here: without the read-back the pool
+// never fills).
+func TestManager_Launch_LostRecordAnswer(t *testing.T) {
+	for _, deadline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deadline=%v", deadline), func(t *testing.T) {
+			s := &lostLaunchStore{deadline: deadline}
+			s.lost.Store(1)
+			e := newEnvSetup(t, fastConfig(), func(e *env) {
+				e.wrap = func(st warmpool.Store) warmpool.Store { s.Store = st; return s }
+			}, testPool(3, 3))
+			require.Eventually(t, func() bool { return e.status().Ready == 3 }, waitFor, 20*time.Millisecond,
+				"the pool fills: %+v", e.status())
+			require.Less(t, s.lost.Load(), int32(1), "a launch record's answer was lost")
+			assert.Empty(t, e.prov.stopCalls(), "no launched task was stopped")
+		})
+	}
 }
