@@ -43,6 +43,15 @@ func (s *lostAnswerStore) ReserveTasks(ctx context.Context, pool string, maxTota
 	return fmt.Errorf("reserve tasks: %w", context.DeadlineExceeded)
 }
 
+// fillThrough starts a manager of a pool of 3 (min_warm 3) on the store
+// wrap returns and waits for the pool to fill.
+func fillThrough(t *testing.T, wrap func(warmpool.Store) warmpool.Store) *env {
+	t.Helper()
+	e := newEnvSetup(t, fastConfig(), func(e *env) { e.wrap = wrap }, testPool(3, 3))
+	require.Eventually(t, func() bool { return e.status().Ready == 3 }, waitFor, 20*time.Millisecond, "the pool fills")
+	return e
+}
+
 // A reservation whose answer was lost, and that was written, is launched
 // all the same: its slots are not held until their launch deadline (the
 // clock never moves here, so without the adoption the pool, full of the
@@ -55,11 +64,7 @@ func TestManager_Refill_LostReservationAnswer(t *testing.T) {
 		t.Run(fmt.Sprintf("written=%v", written), func(t *testing.T) {
 			s := &lostAnswerStore{write: written}
 			s.lost.Store(1)
-			e := newEnvSetup(t, fastConfig(), func(e *env) {
-				e.wrap = func(st warmpool.Store) warmpool.Store { s.Store = st; return s }
-			}, testPool(3, 3))
-			require.Eventually(t, func() bool { return e.status().Ready == 3 }, waitFor, 20*time.Millisecond,
-				"the pool fills: %+v", e.status())
+			e := fillThrough(t, func(st warmpool.Store) warmpool.Store { s.Store = st; return s })
 			assert.Equal(t, 3, e.status().Ready+e.status().Launching+e.status().Leased, "no record beyond max_total")
 		})
 	}
@@ -76,11 +81,7 @@ func TestManager_Refill_LostReservationAnswer_StoreSilent(t *testing.T) {
 	s := &lostAnswerStore{write: true}
 	s.lost.Store(1)
 	s.unanswered.Store(6)
-	e := newEnvSetup(t, fastConfig(), func(e *env) {
-		e.wrap = func(st warmpool.Store) warmpool.Store { s.Store = st; return s }
-	}, testPool(3, 3))
-	require.Eventually(t, func() bool { return e.status().Ready == 3 }, waitFor, 20*time.Millisecond,
-		"the pool fills: %+v", e.status())
+	e := fillThrough(t, func(st warmpool.Store) warmpool.Store { s.Store = st; return s })
 	assert.Less(t, s.unanswered.Load(), int32(1), "the lookups went unanswered")
 	assert.Equal(t, 3, e.status().Ready+e.status().Launching+e.status().Leased, "no record beyond max_total")
 }
@@ -159,11 +160,7 @@ func TestManager_Launch_LostRecordAnswer(t *testing.T) {
 		t.Run(fmt.Sprintf("deadline=%v", deadline), func(t *testing.T) {
 			s := &lostLaunchStore{deadline: deadline}
 			s.lost.Store(1)
-			e := newEnvSetup(t, fastConfig(), func(e *env) {
-				e.wrap = func(st warmpool.Store) warmpool.Store { s.Store = st; return s }
-			}, testPool(3, 3))
-			require.Eventually(t, func() bool { return e.status().Ready == 3 }, waitFor, 20*time.Millisecond,
-				"the pool fills: %+v", e.status())
+			e := fillThrough(t, func(st warmpool.Store) warmpool.Store { s.Store = st; return s })
 			require.Less(t, s.lost.Load(), int32(1), "a launch record's answer was lost")
 			assert.Empty(t, e.prov.stopCalls(), "no launched task was stopped")
 		})
