@@ -67,11 +67,14 @@ func (g *Gateway) grantedLease(c *fiber.Ctx, id string) (warmpool.Lease, error) 
 // (warmpool.ErrNotFound for an unknown lease or another owner's) or how the
 // lease ended (*warmpool.LeaseEndedError), not yet classified.
 func (g *Gateway) usableLease(ctx context.Context, id, owner string) (warmpool.Lease, error) {
-	ctx, cancel := context.WithTimeout(ctx, g.cfg.ManagerTimeout)
-	defer cancel()
-	lease, err := g.mgr.Get(ctx, id, owner)
-	if err != nil {
-		return lease, err
+	lease, ok := g.cachedLease(id, owner)
+	if !ok {
+		ctx, cancel := context.WithTimeout(ctx, g.cfg.ManagerTimeout)
+		defer cancel()
+		var err error
+		if lease, err = g.mgr.Get(ctx, id, owner); err != nil {
+			return lease, err
+		}
 	}
 	if gone := g.leaseGone(lease); gone != nil {
 		return lease, gone
@@ -83,6 +86,23 @@ func (g *Gateway) usableLease(ctx context.Context, id, owner string) (warmpool.L
 			id, lease.PausedAt.UTC().Format(time.RFC3339)))
 	}
 	return lease, nil
+}
+
+// leaseCache is what a Manager that keeps a lease cache offers
+// (warmpool.Manager.Cached): a lease read without a store call.
+type leaseCache interface {
+	Cached(id, owner string) (warmpool.Lease, bool)
+}
+
+// cachedLease returns lease id of owner from the manager's lease cache,
+// when it has one and the lease is there: no deadline to set up for a
+// read that calls no store (a timer per request, 2% of the gateway's CPU
+// under quarrybench's session runs).
+func (g *Gateway) cachedLease(id, owner string) (warmpool.Lease, bool) {
+	if c, ok := g.mgr.(leaseCache); ok {
+		return c.Cached(id, owner)
+	}
+	return warmpool.Lease{}, false
 }
 
 // stillHeld reports whether lease id of owner is still usable at generation

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -989,4 +990,17 @@ func FuzzMayNameTimeout(f *testing.F) {
 			t.Fatalf("mayNameTimeout(%q) = false, but the decoder reads timeout_ms %d from it", body, v.TimeoutMS)
 		}
 	})
+}
+
+// Call ids are what the agent accepts (1 to 64 of [A-Za-z0-9_-]) and
+// never repeat.
+func TestNewCallID_ValidAndUnique(t *testing.T) {
+	valid := regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	seen := map[string]bool{}
+	for range 10000 {
+		id := newCallID()
+		require.Regexp(t, valid, id)
+		require.False(t, seen[id], "id %s twice", id)
+		seen[id] = true
+	}
 }

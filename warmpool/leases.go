@@ -22,6 +22,18 @@ func (m *Manager) Get(ctx context.Context, id, owner string) (Lease, error) {
 	return m.get(ContextWithCaller(ctx, CallerGet), id, owner)
 }
 
+// Cached returns lease id of owner when this replica's lease cache holds
+// it, as Get would answer it from there, and false otherwise (then ask
+// Get): a read that calls no store, so the caller needs no deadline for
+// it. The gateway's fence reads every request's lease so.
+func (m *Manager) Cached(id, owner string) (Lease, bool) {
+	l, ok := m.cache.get(id, m.clock.Now())
+	if !ok || l.Owner != owner {
+		return Lease{}, false
+	}
+	return m.present(l), true
+}
+
 func (m *Manager) get(ctx context.Context, id, owner string) (Lease, error) {
 	l, ok := m.cache.get(id, m.clock.Now())
 	if !ok {

@@ -457,3 +457,25 @@ func TestDefaultReplicaID_IsValidAndDistinct(t *testing.T) {
 	assert.Equal(t, a, c.ReplicaID)
 	assert.NotEqual(t, a, warmpool.Config{}.WithDefaults().ReplicaID)
 }
+
+// Cached answers from the lease cache as Get does, and only from it: an
+// acquired lease is there for its owner, never for another owner, and a
+// lease this replica ended is not (Get reads it from the store).
+func TestManager_Cached(t *testing.T) {
+	e := newEnv(t, fastConfig(), testPool(1, 2))
+	l := e.acquire("alice")
+	got, ok := e.m.Cached(l.ID, "alice")
+	require.True(t, ok, "an acquired lease is cached")
+	want, err := e.m.Get(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "as Get answers it")
+	_, ok = e.m.Cached(l.ID, "bob")
+	assert.False(t, ok, "another owner's")
+	_, ok = e.m.Cached("lse-unknown", "alice")
+	assert.False(t, ok)
+	_, err = e.m.Release(t.Context(), l.ID, "alice")
+	require.NoError(t, err)
+	if got, ok := e.m.Cached(l.ID, "alice"); ok {
+		assert.Equal(t, warmpool.LeaseReleased, got.State, "never an ended lease as active")
+	}
+}
