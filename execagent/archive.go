@@ -247,11 +247,9 @@ type extractor struct {
 	// writer, when set, is what a regular file's bytes are written to
 	// (Server.stagedFile); nil: the file.
 	writer func(f *os.File) io.Writer
-	// made holds the directories this extraction made, open, by name
-	// ("." the root): the fast path (extract_fast.go). nil: none.
-	made map[string]*os.File
-	// open is the path of made directories the archive is in, the root
-	// first: the ones made still holds (extract_fast.go).
+	// open is the path of directories this extraction made that the
+	// archive is in, open, the root (".") first: the fast path
+	// (extract_fast.go). Empty: none.
 	open []madeDir
 	// listed, when set, collects the directories the archive lists, by
 	// name, with the mode an extraction that is not exact gives them

@@ -44,14 +44,15 @@ const maxMadeDirs = 1024
 // fresh marks the extractor's root as a directory made empty for it, so
 // that the fast path starts there. f is the root, opened as a directory.
 func (x *extractor) fresh(f *os.File) {
-	x.made = map[string]*os.File{".": f}
-	x.open = append(x.open[:0], madeDir{name: ".", meta: -1})
+	x.open = append(x.open[:0], madeDir{name: ".", f: f, meta: -1})
 }
 
-// madeDir is an open directory of the fast path: its name and its entry's
-// index in x.dirs (-1: none, the root or an extraction that is not exact).
+// madeDir is an open directory of the fast path: its name, the directory,
+// and its entry's index in x.dirs (-1: none, the root or an extraction
+// that is not exact).
 type madeDir struct {
 	name string
+	f    *os.File
 	meta int
 }
 
@@ -65,10 +66,7 @@ func (x *extractor) leave(dir string) {
 			return
 		}
 		x.open = x.open[:len(x.open)-1]
-		if f := x.made[top.name]; f != nil {
-			_ = f.Close()
-			delete(x.made, top.name)
-		}
+		_ = top.f.Close()
 		if top.meta >= 0 {
 			x.dirs[top.meta].f, x.dirs[top.meta].parent = nil, nil
 		}
@@ -78,9 +76,8 @@ func (x *extractor) leave(dir string) {
 // close closes the root and every directory the fast path kept open. It
 // may be called more than once.
 func (x *extractor) close() {
-	for name, f := range x.made {
-		_ = f.Close()
-		delete(x.made, name)
+	for _, d := range x.open {
+		_ = d.f.Close()
 	}
 	x.open = x.open[:0]
 	_ = x.root.Close()
@@ -92,10 +89,12 @@ func (x *extractor) close() {
 func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (bool, error) {
 	dir := path.Dir(name)
 	x.leave(dir)
-	parent, ok := x.made[dir]
-	if !ok {
+	// The open directories are a path from the root: dir, when open, is
+	// its last.
+	if len(x.open) == 0 || x.open[len(x.open)-1].name != dir {
 		return false, nil
 	}
+	parent := x.open[len(x.open)-1].f
 	pfd, base := int(parent.Fd()), path.Base(name)
 	full := filepath.Join(x.dir, name)
 	fail := func(err error) error {
@@ -107,7 +106,7 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 	mode := unixMode(uint32(hdr.Mode) & 0o7777)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if len(x.made) >= maxMadeDirs {
+		if len(x.open) >= maxMadeDirs {
 			return false, nil
 		}
 		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
@@ -121,12 +120,11 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 			return true, fail(err)
 		}
 		f := os.NewFile(uintptr(fd), full)
-		x.made[name] = f
 		meta := -1
 		if x.exact {
 			meta = len(x.dirs)
 		}
-		x.open = append(x.open, madeDir{name: name, meta: meta})
+		x.open = append(x.open, madeDir{name: name, f: f, meta: meta})
 		if err := f.Chmod(mode | 0o700); err != nil { // stay writable for later entries
 			return true, fail(err)
 		}

@@ -43,7 +43,7 @@ func TestExtract_FastPathHoldsOnlyTheOpenPath(t *testing.T) {
 			require.NoError(t, x.entry(&tar.Header{Name: sub + "/", Typeflag: tar.TypeDir, Mode: 0o750, ModTime: mtime}, nil))
 			dirs++
 			require.NoError(t, x.entry(&tar.Header{Name: sub + "/f", Typeflag: tar.TypeReg, Mode: 0o640, Size: 2, ModTime: mtime}, strings.NewReader("hi")))
-			assert.LessOrEqual(t, len(x.made), 3, "open: the root, the top directory and the one below it")
+			assert.LessOrEqual(t, len(x.open), 3, "open: the root, the top directory and the one below it")
 		}
 	}
 	require.Greater(t, dirs, maxMadeDirs)

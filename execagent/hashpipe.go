@@ -97,9 +97,6 @@ func (p *hashPipe) Read(b []byte) (int, error) {
 			continue
 		}
 		p.cur, p.buf, p.err = c.b, c.b, c.err
-		if p.err == nil && len(c.b) == 0 {
-			continue
-		}
 	}
 	n := copy(b, p.cur)
 	p.cur = p.cur[n:]
