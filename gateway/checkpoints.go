@@ -61,6 +61,7 @@ func newCkService(g *Gateway, store checkpoints.Store, ckCfg checkpoints.Config)
 	flow, err := ckflow.New(ckflow.Config{
 		Checkpoints: ckCfg, Compression: cfg.CheckpointCompression,
 		StreamTimeout: cfg.UploadTimeout, CallTimeout: cfg.ManagerTimeout, ForkTimeout: cfg.CreateTimeout,
+		CowMinBytes: cfg.CheckpointCowMinBytes,
 	}, ckflow.Deps{
 		Store: store, Leases: ckLeases{g: g}, Sandboxes: ckSandboxes{g: g}, Metrics: ckMetrics{m: g.metrics},
 		Clock: g.clock, Logger: g.log,

@@ -3,12 +3,14 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
 	"github.com/quarryhq/quarry/checkpoints/ckflow"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -42,6 +44,22 @@ func (l ckLeases) Image(ctx context.Context, pool string) (string, error) {
 
 func (l ckLeases) CallFailed(ctx context.Context, lease warmpool.Lease, err error) error {
 	return l.g.ckAgentFailed(ctx, lease, err)
+}
+
+// PrepareLayer is the manager's (Layers); a manager without layers has
+// none to make (providers.ErrNoLayer: the checkpoint is copied).
+func (l ckLeases) PrepareLayer(ctx context.Context, req warmpool.LayerRequest) error {
+	if m, ok := l.g.mgr.(Layers); ok {
+		return m.PrepareLayer(ctx, req)
+	}
+	return fmt.Errorf("the gateway's manager has no layers: %w", providers.ErrNoLayer)
+}
+
+func (l ckLeases) DropLayer(ctx context.Context, key string) error {
+	if m, ok := l.g.mgr.(Layers); ok {
+		return m.DropLayer(ctx, key)
+	}
+	return nil
 }
 
 // ckSandboxes is the sandbox side (ckflow.Sandboxes): the agent of a lease.

@@ -86,6 +86,13 @@ type Config struct {
 	// "fast" (Huffman only: archives about 0.6 of none's, restores about
 	// twice as slow) or "small" (deflate's fastest level).
 	CheckpointCompression string `envconfig:"QUARRY_CHECKPOINT_COMPRESSION"`
+	// CheckpointCowMinBytes: forks of a checkpoint of at least this many
+	// bytes, and sandboxes created from one, start on a copy-on-write
+	// layer where the pool's provider can (Docker), instead of a restore
+	// into each (default 32 MiB, from `make bench`'s ckbench: below it a
+	// restore into a warm sandbox is faster than a cold start; negative:
+	// never).
+	CheckpointCowMinBytes int64 `envconfig:"QUARRY_CHECKPOINT_COW_MIN_BYTES"`
 
 	// PreviewConfig: signed preview URLs of sandbox ports (preview.go).
 	PreviewConfig
@@ -118,26 +125,27 @@ type Config struct {
 
 // Defaults of Config's zero fields.
 const (
-	DefaultMaxJSONBody       = 8 << 20
-	DefaultMaxUploadBody     = 1 << 30
-	DefaultMaxAgentResponse  = 256 << 20
-	DefaultRequestTimeout    = 30 * time.Second
-	DefaultCommandTimeout    = 5 * time.Minute
-	DefaultTimeoutMargin     = 10 * time.Second
-	DefaultMaxCommandTimeout = 24*time.Hour + DefaultTimeoutMargin
-	DefaultManagerTimeout    = 10 * time.Second
-	DefaultCreateTimeout     = 5 * time.Minute
-	DefaultImageBuildTimeout = 30 * time.Minute
-	DefaultReadTimeout       = 60 * time.Second
-	DefaultUploadTimeout     = time.Hour
-	DefaultIdleTimeout       = 2 * time.Minute
-	DefaultAgentDialTimeout  = 5 * time.Second
-	DefaultMaxConnsPerAgent  = 256
-	DefaultMaxAgentClients   = 16384
-	DefaultRetryAfter        = 2 * time.Second
-	DefaultMaxWebSockets     = 10000
-	DefaultWSLeaseCheck      = 10 * time.Second
-	DefaultWSPingInterval    = 30 * time.Second
+	DefaultMaxJSONBody           = 8 << 20
+	DefaultMaxUploadBody         = 1 << 30
+	DefaultMaxAgentResponse      = 256 << 20
+	DefaultRequestTimeout        = 30 * time.Second
+	DefaultCommandTimeout        = 5 * time.Minute
+	DefaultTimeoutMargin         = 10 * time.Second
+	DefaultMaxCommandTimeout     = 24*time.Hour + DefaultTimeoutMargin
+	DefaultManagerTimeout        = 10 * time.Second
+	DefaultCreateTimeout         = 5 * time.Minute
+	DefaultImageBuildTimeout     = 30 * time.Minute
+	DefaultReadTimeout           = 60 * time.Second
+	DefaultUploadTimeout         = time.Hour
+	DefaultIdleTimeout           = 2 * time.Minute
+	DefaultAgentDialTimeout      = 5 * time.Second
+	DefaultMaxConnsPerAgent      = 256
+	DefaultMaxAgentClients       = 16384
+	DefaultRetryAfter            = 2 * time.Second
+	DefaultMaxWebSockets         = 10000
+	DefaultWSLeaseCheck          = 10 * time.Second
+	DefaultWSPingInterval        = 30 * time.Second
+	DefaultCheckpointCowMinBytes = 32 << 20
 )
 
 // maxAPIKeyLen bounds one API key; longer Authorization values are refused
@@ -280,6 +288,9 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.AgentDialTimeout, DefaultAgentDialTimeout)
 	defaults.Set(&c.RetryAfter, DefaultRetryAfter)
 	defaults.Set(&c.CheckpointCompression, agentapi.CompressionNone)
+	if c.CheckpointCowMinBytes == 0 {
+		c.CheckpointCowMinBytes = DefaultCheckpointCowMinBytes
+	}
 	defaults.Set(&c.WSLeaseCheck, DefaultWSLeaseCheck)
 	defaults.Set(&c.WSPingInterval, DefaultWSPingInterval)
 	defaults.Set(&c.MaxWebSockets, DefaultMaxWebSockets)

@@ -53,6 +53,14 @@ type Manager interface {
 	CheckTask(ctx context.Context, lease warmpool.Lease) (warmpool.Lease, error)
 }
 
+// Layers is an optional Manager capability: copy-on-write layers of
+// checkpoints (warmpool.Manager.PrepareLayer, DropLayer). Without it every
+// checkpoint is restored by copy.
+type Layers interface {
+	PrepareLayer(ctx context.Context, req warmpool.LayerRequest) error
+	DropLayer(ctx context.Context, key string) error
+}
+
 // Readier is an optional Manager capability: Ready reports whether the lease
 // store answers. Without it /readyz calls Pools.
 type Readier interface {

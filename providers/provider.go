@@ -442,3 +442,46 @@ type BuildError struct {
 
 func (e *BuildError) Error() string { return fmt.Sprintf("build %s: %s", e.Tag, e.Message) }
 func (e *BuildError) Unwrap() error { return ErrInvalidSpec }
+
+// OptionLayer is the Spec option that starts a task on a layer
+// (Layers.PrepareLayer): its value is the layer's key. The warm pool sets
+// it for a task it starts from a checkpoint; a pool's options may not
+// (every option under "quarry." is reserved).
+const OptionLayer = "quarry.layer"
+
+// ErrNoLayer: the provider cannot start tasks of this spec on a layer of
+// this archive (Layers.PrepareLayer); the caller copies the archive into
+// a sandbox instead. It says why.
+var ErrNoLayer = errors.New("no copy-on-write layer for this spec")
+
+// LayerRequest asks for a layer: an archive the agent wrote (a checkpoint:
+// a tar, gzip-compressed or not, whose entries are absolute paths without
+// the leading "/", docs/ARCHITECTURE.md "Checkpoints: the agent's side"),
+// unpacked once so that tasks of Spec start with it in place.
+type LayerRequest struct {
+	Spec Spec
+	// Key names the layer: the archive's SHA-256 (64 hex characters).
+	Key string
+	// Roots are the absolute paths the archive holds.
+	Roots []string
+	// Open returns the archive. It is called only when the layer is not
+	// made yet, at most once; its reader fails before its end when the
+	// bytes are not the archive's (the checkpoint store's Open).
+	Open func(ctx context.Context) (io.ReadCloser, error)
+}
+
+// Layers is implemented by providers that can start a task whose work
+// directory is a copy-on-write view of an archive unpacked once (docs/
+// ARCHITECTURE.md, "Copy-on-write forks on Docker"): the tasks share the
+// unpacked files and each writes only its own changes.
+type Layers interface {
+	// PrepareLayer makes layer req.Key for tasks of req.Spec, once:
+	// concurrent and later calls for one key share it. Tasks launched with
+	// Options[OptionLayer] = req.Key then start with the archive's roots
+	// in place. An error wrapping ErrNoLayer says that this spec or this
+	// archive cannot have one (the caller copies instead).
+	PrepareLayer(ctx context.Context, req LayerRequest) error
+	// DropLayer removes layer key once no task uses it (now, or when the
+	// last that does stops). Idempotent.
+	DropLayer(ctx context.Context, key string) error
+}

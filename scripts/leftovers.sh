@@ -5,8 +5,9 @@
 #     the run's temp dir (--tmp);
 #   - gateways (a process named gateway with QUARRY_DATA_DIR in its environment) whose binary,
 #     working directory or data dir is gone, or that run from or in --tmp;
-#   - Docker containers and networks labelled quarry.managed=true with a test gateway id (e2e-<hex>:
-#     tests/, test-<hex>: providers/docker), unless a gateway of that id still runs;
+#   - Docker containers, networks and volumes (copy-on-write layers and the overlays of sandboxes
+#     started on them) labelled with a test gateway id (quarry.gateway e2e-<hex>: tests/,
+#     test-<hex>: providers/docker), unless a gateway of that id still runs;
 #   - with --moto-pid PID: the AWS emulator the run started, if it still runs after its stop;
 #   - image registries that this checkout's scripts/registry.sh started (docker-registry processes
 #     whose QUARRY_REGISTRY_DIR is this checkout's .cache/registry): the run stops those it
@@ -78,7 +79,7 @@ scan_docker() {
     [[ "$gw" =~ $test_gateway_id ]] || continue
     case "$running_ids" in *" $gw "*) continue ;; esac # its gateway still runs
     add "$(date -d "$created" +%s 2>/dev/null || echo 0)" "container $id $name ($state) of test gateway $gw"
-  done < <(docker ps -aq --filter label=quarry.managed=true | xargs -r docker inspect \
+  done < <(docker ps -aq --filter label=quarry.gateway | xargs -r docker inspect \
     --format '{{.ID}}{{"\t"}}{{index .Config.Labels "quarry.gateway"}}{{"\t"}}{{.Name}}{{"\t"}}{{.State.Status}}{{"\t"}}{{.Created}}' 2>/dev/null)
   while IFS=$'\t' read -r id gw name created; do
     [[ "$gw" =~ $test_gateway_id ]] || continue
@@ -86,6 +87,12 @@ scan_docker() {
     add "$(date -d "$created" +%s 2>/dev/null || echo 0)" "network $name ($id) of test gateway $gw"
   done < <(docker network ls -q --filter label=quarry.managed=true | xargs -r docker network inspect \
     --format '{{.ID}}{{"\t"}}{{index .Labels "quarry.gateway"}}{{"\t"}}{{.Name}}{{"\t"}}{{.Created}}' 2>/dev/null)
+  while IFS=$'\t' read -r name gw role created; do
+    [[ "$gw" =~ $test_gateway_id ]] || continue
+    case "$running_ids" in *" $gw "*) continue ;; esac
+    add "$(date -d "$created" +%s 2>/dev/null || echo 0)" "volume $name (${role:-no role}) of test gateway $gw"
+  done < <(docker volume ls -q --filter label=quarry.gateway | xargs -r docker volume inspect \
+    --format '{{.Name}}{{"\t"}}{{index .Labels "quarry.gateway"}}{{"\t"}}{{index .Labels "quarry.docker.volume"}}{{"\t"}}{{.CreatedAt}}' 2>/dev/null)
 }
 
 registry_dir="${QUARRY_REGISTRY_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.cache/registry}"

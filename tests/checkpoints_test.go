@@ -5,6 +5,7 @@ package tests
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -205,9 +206,22 @@ func TestCheckpoints_Process(t *testing.T) {
 	assert.True(t, client.IsNotFound(err), "%v", err)
 }
 
+// TestCheckpoints_Docker runs on both paths of a sandbox made from a
+// checkpoint: restored by copy, and started on a copy-on-write layer
+// (every checkpoint: QUARRY_CHECKPOINT_COW_MIN_BYTES=1).
 func TestCheckpoints_Docker(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		minBytes string
+	}{{"copy", "-1"}, {"cow", "1"}} {
+		t.Run(tt.name, func(t *testing.T) { checkpointsOnDocker(t, tt.minBytes) })
+	}
+}
+
+func checkpointsOnDocker(t *testing.T, cowMinBytes string) {
 	d := requireDocker(t)
-	g, c, ctx := d.startTwoPools()
+	g, c, ctx := d.startTwoPools(withEnv("QUARRY_CHECKPOINT_COW_MIN_BYTES=" + cowMinBytes))
+	cow := cowMinBytes == "1"
 
 	src, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: "plain"})
 	require.NoError(t, err)
@@ -269,4 +283,40 @@ func TestCheckpoints_Docker(t *testing.T) {
 	require.NoError(t, err, "keep_checkpoint")
 	assert.Equal(t, want, sh(ctx, t, c, src.ID, ckState))
 	assert.True(t, strings.HasPrefix(kept.ID, "ckp-"))
+
+	// A change in one fork is in no other fork, nor in the checkpoint.
+	var forks []string
+	for _, f := range fr.Forks {
+		if f.Error == nil {
+			forks = append(forks, f.Sandbox.ID)
+		}
+	}
+	sh(ctx, t, c, forks[0], ckMutate)
+	assert.NotEqual(t, want, sh(ctx, t, c, forks[0], ckState))
+	assert.Equal(t, want, sh(ctx, t, c, forks[1], ckState))
+	if cow {
+		assert.NotEmpty(t, d.volumes(volumeRoleOverlay), "the forks run on overlays")
+	} else {
+		assert.Empty(t, d.volumes(""), "a copy makes no volume")
+	}
+	_, err = c.DeleteSandbox(ctx, forks[1])
+	require.NoError(t, err)
+	sb, err = c.CreateSandbox(ctx, client.CreateSandboxRequest{FromCheckpoint: kept.ID})
+	require.NoError(t, err)
+	assert.Equal(t, want, sh(ctx, t, c, sb.ID, ckState), "the checkpoint is as it was taken")
+
+	// Deleted while sandboxes use it: they keep working; once they and
+	// the checkpoint are gone, nothing of them is left on the engine.
+	require.NoError(t, c.DeleteCheckpoint(ctx, kept.ID))
+	assert.Equal(t, want, sh(ctx, t, c, sb.ID, ckState))
+	for _, id := range append([]string{sb.ID, src.ID}, forks[0], forks[2]) {
+		_, err = c.DeleteSandbox(ctx, id)
+		require.NoError(t, err)
+	}
+	eventually(t, dockerWait, "no volume of the forks and the checkpoint is left", func() error {
+		if v := d.volumes(""); len(v) > 0 {
+			return fmt.Errorf("volumes left: %v", v)
+		}
+		return nil
+	})
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/volume"
 	dockerclient "github.com/docker/docker/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -98,6 +99,27 @@ func (d *dockerTest) containers(pool string) []container.Summary {
 	return list
 }
 
+// volumeRoleOverlay is the role label of a sandbox's overlay volume
+// (providers/docker: a sandbox started on a copy-on-write layer).
+const volumeRoleOverlay = "overlay"
+
+// volumes lists the names of the test's volumes of role (the provider's
+// quarry.docker.volume label), or of every role for "".
+func (d *dockerTest) volumes(role string) []string {
+	d.t.Helper()
+	f := filters.NewArgs(filters.Arg("label", providers.LabelGateway+"="+d.gatewayID))
+	if role != "" {
+		f.Add("label", "quarry.docker.volume="+role)
+	}
+	vols, err := d.cli.VolumeList(context.Background(), volume.ListOptions{Filters: f})
+	require.NoError(d.t, err)
+	var out []string
+	for _, v := range vols.Volumes {
+		out = append(out, v.Name)
+	}
+	return out
+}
+
 // running returns the ids of the pool's running containers.
 func (d *dockerTest) running(pool string) map[string]bool {
 	out := map[string]bool{}
@@ -133,6 +155,7 @@ func (d *dockerTest) removeAll() {
 	for c.Err() == nil {
 		list, err := d.cli.ContainerList(c, container.ListOptions{All: true, Filters: f})
 		if err == nil && len(list) == 0 {
+			d.removeVolumes()
 			return
 		}
 		last = err
@@ -144,6 +167,28 @@ func (d *dockerTest) removeAll() {
 		time.Sleep(200 * time.Millisecond)
 	}
 	d.t.Errorf("containers of %s left after cleanup: %v", d.gatewayID, last)
+}
+
+// removeVolumes removes the test's volumes (after its containers: a
+// volume in use stays), overlays first: they name the others.
+func (d *dockerTest) removeVolumes() {
+	c, cancel := context.WithTimeout(context.Background(), dockerWait)
+	defer cancel()
+	vols, err := d.cli.VolumeList(c, volume.ListOptions{Filters: filters.NewArgs(filters.Arg("label", providers.LabelGateway+"="+d.gatewayID))})
+	if err != nil {
+		d.t.Errorf("list the volumes of %s: %v", d.gatewayID, err)
+		return
+	}
+	for _, overlays := range []bool{true, false} {
+		for _, v := range vols.Volumes {
+			if (v.Labels["quarry.docker.volume"] == volumeRoleOverlay) != overlays {
+				continue
+			}
+			if err := d.cli.VolumeRemove(c, v.Name, true); err != nil {
+				d.t.Errorf("remove volume %s: %v", v.Name, err)
+			}
+		}
+	}
 }
 
 // restartEngine stops dockerd (SIGTERM to the pid in /var/run/docker.pid,

@@ -114,6 +114,9 @@ func (m *Manager) validateAcquire(ctx context.Context, req AcquireRequest) (*poo
 func (m *Manager) acquire(ctx context.Context, p *pool, req AcquireRequest, dur time.Duration) (Lease, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.AcquireTimeout)
 	defer cancel()
+	if req.Layer != "" {
+		return m.acquireOnLayer(ctx, p, req, dur)
+	}
 	if !m.loopsRun() {
 		return m.acquireDirect(ctx, p, req, dur)
 	}
@@ -429,8 +432,22 @@ func (m *Manager) claimRequest(p *pool, req AcquireRequest, dur time.Duration, t
 // coldStart reserves a slot, launches a task, waits for its agent and
 // claims it. full is true (with ErrNoCapacity) when the pool is at
 // max_total.
+//
+// A request that names a layer gets a task started on it: its record holds
+// the layer's digest, and a task the claim does not take is stopped, never
+// given back (no other acquire may have it).
 func (m *Manager) coldStart(ctx context.Context, p *pool, req AcquireRequest, dur time.Duration) (l Lease, outcome string, full bool, err error) {
 	rec := m.newTaskRecord(p)
+	if req.Layer != "" {
+		rec.Spec = p.layerDigest(req.Layer)
+	}
+	giveBack := func(rec TaskRecord) {
+		if req.Layer != "" {
+			m.markStopping(ctx, p, rec, "started on a layer for an acquire that did not take it")
+			return
+		}
+		m.giveBack(ctx, p, rec)
+	}
 	if err := m.reserve(ctx, p, []TaskRecord{rec}); err != nil {
 		return Lease{}, outcomeError, errors.Is(err, ErrNoCapacity), fmt.Errorf("reserve a task: %w", err)
 	}
@@ -444,15 +461,17 @@ func (m *Manager) coldStart(ctx context.Context, p *pool, req AcquireRequest, du
 	if err != nil {
 		return Lease{}, outcomeError, false, err
 	}
-	res, err := m.claim(ctx, p, m.claimRequest(p, req, dur, rec.ID))
+	creq := m.claimRequest(p, req, dur, rec.ID)
+	creq.Spec = rec.Spec
+	res, err := m.claim(ctx, p, creq)
 	if err != nil {
 		if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {
-			m.giveBack(ctx, p, rec) // healthy: let another acquire have it
+			giveBack(rec) // healthy: let another acquire have it
 		}
 		return Lease{}, outcomeError, false, fmt.Errorf("claim cold-started task %s: %w", rec.ID, err)
 	}
 	if res.Replayed {
-		m.giveBack(ctx, p, rec)
+		giveBack(rec)
 		return m.present(res.Lease), outcomeReplayed, false, nil
 	}
 	if err := m.initLease(ctx, res.Lease); err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/quarryhq/quarry/api"
 	"github.com/quarryhq/quarry/internal/badinput"
+	"github.com/quarryhq/quarry/providers"
 )
 
 // Defaults applied by ParsePools (and WithDefaults) to fields left empty.
@@ -91,6 +92,10 @@ type PoolConfig struct {
 // service reads from the pools file (the model relay's "model.*"); the
 // provider does not see them.
 const ServiceOptionPrefix = "model."
+
+// reservedOptionPrefix starts the options only the gateway sets
+// (providers.OptionLayer); a pool's may not.
+const reservedOptionPrefix = "quarry."
 
 // ProviderOptions returns a copy of p.Options without the options of
 // gateway services ("model.*"), or nil when none remain: what the pool's
@@ -311,6 +316,11 @@ func (p PoolConfig) Validate() error {
 	errs = append(errs, validateEnv("env", p.Env))
 	errs = append(errs, validateLabels("labels", p.Labels, true))
 	errs = append(errs, validateMap("options", p.Options, labelKeyPattern, labelKeyDescription))
+	for k := range p.Options {
+		if strings.HasPrefix(k, reservedOptionPrefix) {
+			bad("options", "%q: options %s* are the gateway's own (a task started on a checkpoint's layer carries %s)", k, reservedOptionPrefix, providers.OptionLayer)
+		}
+	}
 	return errors.Join(errs...)
 }
 

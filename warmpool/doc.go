@@ -36,6 +36,8 @@
 //     tasks.
 //   - stale.go: tasks of another configuration of their pool
 //     (TaskRecord.Spec) and the providers built to stop them.
+//   - layers.go: tasks started on a checkpoint's copy-on-write layer
+//     (PrepareLayer, DropLayer, AcquireRequest.Layer, ErrLayerFull).
 //   - reaper.go: the reaper: ends expired leases, purges old ended ones.
 //   - orphans.go: the orphan sweep: stops provider tasks that no record
 //     accounts for and winds down pools no longer configured.

@@ -225,7 +225,7 @@ func (m *Manager) launch(ctx context.Context, p *pool, recs []TaskRecord) ([]Tas
 	for i, r := range recs {
 		names[i] = r.ID
 	}
-	tasks, launchErr := m.prepareAndLaunch(ctx, p, names)
+	tasks, launchErr := m.prepareAndLaunch(ctx, p, p.specOf(recs[0]), names)
 	if launchErr != nil {
 		launchErr = fmt.Errorf("launch %d task(s): %w", len(names), launchErr)
 	}

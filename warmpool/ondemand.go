@@ -534,17 +534,18 @@ func (m *Manager) prepare(ctx context.Context, cs *classState, cfg PoolConfig) (
 	return info, nil
 }
 
-// prepareAndLaunch launches names in p's provider, preparing an on-demand
+// prepareAndLaunch launches names with spec (p.spec, or p.specOf a task
+// started on a layer) in p's provider, preparing an on-demand
 // pool's image first (cheap when it is ready): an image removed since (a
 // cache's budget) is pulled again, and a task's startup deadline, which
 // starts when Launch returns, never includes the pull.
-func (m *Manager) prepareAndLaunch(ctx context.Context, p *pool, names []string) ([]providers.Task, error) {
+func (m *Manager) prepareAndLaunch(ctx context.Context, p *pool, spec providers.Spec, names []string) ([]providers.Task, error) {
 	if p.od != nil {
 		if _, err := m.prepare(ctx, p.od.class, p.cfg); err != nil {
 			return nil, err
 		}
 	}
-	return p.provider.Launch(ctx, p.spec, names)
+	return p.provider.Launch(ctx, spec, names)
 }
 
 // addPool adds on-demand pool cfg (its record rec) to this replica's, or

@@ -213,7 +213,7 @@ func (m *Manager) visit(ctx context.Context, p *pool, recs []TaskRecord, describ
 			}
 		case TaskReady, TaskLeased:
 			switch {
-			case !p.stale(t):
+			case !p.stale(t), t.State == TaskLeased && p.onLayer(t):
 			case t.State == TaskLeased:
 				m.noteStaleLease(p, t)
 			default:

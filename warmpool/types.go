@@ -25,6 +25,10 @@ type AcquireRequest struct {
 	Env            map[string]string
 	Labels         map[string]string
 	IdempotencyKey string
+	// Layer names a layer the pool's provider prepared (PrepareLayer):
+	// the lease gets a new task started on it, never a ready one. It is
+	// how the request is served, not what it asks for: Digest leaves it out.
+	Layer string
 }
 
 // Digest is a digest of what the request asks for (pool, lease seconds as

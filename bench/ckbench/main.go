@@ -30,9 +30,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
+
+	dockerclient "github.com/docker/docker/client"
 
 	"github.com/quarryhq/quarry/bench/internal/dockergw"
 	"github.com/quarryhq/quarry/client"
@@ -43,10 +46,13 @@ import (
 // benchKey is the gateway's API key (at least 16 characters).
 const benchKey = "ckbench-key-0123456789"
 
-// The pools: warm (forks, restores) and cold (the baseline: nothing warm).
+// The pools: warm (forks, restores), cold (the baseline: nothing warm), and
+// cow (sandboxes made from a checkpoint start on a copy-on-write layer:
+// option cow=always, since its disk bound would keep them on the copy).
 const (
 	warmPool = "ck"
 	coldPool = "ckcold"
+	cowPool  = "ckcow"
 )
 
 func main() {
@@ -100,7 +106,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, gwID, done, err := dockergw.Engine("ckbench")
+	cli, gwID, done, err := dockergw.Engine("ckbench")
 	if err != nil {
 		return err
 	}
@@ -115,6 +121,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	g.cli, g.id = cli, gwID
 	defer g.Stop()
 	fmt.Printf("Docker provider, image %s, gateway id %s, warm pool of %d, compression %q\n", o.image, gwID, g.warm, o.level)
 
@@ -252,7 +259,7 @@ func measure(ctx context.Context, o options, g *gateway, ws workspace, dir strin
 	for _, n := range counts {
 		var fs []time.Duration
 		for range forkRunsFor(n, forkRuns) {
-			d, err := g.fork(ctx, o, src.ID, n)
+			d, err := g.fork(ctx, src.ID, n, func() error { return g.waitReady(ctx, warmPool, g.warm-1, o.wait) }, nil)
 			if err != nil {
 				return res, fmt.Errorf("fork x%d: %w", n, err)
 			}
@@ -296,8 +303,83 @@ func measure(ctx context.Context, o options, g *gateway, ws workspace, dir strin
 	if err := g.C.DeleteCheckpoint(ctx, ck.ID); err != nil {
 		return res, err
 	}
-	return res, nil
+	return res, measureCow(ctx, o, g, dir, counts, runs, forkRuns, report, &res)
 }
+
+// measureCow measures sandboxes made from a checkpoint on a copy-on-write
+// layer (pool ckcow): from_checkpoint -> first exec, and forks until every
+// fork answered, with the engine's disk that the layer and the forks'
+// upper layers hold while the largest fork's sandboxes are alive.
+func measureCow(ctx context.Context, o options, g *gateway, dir string, counts []int, runs, forkRuns int,
+	report func(string, []time.Duration), res *result) error {
+	fmt.Printf("  -- copy-on-write (pool %s: sandboxes start on the checkpoint's layer)\n", cowPool)
+	idle := func() error { // the source alone, nothing starting or stopping
+		return g.WaitPool(ctx, cowPool, o.wait, func(p client.Pool) bool {
+			return p.Leased == 1 && p.Launching == 0 && p.Stopping == 0
+		})
+	}
+	if err := g.waitReady(ctx, cowPool, 1, o.wait); err != nil {
+		return err
+	}
+	src, err := g.C.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: cowPool, LeaseSeconds: 3600})
+	if err != nil {
+		return err
+	}
+	defer func() { _, _ = g.C.DeleteSandbox(context.WithoutCancel(ctx), src.ID) }()
+	if err := upload(ctx, g.C, src.ID, dir); err != nil {
+		return fmt.Errorf("seed the copy-on-write source: %w", err)
+	}
+	ck, err := g.C.CreateCheckpoint(ctx, src.ID, client.CreateCheckpointRequest{})
+	if err != nil {
+		return err
+	}
+	var fc []time.Duration
+	for range runs {
+		if err := idle(); err != nil {
+			return err
+		}
+		start := time.Now()
+		sb, err := g.C.CreateSandbox(ctx, client.CreateSandboxRequest{Pool: cowPool, FromCheckpoint: ck.ID})
+		if err == nil {
+			_, err = g.C.Exec(ctx, sb.ID, agentapi.ExecRequest{Command: "true"})
+		}
+		if err != nil {
+			return fmt.Errorf("from_checkpoint on a layer: %w", err)
+		}
+		fc = append(fc, time.Since(start))
+		if _, err := g.C.DeleteSandbox(ctx, sb.ID); err != nil {
+			return err
+		}
+	}
+	report("cow: from_checkpoint -> exec", fc)
+	if err := g.C.DeleteCheckpoint(ctx, ck.ID); err != nil {
+		return err
+	}
+	if !slices.Contains(counts, o.bigForks) {
+		counts = append(counts, o.bigForks)
+	}
+	for _, n := range counts {
+		var fs []time.Duration
+		var disk map[string]int64
+		for range forkRunsFor(n, forkRuns) {
+			d, err := g.fork(ctx, src.ID, n, idle, func() (err error) {
+				disk, err = dockergw.VolumeBytes(ctx, g.cli, g.id)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("cow fork x%d: %w", n, err)
+			}
+			fs = append(fs, d)
+		}
+		report(fmt.Sprintf("cow: fork x%d -> all answered", n), fs)
+		res.Ops[fmt.Sprintf("cow: fork x%d disk MB", n)] = map[string]float64{"layer": mb(disk["layer"]), "uppers": mb(disk["upper"] + disk["work"])}
+		fmt.Printf("  %-34s layer %.1f MB, the %d forks' upper layers %.1f MB (du on the engine's volumes)\n",
+			fmt.Sprintf("cow: fork x%d engine disk", n), mb(disk["layer"]), n, mb(disk["upper"]+disk["work"]))
+	}
+	return nil
+}
+
+func mb(n int64) float64 { return float64(n) / (1 << 20) }
 
 // forkRunsFor is how many runs a fork of n gets: the x64 fork refills 64 containers after
 // each run, so it gets three.
@@ -310,8 +392,11 @@ func forkRunsFor(n, runs int) int {
 
 // fork waits for a full warm pool, forks src n times and runs a command in every fork; it
 // returns the time from the fork request to the last answer, and releases the forks.
-func (g *gateway) fork(ctx context.Context, o options, src string, n int) (time.Duration, error) {
-	if err := g.waitReady(ctx, warmPool, g.warm-1, o.wait); err != nil {
+//
+// ready waits for the pool before the fork; alive, when set, runs while the
+// forks are alive (after the last answer, before their release).
+func (g *gateway) fork(ctx context.Context, src string, n int, ready func() error, alive func() error) (time.Duration, error) {
+	if err := ready(); err != nil {
 		return 0, err
 	}
 	start := time.Now()
@@ -341,6 +426,9 @@ func (g *gateway) fork(ctx context.Context, o options, src string, n int) (time.
 	}
 	wg.Wait()
 	took := time.Since(start)
+	if alive != nil && len(errs) == 0 {
+		errs = append(errs, alive())
+	}
 	for _, f := range fr.Forks {
 		if f.Sandbox != nil {
 			if _, err := g.C.DeleteSandbox(ctx, f.Sandbox.ID); err != nil {
@@ -408,6 +496,8 @@ func upload(ctx context.Context, c *client.Client, id, dir string) error {
 type gateway struct {
 	*dockergw.Gateway
 	warm int
+	cli  *dockerclient.Client // the engine (its volumes' disk)
+	id   string               // the gateway id
 }
 
 func startGateway(ctx context.Context, o options, bin, gwID, tmp string) (*gateway, error) {
@@ -427,9 +517,18 @@ func startGateway(ctx context.Context, o options, bin, gwID, tmp string) (*gatew
     disk: 512Mi
     min_warm: 0
     max_total: 2
-`, warmPool, o.image, warm, warm+2, coldPool, o.image)
+  - name: %s
+    image: %s
+    cpu: 1
+    memory: 1Gi
+    disk: 512Mi
+    min_warm: 1
+    max_total: %d
+    options: {cow: always}
+`, warmPool, o.image, warm, warm+2, coldPool, o.image, cowPool, o.image, warm+2)
 	gw, err := dockergw.Start(dockergw.Options{Bin: bin, Dir: filepath.Join(tmp, "gateway"), Key: benchKey, GatewayID: gwID,
-		Pools: pools, Env: []string{"QUARRY_CREATE_TIMEOUT=5m", "QUARRY_CHECKPOINT_COMPRESSION=" + o.level}})
+		Pools: pools, Env: []string{"QUARRY_CREATE_TIMEOUT=5m", "QUARRY_CHECKPOINT_COMPRESSION=" + o.level,
+			"QUARRY_CHECKPOINT_COW_MIN_BYTES=1"}}) // every checkpoint; pool ck keeps the copy (its disk bound)
 	if err != nil {
 		return nil, err
 	}

@@ -13,10 +13,12 @@
 // it needs of its caller (Leases: the warm pool side; Sandboxes and Agent:
 // a lease's agent; Metrics) and the store reads (Get, List, Delete);
 // take.go takes a checkpoint (Take, CheckTake); restore.go resolves and
-// restores one (Resolve, Restore, AcquireRestored); fork.go is Fork.
+// restores one (Resolve, Restore, AcquireRestored); fork.go is Fork;
+// layer.go decides when sandboxes made from a checkpoint start on its
+// copy-on-write layer instead (Config.CowMinBytes, Leases.PrepareLayer).
 //
 // It imports the contracts it works over (checkpoints, warmpool's lease
-// types, execagent/agentapi's checkpoint types), internal/badinput and
+// types, providers.ErrNoLayer, execagent/agentapi's checkpoint types), internal/badinput and
 // internal/clock. It must not import the gateway, fiber, api (the wire
 // types are the caller's to render), errclass (the caller
 // classifies), a concrete store (checkpoints/filestore, s3store) or a

@@ -19,6 +19,7 @@ import (
 	"github.com/quarryhq/quarry/checkpoints"
 	"github.com/quarryhq/quarry/checkpoints/filestore"
 	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/providers"
 	"github.com/quarryhq/quarry/warmpool"
 )
 
@@ -31,6 +32,8 @@ type fakeLeases struct {
 	ReleaseFn    func(ctx context.Context, lease warmpool.Lease) error
 	ImageFn      func(ctx context.Context, pool string) (string, error)
 	CallFailedFn func(ctx context.Context, lease warmpool.Lease, err error) error
+	// PrepareLayerFn: nil has no layers (providers.ErrNoLayer).
+	PrepareLayerFn func(ctx context.Context, req warmpool.LayerRequest) error
 
 	images map[string]string
 
@@ -38,6 +41,8 @@ type fakeLeases struct {
 	acquired   []warmpool.AcquireRequest
 	released   []warmpool.Lease
 	callFailed []error
+	prepared   []warmpool.LayerRequest
+	dropped    []string
 }
 
 var errUnknownPool = errors.New("unknown pool")
@@ -78,6 +83,23 @@ func (f *fakeLeases) Image(ctx context.Context, pool string) (string, error) {
 		return "", errUnknownPool
 	}
 	return img, nil
+}
+
+func (f *fakeLeases) PrepareLayer(ctx context.Context, req warmpool.LayerRequest) error {
+	f.mu.Lock()
+	f.prepared = append(f.prepared, req)
+	f.mu.Unlock()
+	if f.PrepareLayerFn != nil {
+		return f.PrepareLayerFn(ctx, req)
+	}
+	return fmt.Errorf("fake leases: %w", providers.ErrNoLayer)
+}
+
+func (f *fakeLeases) DropLayer(_ context.Context, key string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dropped = append(f.dropped, key)
+	return nil
 }
 
 func (f *fakeLeases) CallFailed(ctx context.Context, lease warmpool.Lease, err error) error {

@@ -157,7 +157,22 @@ func fanOut(src io.Reader, bodies []*io.PipeWriter) {
 // (a warm sandbox stays warm), and a failed restore releases the sandbox
 // and returns the restore's error, so nothing half-restored is handed out.
 // A replayed lease (an idempotency key used before) is returned as it is.
+//
+// On a copy-on-write layer (onLayer) the sandbox is a new one started on
+// it, with nothing to restore; a pool full of ready sandboxes
+// (warmpool.ErrLayerFull) gives one of them, restored by copy.
 func (s *Service) AcquireRestored(ctx context.Context, req warmpool.AcquireRequest, ck checkpoints.Checkpoint) (warmpool.Lease, bool, error) {
+	if s.onLayer(ctx, req.Pool, req.Owner, ck) {
+		on := req
+		on.Layer = ck.SHA256
+		lease, replayed, err := s.leases.Acquire(ctx, on)
+		switch {
+		case err == nil:
+			return lease, replayed, nil
+		case !errors.Is(err, warmpool.ErrLayerFull): // else a ready sandbox, restored by copy
+			return warmpool.Lease{}, false, fmt.Errorf("start a sandbox of pool %s on checkpoint %s: %w", req.Pool, ck.ID, err)
+		}
+	}
 	lease, replayed, err := s.leases.Acquire(ctx, req)
 	if err != nil || replayed {
 		return lease, replayed, err

@@ -33,6 +33,13 @@ type Leases interface {
 	// checked, and a dead task's lease answers how it ended
 	// (*warmpool.LeaseEndedError), a live one an *agentapi.CallError.
 	CallFailed(ctx context.Context, lease warmpool.Lease, err error) error
+	// PrepareLayer makes a copy-on-write layer of a checkpoint for the
+	// sandboxes of req.Pool (warmpool.Manager.PrepareLayer); an error
+	// wrapping providers.ErrNoLayer says the pool's provider cannot.
+	PrepareLayer(ctx context.Context, req warmpool.LayerRequest) error
+	// DropLayer says that the checkpoint of layer key is gone
+	// (warmpool.Manager.DropLayer).
+	DropLayer(ctx context.Context, key string) error
 }
 
 // Sandboxes is the sandbox side: the agent of a lease. Implementations
@@ -106,6 +113,11 @@ type Config struct {
 	// ForkTimeout bounds a fork's leases and restores, all together (the
 	// gateway's QUARRY_CREATE_TIMEOUT).
 	ForkTimeout time.Duration
+	// CowMinBytes: a checkpoint of at least this many bytes starts forks
+	// and sandboxes made from it on a copy-on-write layer where the pool's
+	// provider can (Leases.PrepareLayer), instead of restoring it into
+	// each; 0: every checkpoint; negative: none.
+	CowMinBytes int64
 }
 
 // Validate checks c: Checkpoints (each error names its variable) and
@@ -203,7 +215,14 @@ func (s *Service) Delete(ctx context.Context, id, owner string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
-	return s.store.Delete(ctx, id, owner)
+	ck, gerr := s.store.Get(ctx, id, owner)
+	if err := s.store.Delete(ctx, id, owner); err != nil {
+		return err
+	}
+	if gerr == nil {
+		s.dropLayer(ctx, ck)
+	}
+	return nil
 }
 
 // checkID refuses a malformed id as not found.

@@ -48,6 +48,8 @@ func TestProviderConfig_VariableNames(t *testing.T) {
 		"QUARRY_DOCKER_HOST",
 		"QUARRY_DOCKER_IMAGE_BUDGET",
 		"QUARRY_DOCKER_LAUNCH_CONCURRENCY",
+		"QUARRY_DOCKER_LAYER_IDLE",
+		"QUARRY_DOCKER_LAYER_TIMEOUT",
 		"QUARRY_DOCKER_NETWORK",
 		"QUARRY_DOCKER_PIDS_LIMIT",
 		"QUARRY_DOCKER_PULL_CONCURRENCY",
@@ -141,6 +143,7 @@ func TestDockerConfig_Defaults(t *testing.T) {
 		GatewayID: "quarry", User: "65534:65534", Workdir: "/home/sandbox", Network: "bridge", PidsLimit: 1024,
 		StartTimeout: 60 * time.Second, LaunchConcurrency: 4,
 		PullConcurrency: 4, PullTimeout: 10 * time.Minute, LedgerFile: "/data/docker/images.json",
+		LayerTimeout: 5 * time.Minute, LayerIdle: 10 * time.Minute,
 	}, got.WithDefaults())
 }
 

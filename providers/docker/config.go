@@ -25,6 +25,8 @@ const (
 	// a memory limit when Config.WorkdirSizeMB is 0.
 	defaultWorkdirSizeMB     = 1024
 	DefaultStartTimeout      = 60 * time.Second
+	DefaultLayerTimeout      = 5 * time.Minute
+	DefaultLayerIdle         = 10 * time.Minute
 	DefaultLaunchConcurrency = 4
 	DefaultPullConcurrency   = 4
 	DefaultPullTimeout       = 10 * time.Minute
@@ -128,6 +130,13 @@ type Config struct {
 	// keeps the record in memory (a restarted provider forgets it and so
 	// never removes those images).
 	LedgerFile string `ignored:"true"`
+	// LayerTimeout bounds the unpack of one copy-on-write layer
+	// (providers.Layers), whoever waits for it.
+	LayerTimeout time.Duration `envconfig:"QUARRY_DOCKER_LAYER_TIMEOUT"`
+	// LayerIdle is how long a layer no task uses is kept for the next
+	// sandbox started from its checkpoint, unless the checkpoint is
+	// deleted first (DropLayer).
+	LayerIdle time.Duration `envconfig:"QUARRY_DOCKER_LAYER_IDLE"`
 }
 
 // Bytes is a size in bytes that envconfig reads as a number of bytes or
@@ -170,6 +179,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PullTimeout == 0 {
 		c.PullTimeout = DefaultPullTimeout
+	}
+	if c.LayerTimeout == 0 {
+		c.LayerTimeout = DefaultLayerTimeout
+	}
+	if c.LayerIdle == 0 {
+		c.LayerIdle = DefaultLayerIdle
 	}
 	return c
 }
@@ -227,6 +242,12 @@ func (c Config) Validate() error {
 	}
 	if c.PullTimeout <= 0 {
 		bad("PullTimeout", "must be positive, got %s", c.PullTimeout)
+	}
+	if c.LayerTimeout <= 0 {
+		bad("LayerTimeout", "must be positive, got %s", c.LayerTimeout)
+	}
+	if c.LayerIdle < 0 {
+		bad("LayerIdle", "must not be negative, got %s", c.LayerIdle)
 	}
 	if c.ImageBudget < 0 {
 		bad("ImageBudget", "must not be negative, got %d", c.ImageBudget)

@@ -24,5 +24,13 @@
 // container names are the task names, so a retried launch of a name finds
 // its container. Stop removes the container.
 //
+// Copy-on-write layers (layers.go, providers.Layers): a checkpoint is
+// unpacked once into an engine volume, and tasks launched on it get an
+// overlay volume (the layer below, volumes of their own above) at their
+// work directory's parent instead of the tmpfs; every such directory is the
+// engine's, so the gateway stays unprivileged. The only state in memory is
+// which layers a prepare or launch of this process holds, so that none is
+// removed under it.
+//
 // This package must not import gateway, warmpool or another provider.
 package docker

@@ -1,17 +1,20 @@
 package docker
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -129,6 +132,25 @@ func (e *testEnv) removeAll(t testing.TB) {
 		err := e.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 		if err != nil && !isNotFound(err) {
 			t.Errorf("remove container %s: %v", c.ID, err)
+		}
+	}
+	// Then its volumes (copy-on-write layers and the tasks' overlays,
+	// overlays first: they name the others).
+	vols, err := e.cli.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(filters.Arg("label", providers.LabelGateway+"="+e.gatewayID))})
+	if err != nil {
+		t.Errorf("list the test's volumes for cleanup: %v", err)
+		return
+	}
+	overlayFirst := func(v *volume.Volume) int {
+		if v.Labels[labelVolume] == volumeOverlay {
+			return 0
+		}
+		return 1
+	}
+	slices.SortFunc(vols.Volumes, func(a, b *volume.Volume) int { return cmp.Compare(overlayFirst(a), overlayFirst(b)) })
+	for _, v := range vols.Volumes {
+		if err := e.cli.VolumeRemove(ctx, v.Name, true); err != nil && !isNotFound(err) {
+			t.Errorf("remove volume %s: %v", v.Name, err)
 		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -75,6 +76,11 @@ type dockerAPI interface {
 	ImageRemove(ctx context.Context, image string, options image.RemoveOptions) ([]image.DeleteResponse, error)
 	ImageBuild(ctx context.Context, buildContext io.Reader, options build.ImageBuildOptions) (build.ImageBuildResponse, error)
 	Events(ctx context.Context, options events.ListOptions) (<-chan events.Message, <-chan error)
+	CopyToContainer(ctx context.Context, id, dstPath string, content io.Reader, options container.CopyToContainerOptions) error
+	VolumeCreate(ctx context.Context, options volume.CreateOptions) (volume.Volume, error)
+	VolumeInspect(ctx context.Context, id string) (volume.Volume, error)
+	VolumeList(ctx context.Context, options volume.ListOptions) (volume.ListResponse, error)
+	VolumeRemove(ctx context.Context, id string, force bool) error
 	Close() error
 }
 
@@ -88,6 +94,7 @@ type Provider struct {
 	key    tokenKey
 	logger *slog.Logger
 	img    *imageCache // images on demand (images.go)
+	layers *layers     // copy-on-write layers (layers.go)
 	once   sync.Once
 	closed atomic.Bool
 }
@@ -145,7 +152,7 @@ func New(cfg Config, logger *slog.Logger) (*Provider, error) {
 		return nil, err
 	}
 	logger.Info("connected to the Docker engine", "host", cfg.Host, "api_version", cli.ClientVersion())
-	return &Provider{cfg: cfg, api: cli, key: key, logger: logger, img: img}, nil
+	return &Provider{cfg: cfg, api: cli, key: key, logger: logger, img: img, layers: newLayers()}, nil
 }
 
 // checkAgentBinary checks that path is an executable static ELF file: a
@@ -329,6 +336,13 @@ func (p *Provider) launchOne(ctx context.Context, spec providers.Spec, set setti
 			return nil, err
 		}
 	}
+	if set.layer != "" {
+		defer p.layers.hold(set.layer)()
+		if plan.overlay, err = p.makeOverlay(ctx, set, name); err != nil {
+			p.cleanTaskVolumes(ctx, name, set.layer)
+			return nil, err
+		}
+	}
 	cc, hc := buildContainer(p.cfg, spec, set, plan)
 	// The engine completes a create whose client gave up on it, and a
 	// container nobody knows the id of outlives its gateway (a test's, say).
@@ -342,6 +356,7 @@ func (p *Provider) launchOne(ctx context.Context, spec providers.Spec, set setti
 		if isConflict(err) {
 			return p.adopt(ctx, spec, name)
 		}
+		p.cleanTaskVolumes(ctx, name, set.layer)
 		if isNotFound(err) || isInvalid(err) {
 			return nil, providers.InvalidSpec(spec, "create container: "+err.Error())
 		}
@@ -357,6 +372,7 @@ func (p *Provider) launchOne(ctx context.Context, spec providers.Spec, set setti
 		if rerr := p.remove(cctx, id); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
 		}
+		p.cleanTaskVolumes(cctx, name, set.layer)
 	}()
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -616,6 +632,11 @@ func (p *Provider) Stop(ctx context.Context, id string, reason string) error {
 	}
 	if err := p.remove(ctx, info.ID); err != nil {
 		return fmt.Errorf("stop task %s: %w", id, err)
+	}
+	if key := info.Config.Labels[labelLayer]; key != "" {
+		if err := p.removeTaskVolumes(ctx, info.Config.Labels[providers.LabelTask], key); err != nil {
+			return fmt.Errorf("stop task %s: %w", id, err)
+		}
 	}
 	p.logger.Info("task stopped", "task", info.Config.Labels[providers.LabelTask], "container", shortID(info.ID), "reason", reason)
 	return nil

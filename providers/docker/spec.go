@@ -84,6 +84,8 @@ type settings struct {
 	workdirSizeMB int64 // the pool's disk or workdir_size_mb, else Config's; 0: as large as memory
 	network       string
 	pidsLimit     int64
+	layer         string // the key of the layer tasks start on (providers.OptionLayer), or ""
+	cow           string // OptionCow: cowAuto, cowAlways, cowNever
 }
 
 // hostNetwork reports whether containers share the host's network.
@@ -112,7 +114,7 @@ func resolveSettings(cfg Config, spec providers.Spec) (settings, string) {
 	if reason := specProblem(spec); reason != "" {
 		return settings{}, reason
 	}
-	set := settings{workdir: cfg.Workdir, workdirSizeMB: cfg.WorkdirSizeMB, network: cfg.Network, pidsLimit: cfg.PidsLimit}
+	set := settings{workdir: cfg.Workdir, workdirSizeMB: cfg.WorkdirSizeMB, network: cfg.Network, pidsLimit: cfg.PidsLimit, cow: cowAuto}
 	user := cfg.User
 	for _, k := range slices.Sorted(maps.Keys(spec.Options)) {
 		v := spec.Options[k]
@@ -131,9 +133,19 @@ func resolveSettings(cfg Config, spec providers.Spec) (settings, string) {
 			set.pidsLimit, err = parseInt(v, checkPidsLimit)
 		case OptionWorkdirSize:
 			set.workdirSizeMB, err = parseInt(v, checkWorkdirSize)
+		case OptionCow:
+			set.cow = v
+			if v != cowAuto && v != cowAlways && v != cowNever {
+				err = fmt.Errorf("want %q, %q or %q, got %q", cowAuto, cowAlways, cowNever, v)
+			}
+		case providers.OptionLayer:
+			set.layer = v
+			if !validKey(v) {
+				err = fmt.Errorf("want a layer's key (a SHA-256 in hex), got %q", v)
+			}
 		default:
 			return settings{}, fmt.Sprintf("options %q: unknown option of the docker provider (known: %s)",
-				k, strings.Join([]string{OptionUser, OptionWorkdir, OptionWorkdirSize, OptionNetwork, OptionPidsLimit}, ", "))
+				k, strings.Join([]string{OptionUser, OptionWorkdir, OptionWorkdirSize, OptionNetwork, OptionPidsLimit, OptionCow}, ", "))
 		}
 		if err != nil {
 			return settings{}, fmt.Sprintf("options %q: %v", k, err)
@@ -215,7 +227,8 @@ type launchPlan struct {
 	name     string
 	nonce    string
 	created  time.Time
-	hostPort int // the agent's port in host-network mode; 0 on a bridge
+	hostPort int    // the agent's port in host-network mode; 0 on a bridge
+	overlay  string // the overlay volume mounted at the work dir's parent (makeOverlay), or ""
 }
 
 // containerLabels returns the spec's labels plus the provider's.
@@ -233,6 +246,9 @@ func containerLabels(cfg Config, spec providers.Spec, plan launchPlan) map[strin
 	l[labelCreated] = plan.created.UTC().Format(time.RFC3339Nano)
 	if plan.hostPort != 0 {
 		l[labelAgentPort] = strconv.Itoa(plan.hostPort)
+	}
+	if layer := spec.Options[providers.OptionLayer]; layer != "" {
+		l[labelLayer] = layer
 	}
 	return l
 }
@@ -300,6 +316,15 @@ func buildContainer(cfg Config, spec providers.Spec, set settings, plan launchPl
 	if relaySocket(cfg, set) {
 		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeBind, Source: cfg.RelayDir, Target: relayDir, ReadOnly: true})
 	}
+	if plan.overlay != "" {
+		// A copy-on-write work directory: the overlay's lower layer holds
+		// the work directory (the sandbox user's), mounted at its parent;
+		// no tmpfs, so no size bound (OptionCow) and none in memory.
+		parent, _ := layerParent(set.workdir) // resolveSettings' layer check
+		hc.Tmpfs = nil
+		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeVolume, Source: plan.overlay, Target: parent,
+			VolumeOptions: &mount.VolumeOptions{NoCopy: true}})
+	}
 	if spec.MemoryMB > 0 {
 		// The work directory's tmpfs pages are charged to the container's
 		// memory cgroup, and the kernel cannot reclaim them (no swap): with
@@ -308,6 +333,9 @@ func buildContainer(cfg Config, spec providers.Spec, set settings, plan launchPl
 		// memory + disk the tmpfs fills first and a write fails with
 		// ENOSPC; what the work directory does not use, processes may.
 		hc.Memory = (int64(spec.MemoryMB) + set.diskMB(spec)) << 20
+		if plan.overlay != "" {
+			hc.Memory = int64(spec.MemoryMB) << 20
+		}
 		hc.MemorySwap = hc.Memory // no swap
 	}
 	if !set.hostNetwork() {

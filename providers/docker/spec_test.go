@@ -25,14 +25,14 @@ func TestResolve_OptionsOverrideTheConfig(t *testing.T) {
 		options map[string]string
 		want    settings
 	}{
-		{name: "defaults", want: settings{uid: 65534, gid: 65534, workdir: DefaultWorkdir, network: NetworkBridge, pidsLimit: DefaultPidsLimit}},
+		{name: "defaults", want: settings{uid: 65534, gid: 65534, workdir: DefaultWorkdir, network: NetworkBridge, pidsLimit: DefaultPidsLimit, cow: cowAuto}},
 		{name: "uid only", options: map[string]string{OptionUser: "1000"},
-			want: settings{uid: 1000, gid: 1000, workdir: DefaultWorkdir, network: NetworkBridge, pidsLimit: DefaultPidsLimit}},
+			want: settings{uid: 1000, gid: 1000, workdir: DefaultWorkdir, network: NetworkBridge, pidsLimit: DefaultPidsLimit, cow: cowAuto}},
 		{name: "every option", options: map[string]string{OptionUser: "0:10", OptionWorkdir: "/w", OptionWorkdirSize: "64",
 			OptionNetwork: "host", OptionPidsLimit: "100"},
-			want: settings{uid: 0, gid: 10, workdir: "/w", workdirSizeMB: 64, network: NetworkHost, pidsLimit: 100}},
+			want: settings{uid: 0, gid: 10, workdir: "/w", workdirSizeMB: 64, network: NetworkHost, pidsLimit: 100, cow: cowAuto}},
 		{name: "named network", options: map[string]string{OptionNetwork: "sandboxes"},
-			want: settings{uid: 65534, gid: 65534, workdir: DefaultWorkdir, network: "sandboxes", pidsLimit: DefaultPidsLimit}},
+			want: settings{uid: 65534, gid: 65534, workdir: DefaultWorkdir, network: "sandboxes", pidsLimit: DefaultPidsLimit, cow: cowAuto}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,7 +59,7 @@ func TestResolve_BadSpecIsALaunchErrorNamingTheField(t *testing.T) {
 		{name: "reserved label", modify: func(s *providers.Spec) { s.Labels = map[string]string{"quarry.docker.nonce": "x"} },
 			want: `labels "quarry.docker.nonce": labels quarry.* are reserved`},
 		{name: "unknown option", modify: func(s *providers.Spec) { s.Options = map[string]string{"privileged": "true"} },
-			want: `options "privileged": unknown option of the docker provider (known: user, workdir, workdir_size_mb, network, pids_limit)`},
+			want: `options "privileged": unknown option of the docker provider (known: user, workdir, workdir_size_mb, network, pids_limit, cow)`},
 		{name: "user name", modify: func(s *providers.Spec) { s.Options = map[string]string{OptionUser: "root"} },
 			want: `options "user": want a numeric uid or uid:gid, got "root"`},
 		{name: "workdir", modify: func(s *providers.Spec) { s.Options = map[string]string{OptionWorkdir: "/proc/x"} },

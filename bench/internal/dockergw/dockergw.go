@@ -22,6 +22,7 @@ import (
 
 	dockertypes "github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/volume"
 	dockerclient "github.com/docker/docker/client"
 
 	"github.com/quarryhq/quarry/client"
@@ -170,6 +171,61 @@ func RemoveAll(cli *dockerclient.Client, gwID, name string) {
 			fmt.Fprintln(os.Stderr, name+": clean up:", err)
 		}
 	}
+	vols, err := volumesOf(ctx, cli, gwID)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+": clean up:", err)
+		return
+	}
+	for _, overlays := range []bool{true, false} { // an overlay names the others
+		for _, v := range vols {
+			if (v.Labels[volumeRole] == "overlay") == overlays {
+				if err := cli.VolumeRemove(ctx, v.Name, true); err != nil {
+					fmt.Fprintln(os.Stderr, name+": clean up:", err)
+				}
+			}
+		}
+	}
+}
+
+// volumeRole is the label of the Docker provider's volumes that says what
+// each holds: layer, overlay, upper, work.
+const volumeRole = "quarry.docker.volume"
+
+// volumesOf lists the volumes labelled with gateway id gwID.
+func volumesOf(ctx context.Context, cli *dockerclient.Client, gwID string) ([]*volume.Volume, error) {
+	list, err := cli.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(filters.Arg("label", providers.LabelGateway+"="+gwID))})
+	if err != nil {
+		return nil, fmt.Errorf("list volumes: %w", err)
+	}
+	return list.Volumes, nil
+}
+
+// VolumeBytes is what gateway gwID's copy-on-write volumes hold on the
+// engine's disk, by role (layer, upper, work: not the overlays, which
+// show the layer again), measured with du on their mountpoints (the
+// benchmark runs on the engine's host, as root).
+func VolumeBytes(ctx context.Context, cli *dockerclient.Client, gwID string) (map[string]int64, error) {
+	vols, err := volumesOf(ctx, cli, gwID)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, v := range vols {
+		role := v.Labels[volumeRole]
+		if role == "overlay" || role == "" {
+			continue
+		}
+		b, err := exec.CommandContext(ctx, "du", "-sb", v.Mountpoint).Output()
+		if err != nil {
+			return nil, fmt.Errorf("du %s: %w", v.Mountpoint, err)
+		}
+		var n int64
+		if _, err := fmt.Sscan(string(b), &n); err != nil {
+			return nil, fmt.Errorf("du %s: %q: %w", v.Mountpoint, b, err)
+		}
+		out[role] += n
+	}
+	return out, nil
 }
 
 // Summary is the p50, p99, min and max of ds in milliseconds.

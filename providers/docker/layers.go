@@ -1,0 +1,494 @@
+package docker
+
+import (
+	"archive/tar"
+	"bufio"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/volume"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
+	"github.com/quarryhq/quarry/providers"
+)
+
+// Copy-on-write work directories (docs/ARCHITECTURE.md, "Copy-on-write
+// forks on Docker"). A layer is a checkpoint unpacked once into a volume
+// of the engine, owned by the sandbox user; a task started on it gets an
+// overlay volume (the layer below, an upper and a work volume of its own)
+// mounted at its work directory's parent, so it reads the layer's files and
+// writes only its changes. Every directory lives in the engine's volumes:
+// the engine mounts the overlay as root, removes what the sandbox wrote,
+// and the gateway never touches a file of the host.
+
+// Labels of layer volumes and task volumes.
+const (
+	// labelLayer is a layer's key: on its volume, on each overlay volume
+	// made from it and on the containers that use one.
+	labelLayer = "quarry.docker.layer"
+	// labelVolume is a volume's role: volumeLayer, volumeOverlay,
+	// volumeUpper, volumeWork, or volumeHelper on the short-lived
+	// container that unpacks a layer.
+	labelVolume = "quarry.docker.volume"
+)
+
+const (
+	volumeLayer   = "layer"
+	volumeOverlay = "overlay"
+	volumeUpper   = "upper"
+	volumeWork    = "work"
+	volumeHelper  = "unpack"
+)
+
+// OptionCow says when a pool's tasks may start on a layer: "auto" (the
+// default: unless the pool bounds its work directory's size, which an
+// overlay on the engine's disk cannot keep), "always" (even then: the
+// bound no longer holds for such tasks), "never".
+const OptionCow = "cow"
+
+const (
+	cowAuto   = "auto"
+	cowAlways = "always"
+	cowNever  = "never"
+)
+
+// layerMarker is the file a layer's unpack writes last, at the volume's
+// top: a layer volume without it is incomplete (its unpack died).
+const layerMarker = ".quarry-layer"
+
+// layerMount is where the unpack's helper container mounts the layer.
+const layerMount = "/layer"
+
+// layers is the provider's bookkeeping of the layers this process uses;
+// the engine's volumes are the truth, this only keeps a layer from being
+// removed while this process prepares it or starts a task on it.
+type layers struct {
+	flight singleflight.Group
+	mu     sync.Mutex
+	busy   map[string]int       // by key: prepares and launches under way
+	used   map[string]time.Time // by key: last prepared or launched on
+	drop   map[string]bool      // by key: DropLayer asked, a task still used it
+}
+
+func newLayers() *layers {
+	return &layers{busy: map[string]int{}, used: map[string]time.Time{}, drop: map[string]bool{}}
+}
+
+// hold marks key busy until the returned func is called.
+func (l *layers) hold(key string) func() {
+	l.mu.Lock()
+	l.busy[key]++
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.used[key] = time.Now()
+		if l.busy[key]--; l.busy[key] <= 0 {
+			delete(l.busy, key)
+		}
+	}
+}
+
+// layerVolumeName is the volume of layer key for tasks of set, of gateway
+// gw: the unpack gives every entry to the sandbox user below the work
+// directory, so pools of another user or work directory get a volume of
+// their own from the same archive.
+func layerVolumeName(gw, key string, set settings) string {
+	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d:%d\x00%s", gw, set.uid, set.gid, set.workdir))
+	return "quarry-layer-" + key + "-" + hex.EncodeToString(h[:4])
+}
+
+// taskVolumeName is the volume of role (overlay, upper, work) of task name.
+func taskVolumeName(name, role string) string { return name + "-" + role }
+
+// validKey reports whether key is a layer key: 64 lowercase hex digits.
+func validKey(key string) bool {
+	if len(key) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(key)
+	return err == nil && strings.ToLower(key) == key
+}
+
+// layerParent is the directory an overlay is mounted at for workdir: its
+// parent, so that the work directory itself is the layer's (owned by the
+// sandbox user) and not the overlay's root (the upper volume's, root's).
+func layerParent(workdir string) (string, error) {
+	parent := path.Dir(workdir)
+	if parent == "/" {
+		return "", fmt.Errorf("the work directory %s lies directly below /: a copy-on-write work directory is mounted at its parent", workdir)
+	}
+	return parent, nil
+}
+
+// cowProblem says why tasks of set cannot start on a layer, or "".
+func cowProblem(set settings) string {
+	switch set.cow {
+	case cowNever:
+		return fmt.Sprintf("the pool's option %s is %q", OptionCow, cowNever)
+	case cowAuto:
+		if set.workdirSizeMB > 0 {
+			return fmt.Sprintf("the pool bounds its work directory to %d MiB, which an overlay on the engine's disk cannot keep (pool option %s=%s starts forks on a layer anyway)",
+				set.workdirSizeMB, OptionCow, cowAlways)
+		}
+	}
+	if _, err := layerParent(set.workdir); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// noLayer is the ErrNoLayer of spec, saying why.
+func noLayer(reason string) error { return fmt.Errorf("%s: %w", reason, providers.ErrNoLayer) }
+
+// PrepareLayer implements providers.Layers: it unpacks req's archive once
+// into a volume of the engine (through a created, never started, helper
+// container of the spec's image and the engine's archive API), every entry
+// given to the sandbox user, and marks it complete. A layer whose volume is
+// complete is used as it is. ErrNoLayer when the pool's options refuse
+// layers (OptionCow), its work directory lies directly below /, the
+// archive holds other roots than the work directory, or an entry that a
+// restore by the agent would treat otherwise (the caller copies instead).
+func (p *Provider) PrepareLayer(ctx context.Context, req providers.LayerRequest) error {
+	set, err := resolve(p.cfg, req.Spec)
+	if err != nil {
+		return err
+	}
+	if !validKey(req.Key) {
+		return fmt.Errorf("prepare layer: key %q is not a SHA-256 in hex", req.Key)
+	}
+	if reason := cowProblem(set); reason != "" {
+		return noLayer(reason)
+	}
+	if !slices.Equal(req.Roots, []string{set.workdir}) {
+		return noLayer(fmt.Sprintf("the archive holds %q, not the work directory %s alone", req.Roots, set.workdir))
+	}
+	done := p.layers.hold(req.Key)
+	defer done()
+	p.layers.mu.Lock()
+	delete(p.layers.drop, req.Key) // wanted again (another checkpoint of the same bytes)
+	p.layers.mu.Unlock()
+	ch := p.layers.flight.DoChan(req.Key, func() (any, error) {
+		// Shared by every caller of the key: it runs to its end (within
+		// StartTimeout and the archive's size) whoever gives up waiting.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.StartTimeout+p.cfg.LayerTimeout)
+		defer cancel()
+		return nil, p.prepareLayer(lctx, req, set)
+	})
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-ctx.Done():
+		return fmt.Errorf("prepare layer: %w", ctx.Err())
+	}
+}
+
+// prepareLayer is PrepareLayer's shared work.
+func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest, set settings) (err error) {
+	start := time.Now()
+	name := layerVolumeName(p.cfg.GatewayID, req.Key, set)
+	if _, err := p.api.VolumeCreate(ctx, volume.CreateOptions{Name: name, Driver: "local", Labels: map[string]string{
+		providers.LabelGateway: p.cfg.GatewayID, labelVolume: volumeLayer, labelLayer: req.Key,
+	}}); err != nil {
+		return fmt.Errorf("prepare layer: create volume: %w", err)
+	}
+	helper, err := p.api.ContainerCreate(ctx, &container.Config{
+		Image: req.Spec.Image, Entrypoint: []string{agentPath}, Cmd: []string{},
+		Labels:          map[string]string{providers.LabelGateway: p.cfg.GatewayID, labelVolume: volumeHelper, labelLayer: req.Key},
+		NetworkDisabled: true,
+	}, &container.HostConfig{
+		Mounts:      []mount.Mount{{Type: mount.TypeVolume, Source: name, Target: layerMount, VolumeOptions: &mount.VolumeOptions{NoCopy: true}}},
+		NetworkMode: "none",
+	}, nil, nil, "")
+	if err != nil {
+		return fmt.Errorf("prepare layer: create the unpack's container: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if rerr := p.remove(cctx, helper.ID); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove the unpack's container: %w", rerr))
+		}
+	}()
+	if _, err := p.api.ContainerStatPath(ctx, helper.ID, layerMount+"/"+layerMarker); err == nil {
+		return nil // complete: made before, by this process or another
+	} else if !isNotFound(err) {
+		return fmt.Errorf("prepare layer: look for its marker: %w", err)
+	}
+	rc, err := req.Open(ctx)
+	if err != nil {
+		return fmt.Errorf("prepare layer: open the archive: %w", err)
+	}
+	defer rc.Close()
+	pr, pw := io.Pipe()
+	var rewriteErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rewriteErr = rewriteLayer(pw, rc, set.workdir, set.uid, set.gid, req.Key)
+		pw.CloseWithError(rewriteErr)
+	}()
+	copyErr := p.api.CopyToContainer(ctx, helper.ID, layerMount, pr, container.CopyToContainerOptions{})
+	pr.CloseWithError(errors.New("the engine stopped reading the layer"))
+	wg.Wait()
+	if rewriteErr != nil || copyErr != nil {
+		// An unpack cut short leaves no marker; the volume goes, so that the
+		// next attempt starts clean.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if rerr := p.removeVolume(cctx, name); rerr != nil {
+			p.logger.Warn("remove an incomplete layer", "volume", name, "err", rerr)
+		}
+		if rewriteErr != nil {
+			return fmt.Errorf("prepare layer: %w", rewriteErr)
+		}
+		return fmt.Errorf("prepare layer: unpack: %w", copyErr)
+	}
+	p.logger.Info("layer prepared", "layer", req.Key[:12], "pool", req.Spec.Pool, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// rewriteLayer copies the agent's archive src (tar or tar+gzip) to dst as
+// the tar a layer is unpacked from: every entry is the work directory's
+// or below it, given to uid:gid, its mode without setuid and setgid (as a
+// restore by the unprivileged agent leaves them), and the marker comes
+// last. An archive that holds anything else is ErrNoLayer: the agent's
+// restore, which the caller falls back to, decides about it.
+func rewriteLayer(dst io.Writer, src io.Reader, workdir string, uid, gid int, key string) error {
+	br := bufio.NewReaderSize(src, 64<<10)
+	var in io.Reader = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return fmt.Errorf("read the archive: %w", err)
+		}
+		defer zr.Close()
+		in = zr
+	}
+	tr := tar.NewReader(in)
+	tw := tar.NewWriter(dst)
+	root := strings.TrimPrefix(workdir, "/")
+	first := true
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read the archive: %w", err)
+		}
+		if first {
+			first = false
+			if err := checkLayerHeader(hdr, workdir); err != nil {
+				return err
+			}
+			continue
+		}
+		name := strings.TrimSuffix(hdr.Name, "/")
+		if name != root && !strings.HasPrefix(name, root+"/") || path.Clean(name) != name {
+			return noLayer(fmt.Sprintf("the archive holds %q, outside the work directory %s", hdr.Name, workdir))
+		}
+		out := &tar.Header{Name: hdr.Name, Mode: hdr.Mode &^ 0o6000, ModTime: hdr.ModTime, Uid: uid, Gid: gid, Format: tar.FormatPAX}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			out.Typeflag = tar.TypeDir
+		case tar.TypeReg:
+			out.Typeflag, out.Size = tar.TypeReg, hdr.Size
+		case tar.TypeSymlink:
+			out.Typeflag, out.Linkname = tar.TypeSymlink, hdr.Linkname
+		default:
+			return noLayer(fmt.Sprintf("the archive holds %q of type %q, which the agent does not write", hdr.Name, hdr.Typeflag))
+		}
+		if err := tw.WriteHeader(out); err != nil {
+			return fmt.Errorf("write the layer: %w", err)
+		}
+		if out.Typeflag == tar.TypeReg {
+			if _, err := io.Copy(tw, tr); err != nil {
+				return fmt.Errorf("copy %q: %w", hdr.Name, err)
+			}
+		}
+	}
+	if first {
+		return noLayer("the archive is empty")
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: layerMarker, Typeflag: tar.TypeReg, Mode: 0o444, Size: int64(len(key)), ModTime: time.Now()}); err != nil {
+		return fmt.Errorf("write the layer's marker: %w", err)
+	}
+	if _, err := io.WriteString(tw, key); err != nil {
+		return fmt.Errorf("write the layer's marker: %w", err)
+	}
+	return tw.Close()
+}
+
+// checkLayerHeader checks the archive's first entry, the agent's global
+// header: its roots must be workdir alone, taken by an agent of the same
+// work directory.
+func checkLayerHeader(hdr *tar.Header, workdir string) error {
+	if hdr.Typeflag != tar.TypeXGlobalHeader {
+		return noLayer("the archive does not start with the agent's header")
+	}
+	var roots []string
+	if err := json.Unmarshal([]byte(hdr.PAXRecords[agentapi.PAXRoots]), &roots); err != nil {
+		return noLayer(fmt.Sprintf("the archive's roots record: %v", err))
+	}
+	if !slices.Equal(roots, []string{workdir}) || hdr.PAXRecords[agentapi.PAXWorkdir] != workdir {
+		return noLayer(fmt.Sprintf("the archive holds %q of work directory %q, not %s alone", roots, hdr.PAXRecords[agentapi.PAXWorkdir], workdir))
+	}
+	return nil
+}
+
+// DropLayer implements providers.Layers: the layer's volume is removed
+// now when no task uses it and this process is not starting one on it,
+// else when the last task that uses it stops.
+func (p *Provider) DropLayer(ctx context.Context, key string) error {
+	if !validKey(key) {
+		return nil // no such layer was ever made
+	}
+	p.layers.mu.Lock()
+	p.layers.drop[key] = true
+	p.layers.mu.Unlock()
+	return p.releaseLayer(ctx, key)
+}
+
+// releaseLayer removes layer key's volumes (one per user and work
+// directory that used it) when nothing uses it: no overlay volume names
+// it, this process holds it for no prepare or launch, and either
+// DropLayer asked or it was last used LayerIdle ago.
+//
+// It holds the layers' lock throughout, so that no prepare or launch
+// starts on the layer between its look at the volumes and the removal.
+func (p *Provider) releaseLayer(ctx context.Context, key string) error {
+	p.layers.mu.Lock()
+	defer p.layers.mu.Unlock()
+	vols, err := p.api.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(
+		filters.Arg("label", providers.LabelGateway+"="+p.cfg.GatewayID),
+		filters.Arg("label", labelLayer+"="+key),
+	)})
+	if err != nil {
+		return fmt.Errorf("release layer %s: list its volumes: %w", key[:12], err)
+	}
+	var layers []*volume.Volume
+	for _, v := range vols.Volumes {
+		switch v.Labels[labelVolume] {
+		case volumeLayer:
+			layers = append(layers, v)
+		case volumeOverlay:
+			return nil // a task uses it
+		}
+	}
+	busy, dropped, used := p.layers.busy[key] > 0, p.layers.drop[key], p.layers.used[key]
+	if busy {
+		return nil
+	}
+	var errs []error
+	for _, v := range layers {
+		last := used
+		if created, err := time.Parse(time.RFC3339, v.CreatedAt); err == nil && created.After(last) {
+			last = created
+		}
+		if !dropped && time.Since(last) < p.cfg.LayerIdle {
+			continue
+		}
+		if err := p.removeVolume(ctx, v.Name); err != nil {
+			errs = append(errs, fmt.Errorf("release layer %s: %w", key[:12], err))
+			continue
+		}
+		p.logger.Info("layer removed", "layer", key[:12], "volume", v.Name, "dropped", dropped)
+	}
+	if len(errs) == 0 && (dropped || len(layers) == 0) {
+		delete(p.layers.drop, key) // busy is 0: nothing else remembers it
+		delete(p.layers.used, key)
+	}
+	return errors.Join(errs...)
+}
+
+// makeOverlay makes the overlay volume of task name on layer key: an
+// upper and a work volume of its own, and the overlay over the layer's
+// copy of the work directory's parent. It returns the overlay's name.
+func (p *Provider) makeOverlay(ctx context.Context, set settings, name string) (string, error) {
+	key := set.layer
+	parent, err := layerParent(set.workdir)
+	if err != nil {
+		return "", err
+	}
+	layer, err := p.api.VolumeInspect(ctx, layerVolumeName(p.cfg.GatewayID, key, set))
+	if err != nil {
+		if isNotFound(err) {
+			return "", fmt.Errorf("layer %s is not prepared (or was removed): %w", key[:12], providers.ErrNotFound)
+		}
+		return "", fmt.Errorf("inspect layer %s: %w", key[:12], err)
+	}
+	labels := func(role string) map[string]string {
+		return map[string]string{providers.LabelGateway: p.cfg.GatewayID, providers.LabelTask: name, labelVolume: role, labelLayer: key}
+	}
+	mounts := map[string]string{}
+	for _, role := range []string{volumeUpper, volumeWork} {
+		v, err := p.api.VolumeCreate(ctx, volume.CreateOptions{Name: taskVolumeName(name, role), Driver: "local", Labels: labels(role)})
+		if err != nil {
+			return "", fmt.Errorf("create the %s volume: %w", role, err)
+		}
+		mounts[role] = v.Mountpoint
+	}
+	ovl := taskVolumeName(name, volumeOverlay)
+	_, err = p.api.VolumeCreate(ctx, volume.CreateOptions{Name: ovl, Driver: "local", Labels: labels(volumeOverlay), DriverOpts: map[string]string{
+		"type": "overlay", "device": "overlay",
+		"o": fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", path.Join(layer.Mountpoint, parent), mounts[volumeUpper], mounts[volumeWork]),
+	}})
+	if err != nil {
+		return "", fmt.Errorf("create the overlay volume: %w", err)
+	}
+	return ovl, nil
+}
+
+// removeTaskVolumes removes the volumes of task name (overlay first, while
+// the upper and work volumes it names still exist), then releases its
+// layer.
+func (p *Provider) removeTaskVolumes(ctx context.Context, name, key string) error {
+	var errs []error
+	for _, role := range []string{volumeOverlay, volumeUpper, volumeWork} {
+		if err := p.removeVolume(ctx, taskVolumeName(name, role)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if key != "" {
+		errs = append(errs, p.releaseLayer(ctx, key))
+	}
+	return errors.Join(errs...)
+}
+
+// cleanTaskVolumes removes the volumes of a launch of task name on layer
+// key that failed (nothing when key is ""), logging what it could not.
+func (p *Provider) cleanTaskVolumes(ctx context.Context, name, key string) {
+	if key == "" {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if err := p.removeTaskVolumes(cctx, name, key); err != nil {
+		p.logger.Warn("remove the volumes of a failed launch", "task", name, "err", err)
+	}
+}
+
+// removeVolume removes a volume; one already gone counts as removed.
+func (p *Provider) removeVolume(ctx context.Context, name string) error {
+	if err := p.api.VolumeRemove(ctx, name, false); err != nil && !isNotFound(err) {
+		return fmt.Errorf("remove volume %s: %w", name, err)
+	}
+	return nil
+}
