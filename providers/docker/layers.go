@@ -21,6 +21,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/volume"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
@@ -219,10 +220,19 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 		return fmt.Errorf("prepare layer: create the unpack's container: %w", err)
 	}
 	defer func() {
+		// The helper first: the engine keeps a volume that a container
+		// (even one never started) mounts. An unpack cut short leaves no
+		// marker; its volume goes, so that the next attempt starts clean.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		if rerr := p.remove(cctx, helper.ID); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("remove the unpack's container: %w", rerr))
+			return
+		}
+		if err != nil {
+			if rerr := p.removeVolume(cctx, name); rerr != nil {
+				p.logger.Warn("remove an incomplete layer", "volume", name, "err", rerr)
+			}
 		}
 	}()
 	if _, err := p.api.ContainerStatPath(ctx, helper.ID, layerMount+"/"+layerMarker); err == nil {
@@ -247,17 +257,10 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 	copyErr := p.api.CopyToContainer(ctx, helper.ID, layerMount, pr, container.CopyToContainerOptions{})
 	pr.CloseWithError(errors.New("the engine stopped reading the layer"))
 	wg.Wait()
-	if rewriteErr != nil || copyErr != nil {
-		// An unpack cut short leaves no marker; the volume goes, so that the
-		// next attempt starts clean.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		if rerr := p.removeVolume(cctx, name); rerr != nil {
-			p.logger.Warn("remove an incomplete layer", "volume", name, "err", rerr)
-		}
-		if rewriteErr != nil {
-			return fmt.Errorf("prepare layer: %w", rewriteErr)
-		}
+	switch {
+	case rewriteErr != nil:
+		return fmt.Errorf("prepare layer: %w", rewriteErr)
+	case copyErr != nil:
 		return fmt.Errorf("prepare layer: unpack: %w", copyErr)
 	}
 	p.logger.Info("layer prepared", "layer", req.Key[:12], "pool", req.Spec.Pool, "took", time.Since(start).Round(time.Millisecond))
@@ -326,6 +329,11 @@ func rewriteLayer(dst io.Writer, src io.Reader, workdir string, uid, gid int, ke
 	}
 	if first {
 		return noLayer("the archive is empty")
+	}
+	// To the source's end: the checkpoint store checks the blob's hash
+	// there, and its reader fails then if the bytes were not the archive's.
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		return fmt.Errorf("read the archive: %w", err)
 	}
 	if err := tw.WriteHeader(&tar.Header{Name: layerMarker, Typeflag: tar.TypeReg, Mode: 0o444, Size: int64(len(key)), ModTime: time.Now()}); err != nil {
 		return fmt.Errorf("write the layer's marker: %w", err)
@@ -427,28 +435,38 @@ func (p *Provider) makeOverlay(ctx context.Context, set settings, name string) (
 	if err != nil {
 		return "", err
 	}
-	layer, err := p.api.VolumeInspect(ctx, layerVolumeName(p.cfg.GatewayID, key, set))
-	if err != nil {
-		if isNotFound(err) {
-			return "", fmt.Errorf("layer %s is not prepared (or was removed): %w", key[:12], providers.ErrNotFound)
-		}
-		return "", fmt.Errorf("inspect layer %s: %w", key[:12], err)
-	}
 	labels := func(role string) map[string]string {
 		return map[string]string{providers.LabelGateway: p.cfg.GatewayID, providers.LabelTask: name, labelVolume: role, labelLayer: key}
 	}
-	mounts := map[string]string{}
-	for _, role := range []string{volumeUpper, volumeWork} {
-		v, err := p.api.VolumeCreate(ctx, volume.CreateOptions{Name: taskVolumeName(name, role), Driver: "local", Labels: labels(role)})
-		if err != nil {
-			return "", fmt.Errorf("create the %s volume: %w", role, err)
+	// The layer's look-up and the two volumes of the task's own at once:
+	// each is an engine call that writes its volume store.
+	var layer, upper, work volume.Volume
+	var g errgroup.Group
+	g.Go(func() (err error) {
+		layer, err = p.api.VolumeInspect(ctx, layerVolumeName(p.cfg.GatewayID, key, set))
+		switch {
+		case isNotFound(err):
+			return fmt.Errorf("layer %s is not prepared (or was removed): %w", key[:12], providers.ErrNotFound)
+		case err != nil:
+			return fmt.Errorf("inspect layer %s: %w", key[:12], err)
 		}
-		mounts[role] = v.Mountpoint
+		return nil
+	})
+	for role, v := range map[string]*volume.Volume{volumeUpper: &upper, volumeWork: &work} {
+		g.Go(func() (err error) {
+			if *v, err = p.api.VolumeCreate(ctx, volume.CreateOptions{Name: taskVolumeName(name, role), Driver: "local", Labels: labels(role)}); err != nil {
+				return fmt.Errorf("create the %s volume: %w", role, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return "", err
 	}
 	ovl := taskVolumeName(name, volumeOverlay)
 	_, err = p.api.VolumeCreate(ctx, volume.CreateOptions{Name: ovl, Driver: "local", Labels: labels(volumeOverlay), DriverOpts: map[string]string{
 		"type": "overlay", "device": "overlay",
-		"o": fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", path.Join(layer.Mountpoint, parent), mounts[volumeUpper], mounts[volumeWork]),
+		"o": fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", path.Join(layer.Mountpoint, parent), upper.Mountpoint, work.Mountpoint),
 	}})
 	if err != nil {
 		return "", fmt.Errorf("create the overlay volume: %w", err)

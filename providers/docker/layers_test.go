@@ -118,6 +118,15 @@ func TestRewriteLayer_RefusesWhatARestoreWouldTreatOtherwise(t *testing.T) {
 	}
 }
 
+func TestRewriteLayer_ReadsTheSourceToItsEnd(t *testing.T) {
+	// The checkpoint store's reader fails at the end of a blob that does
+	// not hash to its sha256: a layer must not be made of it.
+	in := agentArchive(t, "/home/sandbox", &tar.Header{Name: "home/sandbox/f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3})
+	corrupt := errors.New("checkpoint archive corrupt")
+	err := rewriteLayer(io.Discard, io.MultiReader(bytes.NewReader(in), errReader{corrupt}), "/home/sandbox", 1, 1, strings.Repeat("0", 64))
+	assert.ErrorIs(t, err, corrupt)
+}
+
 func FuzzRewriteLayer(f *testing.F) {
 	f.Add(agentArchive(f, "/home/sandbox", &tar.Header{Name: "home/sandbox/a", Typeflag: tar.TypeReg, Size: 2}))
 	f.Add([]byte{0x1f, 0x8b, 0, 0})
@@ -270,3 +279,36 @@ func TestProvider_Layers_RefusedWhereTheyCannotServe(t *testing.T) {
 	_, err = p.Launch(ctx, on, []string{"nolayer-" + randomHex(t, 4)})
 	assert.ErrorIs(t, err, providers.ErrNotFound, "a task cannot start on a layer never prepared")
 }
+
+func TestProvider_Layers_ABrokenUnpackLeavesNothingAndIsTriedAgain(t *testing.T) {
+	e, p := dockerProvider(t)
+	ctx := context.Background()
+	s := spec("cowbroken", imageBusybox)
+	wd := DefaultWorkdir
+	archive := agentArchive(t, wd,
+		&tar.Header{Name: "home/sandbox/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "home/sandbox/big", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1 << 20},
+	)
+	sum := sha256.Sum256(archive)
+	key := hex.EncodeToString(sum[:])
+	broken := errors.New("the store's reader broke")
+	req := providers.LayerRequest{Spec: s, Key: key, Roots: []string{wd}, Open: func(context.Context) (io.ReadCloser, error) {
+		return io.NopCloser(io.MultiReader(bytes.NewReader(archive[:len(archive)/2]), errReader{broken})), nil
+	}}
+	err := p.PrepareLayer(ctx, req)
+	require.ErrorIs(t, err, broken)
+	assert.Empty(t, e.layerVolumes(t), "the incomplete layer is removed")
+	assert.Empty(t, e.containers(t), "and the unpack's container")
+
+	req.Open = func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(archive)), nil }
+	require.NoError(t, p.PrepareLayer(ctx, req), "the next attempt starts clean")
+	on := s
+	on.Options = map[string]string{providers.OptionLayer: key}
+	task := launchOne(t, p, on, "cowok-"+randomHex(t, 4))
+	assert.Equal(t, "1048576\n", execIn(t, agentOf(t, task), "wc -c < big").Stdout)
+}
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
