@@ -10,7 +10,10 @@
 //     answered a command;
 //  5. the baseline: the same state reached by a cold start (a pool with no warm sandbox) plus
 //     an upload of the same files (PUT files/archive, a tar) -> first exec answered; and a
-//     cold start alone -> first exec (from_checkpoint's goal: cold start + 100 ms).
+//     cold start alone -> first exec (from_checkpoint's goal: cold start + 100 ms);
+//  6. copy-on-write (pool ckcow, option cow=always): from_checkpoint -> first exec, and forks
+//     x8 and x64 -> all answered, each sandbox a cold start on the checkpoint's layer, with the
+//     engine disk that the layer and the forks' upper layers hold (du on the volumes).
 //
 // p50 and p99 of each. It needs a Docker engine (scripts/docker-up.sh) and the test images
 // (scripts/images/build.sh); every container it starts carries its own gateway id and is
