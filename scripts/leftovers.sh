@@ -49,7 +49,7 @@ scan_processes() {
     case "$base" in execagent | gateway) ;; *) continue ;; esac
     [ "$(readlink "$d/ns/mnt" 2>/dev/null)" = "$my_mnt" ] || continue
     cwd="$(readlink "$d/cwd" 2>/dev/null)" || continue
-    env="$(tr '\0' '\n' <"$d/environ" 2>/dev/null)" || continue
+    env="$(tr '\0' '\n' 2>/dev/null <"$d/environ")" || continue
     reasons=()
     case "$exe" in *" (deleted)") reasons+=("its binary ${exe% (deleted)} is gone") ;; esac
     case "$cwd" in *" (deleted)") reasons+=("its working directory ${cwd% (deleted)} is gone") ;; esac
@@ -103,15 +103,15 @@ scan_registry() {
     pid="${d#/proc/}"
     exe="$(readlink "$d/exe" 2>/dev/null)" || continue
     [ "$(basename "${exe% (deleted)}")" = docker-registry ] || continue
-    tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "QUARRY_REGISTRY_DIR=$registry_dir" || continue
+    tr '\0' '\n' 2>/dev/null <"$d/environ" | grep -qxF "QUARRY_REGISTRY_DIR=$registry_dir" || continue
     started=$((now - $(ps -o etimes= -p "$pid" 2>/dev/null || echo 0)))
-    add "$started" "docker-registry pid $pid ($(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)), started by scripts/registry.sh"
+    add "$started" "docker-registry pid $pid ($(tr '\0' ' ' 2>/dev/null <"$d/cmdline")), started by scripts/registry.sh"
   done
 }
 
 scan_moto() {
   [ -n "$moto_pid" ] || return 0
-  if tr '\0' ' ' <"/proc/$moto_pid/cmdline" 2>/dev/null | grep -q moto; then
+  if tr '\0' ' ' 2>/dev/null <"/proc/$moto_pid/cmdline" | grep -q moto; then
     add "$(date +%s)" "the AWS emulator this run started (pid $moto_pid) still runs after its stop"
   fi
 }
