@@ -224,13 +224,6 @@ func uploadError(err error, limit int64) error {
 // tarBlock is the size of a tar block.
 const tarBlock = 512
 
-// isGzip reports whether body starts with gzip's magic bytes (else it is
-// read as a tar).
-func isGzip(body *bufio.Reader) bool {
-	magic, _ := body.Peek(2)
-	return len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b
-}
-
 // extractor extracts tar entries below root.
 type extractor struct {
 	root    *os.Root

@@ -124,7 +124,7 @@ func (rs *restore) stage(in *bufio.Reader) error {
 	limit := rs.s.cfg.MaxUploadBytes
 	var src io.Reader = in
 	var zr *gzip.Reader
-	if isGzip(in) {
+	if agentapi.IsGzip(in) {
 		var err error
 		if zr, err = gzip.NewReader(in); err != nil {
 			return restoreError(err, limit)

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/quarryhq/quarry/execagent/agentapi"
 )
 
 // An archive upload is extracted into a staging directory made in its
@@ -77,7 +79,7 @@ func (s *Server) newUpload(p string) (*upload, error) {
 func (u *upload) extract(body *bufio.Reader) error {
 	limit := u.s.cfg.MaxUploadBytes
 	var in io.Reader = body
-	if isGzip(body) {
+	if agentapi.IsGzip(body) {
 		zr, err := gzip.NewReader(body)
 		if err != nil {
 			return invalid("body", "invalid gzip stream: %s", err.Error())

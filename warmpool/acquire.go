@@ -466,7 +466,7 @@ func (m *Manager) coldStart(ctx context.Context, p *pool, req AcquireRequest, du
 	res, err := m.claim(ctx, p, creq)
 	if err != nil {
 		if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {
-			giveBack(rec) // healthy: let another acquire have it
+			giveBack(rec) // healthy: another acquire may have it (one on a layer: stopped)
 		}
 		return Lease{}, outcomeError, false, fmt.Errorf("claim cold-started task %s: %w", rec.ID, err)
 	}

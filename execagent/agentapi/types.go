@@ -1,6 +1,7 @@
 package agentapi
 
 import (
+	"bufio"
 	"encoding/json"
 	"time"
 
@@ -67,6 +68,14 @@ func FormatOf(compression string) string {
 		return FormatTar
 	}
 	return FormatTarGzip
+}
+
+// IsGzip reports whether an archive that r reads starts with gzip's magic
+// bytes (a tar+gzip checkpoint or upload); else it is a plain tar. It only
+// peeks.
+func IsGzip(r *bufio.Reader) bool {
+	magic, _ := r.Peek(2)
+	return len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b
 }
 
 // PAXRoots is the PAX record of a checkpoint archive's global header that

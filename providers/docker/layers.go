@@ -276,7 +276,7 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 func rewriteLayer(dst io.Writer, src io.Reader, workdir string, uid, gid int, key string) error {
 	br := bufio.NewReaderSize(src, 64<<10)
 	var in io.Reader = br
-	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+	if agentapi.IsGzip(br) {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			return fmt.Errorf("read the archive: %w", err)
