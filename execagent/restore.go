@@ -55,26 +55,40 @@ type restore struct {
 }
 
 // handleRestore answers PUT /v1/checkpoint?sha256= (docs/ARCHITECTURE.md,
-// "Checkpoints: the agent's side"): it stages every root, checks the
-// body's hash, then swaps the roots in with renames that are undone if one
-// fails. A failure before the swap leaves the sandbox as it was.
+// "Checkpoints: the agent's side") with Restore, the body bounded by
+// MaxUploadBytes.
 func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) error {
-	start := time.Now()
 	want, err := querySHA256(r)
 	if err != nil {
 		return err
 	}
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
+	res, err := s.Restore(body, want)
+	if err != nil {
+		return drained(body, err)
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// Restore restores the checkpoint archive read from body, whose SHA-256 is
+// want (lower-case hex): it stages every root, checks the body's hash, then
+// swaps the roots in with renames that are undone if one fails. A failure
+// before the swap leaves the sandbox as it was. It reads body to its end.
+// The agent's HTTP restore and its one-shot
+// form (execagent -restore, which unpacks a copy-on-write layer) are this.
+func (s *Server) Restore(body io.Reader, want string) (agentapi.RestoreResult, error) {
+	start := time.Now()
 	if !s.ckMu.TryLock() {
-		return fmt.Errorf("another restore or a checkpoint is running in this sandbox: %w", errBusy)
+		return agentapi.RestoreResult{}, fmt.Errorf("another restore or a checkpoint is running in this sandbox: %w", errBusy)
 	}
 	defer s.ckMu.Unlock()
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
 	pipe := newHashPipe(body)
 	// A small buffer: for gzip's magic bytes; reads of a block or more go
 	// past it, straight from the pipe's chunks.
 	in := bufio.NewReaderSize(pipe, tarBlock)
 	rs := &restore{s: s}
-	err = rs.stage(in)
+	err := rs.stage(in)
 	if err == nil {
 		if _, err = io.Copy(io.Discard, in); err != nil {
 			err = restoreError(err, s.cfg.MaxUploadBytes)
@@ -85,17 +99,16 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err != nil {
 		rs.discard()
-		return drained(body, err)
+		return agentapi.RestoreResult{}, err
 	}
 	if err := rs.swap(); err != nil {
 		rs.discard()
-		return err
+		return agentapi.RestoreResult{}, err
 	}
 	rs.cleanup()
 	res := agentapi.RestoreResult{Files: rs.files, Bytes: rs.bytes, DurationMS: time.Since(start).Milliseconds()}
 	s.log.Info("restore", "roots", len(rs.units), "files", res.Files, "bytes", res.Bytes, "rooted", rs.rooted, "duration_ms", res.DurationMS)
-	writeJSON(w, http.StatusOK, res)
-	return nil
+	return res, nil
 }
 
 // querySHA256 parses the sha256 query parameter: 64 hex digits, returned

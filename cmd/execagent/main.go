@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -66,12 +70,16 @@ func main() {
 func run(ctx context.Context) error {
 	fs := flag.NewFlagSet("execagent", flag.ContinueOnError)
 	version := fs.Bool("version", false, "print the version and exit")
+	restoreSum := fs.String("restore", "", "restore the checkpoint archive read from stdin, whose SHA-256 this is, into the work dir (QUARRY_AGENT_WORKDIR, which must exist), print the result as JSON and exit; no server, no token")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
 	if *version {
 		fmt.Println("execagent", agentapi.Version)
 		return nil
+	}
+	if *restoreSum != "" {
+		return restoreOnce(*restoreSum, os.Stdin, os.Stdout)
 	}
 	var cc cmdConfig
 	if err := envconfig.Process("QUARRY_AGENT", &cc); err != nil {
@@ -267,4 +275,45 @@ func writeFileAtomic(path string, data []byte) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// restoreOnce is the agent's one-shot restore (-restore): the archive read
+// from in, whose SHA-256 is sum, restored into the existing work dir as a
+// restore through the agent's API would, its result written to out as
+// JSON. The Docker provider unpacks a copy-on-write layer with it, in a
+// short-lived container of the pool's user.
+func restoreOnce(sum string, in io.Reader, out io.Writer) error {
+	if b, err := hex.DecodeString(sum); err != nil || len(b) != sha256.Size {
+		return fmt.Errorf("-restore: want the archive's SHA-256 as 64 hex digits, got %q", sum)
+	}
+	cfg := execagent.DefaultConfig()
+	if err := envconfig.Process("QUARRY_AGENT", &cfg); err != nil {
+		return fmt.Errorf("read QUARRY_AGENT_* configuration: %w", err)
+	}
+	if !filepath.IsAbs(cfg.Workdir) {
+		return fmt.Errorf("-restore: QUARRY_AGENT_WORKDIR must be an absolute path, got %q", cfg.Workdir)
+	}
+	if fi, err := os.Stat(cfg.Workdir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("-restore: the work dir %s must exist (a restore in place keeps it)", cfg.Workdir)
+	}
+	// The server answers no request: its token only passes its checks.
+	var tok [16]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return fmt.Errorf("-restore: %w", err)
+	}
+	cfg.Token = hex.EncodeToString(tok[:])
+	srv, err := execagent.New(cfg, slog.New(slog.NewJSONHandler(os.Stderr, nil)))
+	if err != nil {
+		return err
+	}
+	res, err := srv.Restore(in, strings.ToLower(sum))
+	cctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if cerr := srv.Close(cctx); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("-restore: %w", err)
+	}
+	return json.NewEncoder(out).Encode(res)
 }

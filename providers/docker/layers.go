@@ -3,6 +3,7 @@ package docker
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -158,13 +159,12 @@ func cowProblem(set settings) string {
 func noLayer(reason string) error { return fmt.Errorf("%s: %w", reason, providers.ErrNoLayer) }
 
 // PrepareLayer implements providers.Layers: it unpacks req's archive once
-// into a volume of the engine (through a created, never started, helper
-// container of the spec's image and the engine's archive API), every entry
-// given to the sandbox user, and marks it complete. A layer whose volume is
-// complete is used as it is. ErrNoLayer when the pool's options refuse
-// layers (OptionCow), its work directory lies directly below /, the
-// archive holds other roots than the work directory, or an entry that a
-// restore by the agent would treat otherwise (the caller copies instead).
+// into a volume of the engine, with the agent's own restore run as the
+// sandbox user in a short-lived container of the spec's image (no network,
+// no capability), and marks it complete. A layer whose volume is complete
+// is used as it is. ErrNoLayer when the pool's options refuse layers
+// (OptionCow), its work directory lies directly below /, or the archive
+// holds other roots than the work directory (the caller copies instead).
 func (p *Provider) PrepareLayer(ctx context.Context, req providers.LayerRequest) error {
 	set, err := resolve(p.cfg, req.Spec)
 	if err != nil {
@@ -199,7 +199,13 @@ func (p *Provider) PrepareLayer(ctx context.Context, req providers.LayerRequest)
 	}
 }
 
-// prepareLayer is PrepareLayer's shared work.
+// prepareLayer is PrepareLayer's shared work. The layer volume holds the
+// work directory at its path (home/sandbox for /home/sandbox): the engine
+// makes the directories down to it, the work directory the sandbox user's,
+// then the unpack's container, as that user, runs the agent's one-shot
+// restore (execagent -restore) of the archive streamed to its stdin into
+// it, which checks the archive's SHA-256 as every restore does; the engine
+// writes the marker last.
 func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest, set settings) (err error) {
 	start := time.Now()
 	name := layerVolumeName(p.cfg.GatewayID, req.Key, set)
@@ -208,21 +214,33 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 	}}); err != nil {
 		return fmt.Errorf("prepare layer: create volume: %w", err)
 	}
+	pids := int64(unpackPids)
 	helper, err := p.api.ContainerCreate(ctx, &container.Config{
-		Image: req.Spec.Image, Entrypoint: []string{agentPath}, Cmd: []string{},
-		Labels:          map[string]string{providers.LabelGateway: p.cfg.GatewayID, labelVolume: volumeHelper, labelLayer: req.Key},
+		Image: req.Spec.Image, User: fmt.Sprintf("%d:%d", set.uid, set.gid),
+		Entrypoint: []string{agentPath}, Cmd: []string{"-restore", req.Key},
+		Env:        []string{"QUARRY_AGENT_WORKDIR=" + layerMount + set.workdir, "HOME=" + layerMount + set.workdir},
+		WorkingDir: "/",
+		Labels:     map[string]string{providers.LabelGateway: p.cfg.GatewayID, labelVolume: volumeHelper, labelLayer: req.Key},
+		OpenStdin:  true, StdinOnce: true, AttachStdin: true,
 		NetworkDisabled: true,
 	}, &container.HostConfig{
-		Mounts:      []mount.Mount{{Type: mount.TypeVolume, Source: name, Target: layerMount, VolumeOptions: &mount.VolumeOptions{NoCopy: true}}},
+		Mounts: []mount.Mount{
+			{Type: mount.TypeBind, Source: p.cfg.AgentBinary, Target: agentPath, ReadOnly: true},
+			{Type: mount.TypeVolume, Source: name, Target: layerMount, VolumeOptions: &mount.VolumeOptions{NoCopy: true}},
+		},
 		NetworkMode: "none",
+		LogConfig:   container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": logMaxSize, "max-file": logMaxFiles}},
+		CapDrop:     []string{"ALL"},
+		SecurityOpt: []string{"no-new-privileges"},
+		Resources:   container.Resources{PidsLimit: &pids},
 	}, nil, nil, "")
 	if err != nil {
 		return fmt.Errorf("prepare layer: create the unpack's container: %w", err)
 	}
 	defer func() {
 		// The helper first: the engine keeps a volume that a container
-		// (even one never started) mounts. An unpack cut short leaves no
-		// marker; its volume goes, so that the next attempt starts clean.
+		// mounts. An unpack cut short leaves no marker; its volume goes,
+		// so that the next attempt starts clean.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		if rerr := p.remove(cctx, helper.ID); rerr != nil {
@@ -240,108 +258,148 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 	} else if !isNotFound(err) {
 		return fmt.Errorf("prepare layer: look for its marker: %w", err)
 	}
+	var dirs bytes.Buffer
+	if err := layerDirs(&dirs, set.workdir, set.uid, set.gid); err != nil {
+		return fmt.Errorf("prepare layer: %w", err)
+	}
+	if err := p.api.CopyToContainer(ctx, helper.ID, layerMount, &dirs, container.CopyToContainerOptions{}); err != nil {
+		return fmt.Errorf("prepare layer: make the work directory: %w", err)
+	}
 	rc, err := req.Open(ctx)
 	if err != nil {
 		return fmt.Errorf("prepare layer: open the archive: %w", err)
 	}
 	defer rc.Close()
-	pr, pw := io.Pipe()
-	var rewriteErr error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		rewriteErr = rewriteLayer(pw, rc, set.workdir, set.uid, set.gid, req.Key)
-		pw.CloseWithError(rewriteErr)
-	}()
-	copyErr := p.api.CopyToContainer(ctx, helper.ID, layerMount, pr, container.CopyToContainerOptions{})
-	pr.CloseWithError(errors.New("the engine stopped reading the layer"))
-	wg.Wait()
-	switch {
-	case rewriteErr != nil:
-		return fmt.Errorf("prepare layer: %w", rewriteErr)
-	case copyErr != nil:
-		return fmt.Errorf("prepare layer: unpack: %w", copyErr)
+	src := &readErr{r: rc}
+	in := bufio.NewReaderSize(src, layerHeaderPeek)
+	if err := checkLayerArchive(in, set.workdir); err != nil {
+		return err
+	}
+	if err := p.unpack(ctx, helper.ID, in, src); err != nil {
+		return fmt.Errorf("prepare layer: %w", err)
+	}
+	var marker bytes.Buffer
+	tw := tar.NewWriter(&marker)
+	if err := tw.WriteHeader(&tar.Header{Name: layerMarker, Typeflag: tar.TypeReg, Mode: 0o444, Size: int64(len(req.Key)), ModTime: time.Now()}); err != nil {
+		return fmt.Errorf("prepare layer: write its marker: %w", err)
+	}
+	_, _ = io.WriteString(tw, req.Key)
+	if err := tw.Close(); err != nil {
+		return fmt.Errorf("prepare layer: write its marker: %w", err)
+	}
+	if err := p.api.CopyToContainer(ctx, helper.ID, layerMount, &marker, container.CopyToContainerOptions{}); err != nil {
+		return fmt.Errorf("prepare layer: write its marker: %w", err)
 	}
 	p.logger.Info("layer prepared", "layer", req.Key[:12], "pool", req.Spec.Pool, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-// rewriteLayer copies the agent's archive src (tar or tar+gzip) to dst as
-// the tar a layer is unpacked from: every entry is the work directory's
-// or below it, given to uid:gid, its mode without setuid and setgid (as a
-// restore by the unprivileged agent leaves them), and the marker comes
-// last. An archive that holds anything else is ErrNoLayer: the agent's
-// restore, which the caller falls back to, decides about it.
-func rewriteLayer(dst io.Writer, src io.Reader, workdir string, uid, gid int, key string) error {
-	br := bufio.NewReaderSize(src, 64<<10)
-	var in io.Reader = br
-	if agentapi.IsGzip(br) {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return fmt.Errorf("read the archive: %w", err)
-		}
-		defer zr.Close()
-		in = zr
+// unpackPids bounds the processes of a layer's unpack: the agent alone.
+const unpackPids = 64
+
+// layerHeaderPeek is how much of an archive checkLayerArchive may read
+// ahead for its first entry, the agent's header (its roots: a few paths).
+const layerHeaderPeek = 64 << 10
+
+// unpack starts the unpack's container id and streams the archive in to
+// its stdin; src is in's source, whose read error (the store's: a blob
+// that is not its checkpoint's) wins over what the agent then says. It
+// returns once the agent exited: with its log's end when it failed.
+func (p *Provider) unpack(ctx context.Context, id string, in io.Reader, src *readErr) error {
+	hj, err := p.api.ContainerAttach(ctx, id, container.AttachOptions{Stream: true, Stdin: true})
+	if err != nil {
+		return fmt.Errorf("attach to the unpack's stdin: %w", err)
 	}
-	tr := tar.NewReader(in)
-	tw := tar.NewWriter(dst)
-	root := strings.TrimPrefix(workdir, "/")
-	first := true
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read the archive: %w", err)
-		}
-		if first {
-			first = false
-			if err := checkLayerHeader(hdr, workdir); err != nil {
-				return err
-			}
-			continue
-		}
-		name := strings.TrimSuffix(hdr.Name, "/")
-		if name != root && !strings.HasPrefix(name, root+"/") || path.Clean(name) != name {
-			return noLayer(fmt.Sprintf("the archive holds %q, outside the work directory %s", hdr.Name, workdir))
-		}
-		out := &tar.Header{Name: hdr.Name, Mode: hdr.Mode &^ 0o6000, ModTime: hdr.ModTime, Uid: uid, Gid: gid, Format: tar.FormatPAX}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			out.Typeflag = tar.TypeDir
-		case tar.TypeReg:
-			out.Typeflag, out.Size = tar.TypeReg, hdr.Size
-		case tar.TypeSymlink:
-			out.Typeflag, out.Linkname = tar.TypeSymlink, hdr.Linkname
-		default:
-			return noLayer(fmt.Sprintf("the archive holds %q of type %q, which the agent does not write", hdr.Name, hdr.Typeflag))
-		}
-		if err := tw.WriteHeader(out); err != nil {
-			return fmt.Errorf("write the layer: %w", err)
-		}
-		if out.Typeflag == tar.TypeReg {
-			if _, err := io.Copy(tw, tr); err != nil {
-				return fmt.Errorf("copy %q: %w", hdr.Name, err)
-			}
-		}
+	defer hj.Close()
+	// Waiting from before the start: a wait begun after the agent exited
+	// would find no run to wait for.
+	waitCh, waitErr := p.api.ContainerWait(ctx, id, container.WaitConditionNextExit)
+	if err := p.api.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+		return fmt.Errorf("start the unpack: %w", err)
 	}
-	if first {
-		return noLayer("the archive is empty")
+	if d, ok := ctx.Deadline(); ok {
+		_ = hj.Conn.SetWriteDeadline(d)
 	}
-	// To the source's end: the checkpoint store checks the blob's hash
-	// there, and its reader fails then if the bytes were not the archive's.
-	if _, err := io.Copy(io.Discard, br); err != nil {
-		return fmt.Errorf("read the archive: %w", err)
+	_, copyErr := io.Copy(hj.Conn, in)
+	if src.err != nil {
+		return fmt.Errorf("read the archive: %w", src.err)
 	}
-	if err := tw.WriteHeader(&tar.Header{Name: layerMarker, Typeflag: tar.TypeReg, Mode: 0o444, Size: int64(len(key)), ModTime: time.Now()}); err != nil {
-		return fmt.Errorf("write the layer's marker: %w", err)
+	if copyErr == nil {
+		copyErr = hj.CloseWrite()
+	} else {
+		hj.Close() // the agent reads a cut archive, fails and exits
 	}
-	if _, err := io.WriteString(tw, key); err != nil {
-		return fmt.Errorf("write the layer's marker: %w", err)
+	select {
+	case res := <-waitCh:
+		if res.Error != nil || res.StatusCode != 0 {
+			return fmt.Errorf("the agent's restore exited with %d: %s", res.StatusCode, p.logTail(ctx, id))
+		}
+	case err := <-waitErr:
+		return fmt.Errorf("wait for the unpack: %w", err)
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the unpack: %w", ctx.Err())
+	}
+	if copyErr != nil {
+		return fmt.Errorf("stream the archive to the unpack: %w", copyErr)
+	}
+	return nil
+}
+
+// readErr remembers its reader's first error other than EOF.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(b []byte) (int, error) {
+	n, err := r.r.Read(b)
+	if err != nil && !errors.Is(err, io.EOF) && r.err == nil {
+		r.err = err
+	}
+	return n, err
+}
+
+// layerDirs writes the tar that makes a layer's directories down to
+// workdir: the parents root's (0755), workdir the sandbox user's (0700;
+// the restore gives it the archive's mode).
+func layerDirs(w io.Writer, workdir string, uid, gid int) error {
+	tw := tar.NewWriter(w)
+	parts := strings.Split(strings.Trim(workdir, "/"), "/")
+	for i := range parts {
+		h := &tar.Header{Name: strings.Join(parts[:i+1], "/") + "/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: time.Now()}
+		if i == len(parts)-1 {
+			h.Mode, h.Uid, h.Gid = 0o700, uid, gid
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return fmt.Errorf("make the work directory: %w", err)
+		}
 	}
 	return tw.Close()
+}
+
+// checkLayerArchive peeks at the archive in in (tar or tar+gzip), without
+// consuming it, for the agent's header: the roots and work directory must
+// be workdir, for the restore in the unpack's container to put it in the
+// layer (ErrNoLayer otherwise: the caller restores by copy).
+func checkLayerArchive(in *bufio.Reader, workdir string) error {
+	head, err := in.Peek(layerHeaderPeek)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
+		return fmt.Errorf("read the archive: %w", err)
+	}
+	var r io.Reader = bytes.NewReader(head)
+	if agentapi.IsGzip(in) {
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return noLayer(fmt.Sprintf("the archive's gzip header: %v", err))
+		}
+		defer zr.Close()
+		r = zr
+	}
+	hdr, err := tar.NewReader(r).Next()
+	if err != nil {
+		return noLayer(fmt.Sprintf("the archive's first entry cannot be read from its first %d bytes: %v", len(head), err))
+	}
+	return checkLayerHeader(hdr, workdir)
 }
 
 // checkLayerHeader checks the archive's first entry, the agent's global

@@ -2,6 +2,7 @@ package docker
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -61,91 +62,96 @@ func readTar(t testing.TB, b []byte) []*tar.Header {
 	}
 }
 
-func TestRewriteLayer_GivesEveryEntryToTheUserAndEndsWithTheMarker(t *testing.T) {
-	in := agentArchive(t, "/home/sandbox",
-		&tar.Header{Name: "home/sandbox/", Typeflag: tar.TypeDir, Mode: 0o755},
-		&tar.Header{Name: "home/sandbox/run", Typeflag: tar.TypeReg, Mode: 0o6755, Size: 3},
-		&tar.Header{Name: "home/sandbox/link", Typeflag: tar.TypeSymlink, Linkname: "/etc/passwd", Mode: 0o777},
-	)
+func gzipped(t testing.TB, b []byte) []byte {
+	t.Helper()
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
-	_, err := zw.Write(in)
+	_, err := zw.Write(b)
 	require.NoError(t, err)
 	require.NoError(t, zw.Close())
-	for name, src := range map[string][]byte{"tar": in, "tar+gzip": gz.Bytes()} {
+	return gz.Bytes()
+}
+
+func TestCheckLayerArchive_AcceptsTheWorkDirAloneAndConsumesNothing(t *testing.T) {
+	in := agentArchive(t, "/home/sandbox",
+		&tar.Header{Name: "home/sandbox/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "home/sandbox/big", Typeflag: tar.TypeReg, Mode: 0o644, Size: 200 << 10},
+	)
+	for name, src := range map[string][]byte{"tar": in, "tar+gzip": gzipped(t, in)} {
 		t.Run(name, func(t *testing.T) {
-			var out bytes.Buffer
-			require.NoError(t, rewriteLayer(&out, bytes.NewReader(src), "/home/sandbox", 1000, 1001, strings.Repeat("ab", 32)))
-			hdrs := readTar(t, out.Bytes())
-			require.Len(t, hdrs, 4, "the entries and the marker, no global header")
-			for _, h := range hdrs[:3] {
-				assert.Equal(t, 1000, h.Uid, h.Name)
-				assert.Equal(t, 1001, h.Gid, h.Name)
-			}
-			assert.Equal(t, int64(0o755), hdrs[1].Mode, "setuid and setgid are dropped, as an unprivileged restore leaves them")
-			assert.Equal(t, "/etc/passwd", hdrs[2].Linkname, "a link is kept as it is")
-			assert.Equal(t, layerMarker, hdrs[3].Name, "the marker comes last")
+			br := bufio.NewReaderSize(bytes.NewReader(src), layerHeaderPeek)
+			require.NoError(t, checkLayerArchive(br, "/home/sandbox"))
+			rest, err := io.ReadAll(br)
+			require.NoError(t, err)
+			assert.Equal(t, src, rest, "the whole archive is left for the unpack")
 		})
 	}
 }
 
-func TestRewriteLayer_RefusesWhatARestoreWouldTreatOtherwise(t *testing.T) {
+func TestCheckLayerArchive_RefusesOtherRoots(t *testing.T) {
 	wd := "/home/sandbox"
-	tests := []struct {
-		name string
-		in   []byte
-	}{
-		{"an entry outside the work dir", agentArchive(t, wd, &tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Size: 1})},
-		{"a sibling with the work dir's name as prefix", agentArchive(t, wd, &tar.Header{Name: "home/sandboxes/x", Typeflag: tar.TypeReg, Size: 1})},
-		{"a path that is not clean", agentArchive(t, wd, &tar.Header{Name: "home/sandbox/../../etc/x", Typeflag: tar.TypeReg, Size: 1})},
-		{"a hard link", agentArchive(t, wd, &tar.Header{Name: "home/sandbox/h", Typeflag: tar.TypeLink, Linkname: "home/sandbox/f"})},
-		{"a device", agentArchive(t, wd, &tar.Header{Name: "home/sandbox/d", Typeflag: tar.TypeChar})},
-		{"other roots", agentArchive(t, "/tmp", &tar.Header{Name: "tmp/", Typeflag: tar.TypeDir})},
-		{"no header", func() []byte {
-			var b bytes.Buffer
-			tw := tar.NewWriter(&b)
-			require.NoError(t, tw.WriteHeader(&tar.Header{Name: "home/sandbox/", Typeflag: tar.TypeDir}))
-			require.NoError(t, tw.Close())
-			return b.Bytes()
-		}()},
-		{"an empty archive", nil},
+	other := agentArchive(t, "/tmp", &tar.Header{Name: "tmp/", Typeflag: tar.TypeDir})
+	var noHeader bytes.Buffer
+	tw := tar.NewWriter(&noHeader)
+	require.NoError(t, tw.WriteHeader(&tar.Header{Name: "home/sandbox/", Typeflag: tar.TypeDir}))
+	require.NoError(t, tw.Close())
+	tests := map[string][]byte{
+		"other roots":             other,
+		"other roots, gzip":       gzipped(t, other),
+		"another work dir's":      agentArchive(t, "/home/other"),
+		"no header":               noHeader.Bytes(),
+		"an empty archive":        nil,
+		"a gzip stream cut short": []byte{0x1f, 0x8b, 0, 0},
+		"not an archive":          []byte("hello"),
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := rewriteLayer(io.Discard, bytes.NewReader(tt.in), wd, 1, 1, strings.Repeat("0", 64))
+	for name, in := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := checkLayerArchive(bufio.NewReaderSize(bytes.NewReader(in), layerHeaderPeek), wd)
 			assert.ErrorIs(t, err, providers.ErrNoLayer)
 		})
 	}
 }
 
-func TestRewriteLayer_ReadsTheSourceToItsEnd(t *testing.T) {
-	// The checkpoint store's reader fails at the end of a blob that does
-	// not hash to its sha256: a layer must not be made of it.
-	in := agentArchive(t, "/home/sandbox", &tar.Header{Name: "home/sandbox/f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3})
-	corrupt := errors.New("checkpoint archive corrupt")
-	err := rewriteLayer(io.Discard, io.MultiReader(bytes.NewReader(in), errReader{corrupt}), "/home/sandbox", 1, 1, strings.Repeat("0", 64))
-	assert.ErrorIs(t, err, corrupt)
+func TestLayerDirs_TheWorkDirIsTheUsers(t *testing.T) {
+	var b bytes.Buffer
+	require.NoError(t, layerDirs(&b, "/home/sandbox/work", 1000, 1001))
+	hdrs := readTar(t, b.Bytes())
+	require.Len(t, hdrs, 3)
+	for i, name := range []string{"home/", "home/sandbox/", "home/sandbox/work/"} {
+		assert.Equal(t, name, hdrs[i].Name)
+		assert.Equal(t, byte(tar.TypeDir), hdrs[i].Typeflag)
+	}
+	assert.Equal(t, []int{0, 0, 1000}, []int{hdrs[0].Uid, hdrs[1].Uid, hdrs[2].Uid})
+	assert.Equal(t, 1001, hdrs[2].Gid)
+	assert.Equal(t, int64(0o755), hdrs[0].Mode)
 }
 
-func FuzzRewriteLayer(f *testing.F) {
+func FuzzCheckLayerArchive(f *testing.F) {
 	f.Add(agentArchive(f, "/home/sandbox", &tar.Header{Name: "home/sandbox/a", Typeflag: tar.TypeReg, Size: 2}))
+	f.Add(gzipped(f, agentArchive(f, "/home/sandbox")))
 	f.Add([]byte{0x1f, 0x8b, 0, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
-		var out bytes.Buffer
-		if err := rewriteLayer(&out, bytes.NewReader(in), "/home/sandbox", 7, 7, strings.Repeat("0", 64)); err != nil {
+		br := bufio.NewReaderSize(bytes.NewReader(in), layerHeaderPeek)
+		err := checkLayerArchive(br, "/home/sandbox")
+		rest, rerr := io.ReadAll(br)
+		require.NoError(t, rerr)
+		require.Equal(t, in, rest, "the check consumes nothing")
+		if err != nil {
 			return
 		}
-		// What it accepts unpacks below the work dir alone, the user's.
-		hdrs := readTar(t, out.Bytes())
-		require.NotEmpty(t, hdrs)
-		require.Equal(t, layerMarker, hdrs[len(hdrs)-1].Name)
-		for _, h := range hdrs[:len(hdrs)-1] {
-			name := strings.TrimSuffix(h.Name, "/")
-			require.True(t, name == "home/sandbox" || strings.HasPrefix(name, "home/sandbox/"), h.Name)
-			require.Equal(t, 7, h.Uid)
-			require.Contains(t, []byte{tar.TypeDir, tar.TypeReg, tar.TypeSymlink}, h.Typeflag)
-			require.Zero(t, h.Mode&0o6000)
+		// What it accepts starts with the agent's header naming the work
+		// dir alone, in the work dir.
+		var r io.Reader = bytes.NewReader(in)
+		if bytes.HasPrefix(in, []byte{0x1f, 0x8b}) {
+			zr, zerr := gzip.NewReader(r)
+			require.NoError(t, zerr)
+			r = zr
 		}
+		hdr, herr := tar.NewReader(r).Next()
+		require.NoError(t, herr)
+		require.Equal(t, byte(tar.TypeXGlobalHeader), hdr.Typeflag)
+		require.Equal(t, `["/home/sandbox"]`, strings.ReplaceAll(hdr.PAXRecords[agentapi.PAXRoots], " ", ""))
+		require.Equal(t, "/home/sandbox", hdr.PAXRecords[agentapi.PAXWorkdir])
 	})
 }
 
@@ -306,6 +312,26 @@ func TestProvider_Layers_ABrokenUnpackLeavesNothingAndIsTriedAgain(t *testing.T)
 	on.Options = map[string]string{providers.OptionLayer: key}
 	task := launchOne(t, p, on, "cowok-"+randomHex(t, 4))
 	assert.Equal(t, "1048576\n", execIn(t, agentOf(t, task), "wc -c < big").Stdout)
+}
+
+// The agent's restore decides about the archive, as in a sandbox: bytes
+// that are not the checkpoint's (its SHA-256 differs) fail the prepare
+// with the agent's own message, and leave nothing.
+func TestProvider_Layers_AnArchiveTheAgentRefusesLeavesNothing(t *testing.T) {
+	e, p := dockerProvider(t)
+	ctx := context.Background()
+	s := spec("cowrefused", imageBusybox)
+	archive := agentArchive(t, DefaultWorkdir,
+		&tar.Header{Name: "home/sandbox/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "home/sandbox/f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 10},
+	)
+	err := p.PrepareLayer(ctx, providers.LayerRequest{Spec: s, Key: strings.Repeat("d", 64), Roots: []string{DefaultWorkdir},
+		Open: func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(archive)), nil }})
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, providers.ErrNoLayer)
+	assert.Contains(t, err.Error(), "the body hashes to", "the agent's own refusal")
+	assert.Empty(t, e.layerVolumes(t), "the incomplete layer is removed")
+	assert.Empty(t, e.containers(t), "and the unpack's container")
 }
 
 // errReader fails every read with err.
