@@ -22,6 +22,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/volume"
+	"github.com/docker/docker/pkg/stdcopy"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
@@ -275,7 +276,8 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 	if err := checkLayerArchive(in, set.workdir); err != nil {
 		return err
 	}
-	if err := p.unpack(ctx, helper.ID, in, src); err != nil {
+	res, err := p.unpack(ctx, helper.ID, in, src)
+	if err != nil {
 		return fmt.Errorf("prepare layer: %w", err)
 	}
 	var marker bytes.Buffer
@@ -290,7 +292,8 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 	if err := p.api.CopyToContainer(ctx, helper.ID, layerMount, &marker, container.CopyToContainerOptions{}); err != nil {
 		return fmt.Errorf("prepare layer: write its marker: %w", err)
 	}
-	p.logger.Info("layer prepared", "layer", req.Key[:12], "pool", req.Spec.Pool, "took", time.Since(start).Round(time.Millisecond))
+	p.logger.Info("layer prepared", "layer", req.Key[:12], "pool", req.Spec.Pool, "files", res.Files, "bytes", res.Bytes,
+		"restore_ms", res.DurationMS, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -304,25 +307,27 @@ const layerHeaderPeek = 64 << 10
 // unpack starts the unpack's container id and streams the archive in to
 // its stdin; src is in's source, whose read error (the store's: a blob
 // that is not its checkpoint's) wins over what the agent then says. It
-// returns once the agent exited: with its log's end when it failed.
-func (p *Provider) unpack(ctx context.Context, id string, in io.Reader, src *readErr) error {
-	hj, err := p.api.ContainerAttach(ctx, id, container.AttachOptions{Stream: true, Stdin: true})
+// returns once the agent exited: its result (its stdout), or its log's end
+// when it failed.
+func (p *Provider) unpack(ctx context.Context, id string, in io.Reader, src *readErr) (agentapi.RestoreResult, error) {
+	var res agentapi.RestoreResult
+	hj, err := p.api.ContainerAttach(ctx, id, container.AttachOptions{Stream: true, Stdin: true, Stdout: true})
 	if err != nil {
-		return fmt.Errorf("attach to the unpack's stdin: %w", err)
+		return res, fmt.Errorf("attach to the unpack's stdin: %w", err)
 	}
 	defer hj.Close()
 	// Waiting from before the start: a wait begun after the agent exited
 	// would find no run to wait for.
 	waitCh, waitErr := p.api.ContainerWait(ctx, id, container.WaitConditionNextExit)
 	if err := p.api.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
-		return fmt.Errorf("start the unpack: %w", err)
+		return res, fmt.Errorf("start the unpack: %w", err)
 	}
 	if d, ok := ctx.Deadline(); ok {
-		_ = hj.Conn.SetWriteDeadline(d)
+		_ = hj.Conn.SetDeadline(d)
 	}
 	_, copyErr := io.Copy(hj.Conn, in)
 	if src.err != nil {
-		return fmt.Errorf("read the archive: %w", src.err)
+		return res, fmt.Errorf("read the archive: %w", src.err)
 	}
 	if copyErr == nil {
 		copyErr = hj.CloseWrite()
@@ -330,19 +335,28 @@ func (p *Provider) unpack(ctx context.Context, id string, in io.Reader, src *rea
 		hj.Close() // the agent reads a cut archive, fails and exits
 	}
 	select {
-	case res := <-waitCh:
-		if res.Error != nil || res.StatusCode != 0 {
-			return fmt.Errorf("the agent's restore exited with %d: %s", res.StatusCode, p.logTail(ctx, id))
+	case r := <-waitCh:
+		if r.Error != nil || r.StatusCode != 0 {
+			return res, fmt.Errorf("the agent's restore exited with %d: %s", r.StatusCode, p.logTail(ctx, id))
 		}
 	case err := <-waitErr:
-		return fmt.Errorf("wait for the unpack: %w", err)
+		return res, fmt.Errorf("wait for the unpack: %w", err)
 	case <-ctx.Done():
-		return fmt.Errorf("wait for the unpack: %w", ctx.Err())
+		return res, fmt.Errorf("wait for the unpack: %w", ctx.Err())
 	}
 	if copyErr != nil {
-		return fmt.Errorf("stream the archive to the unpack: %w", copyErr)
+		return res, fmt.Errorf("stream the archive to the unpack: %w", copyErr)
 	}
-	return nil
+	// The agent's one line of JSON, multiplexed (no TTY); the stream ends
+	// with the container.
+	var out bytes.Buffer
+	if _, err := stdcopy.StdCopy(&out, io.Discard, io.LimitReader(hj.Reader, 64<<10)); err != nil {
+		return res, fmt.Errorf("read the agent's result: %w", err)
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		return res, fmt.Errorf("read the agent's result %q: %w", out.String(), err)
+	}
+	return res, nil
 }
 
 // readErr remembers its reader's first error other than EOF.
