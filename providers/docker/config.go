@@ -135,7 +135,7 @@ type Config struct {
 	LayerTimeout time.Duration `envconfig:"QUARRY_DOCKER_LAYER_TIMEOUT"`
 	// LayerIdle is how long a layer no task uses is kept for the next
 	// sandbox started from its checkpoint, unless the checkpoint is
-	// deleted first (DropLayer).
+	// deleted first (DropLayer); a timer removes it then.
 	LayerIdle time.Duration `envconfig:"QUARRY_DOCKER_LAYER_IDLE"`
 }
 

@@ -86,10 +86,80 @@ type layers struct {
 	busy   map[string]int       // by key: prepares and launches under way
 	used   map[string]time.Time // by key: last prepared or launched on
 	drop   map[string]bool      // by key: DropLayer asked, a task still used it
+	// timers, by key: a release due when a kept layer's idle time ends
+	// (one per layer at most); wg counts those armed and running; closed:
+	// Close stopped them, none is armed again.
+	timers map[string]*time.Timer
+	wg     sync.WaitGroup
+	closed bool
 }
 
 func newLayers() *layers {
-	return &layers{busy: map[string]int{}, used: map[string]time.Time{}, drop: map[string]bool{}}
+	return &layers{busy: map[string]int{}, used: map[string]time.Time{}, drop: map[string]bool{}, timers: map[string]*time.Timer{}}
+}
+
+// releaseLater arms layer key's release after d, unless one is armed (or
+// the provider is closed). The caller holds l.mu.
+func (p *Provider) releaseLater(key string, d time.Duration) {
+	l := p.layers
+	if l.closed || l.timers[key] != nil {
+		return
+	}
+	l.wg.Add(1)
+	l.timers[key] = time.AfterFunc(d, func() {
+		defer l.wg.Done()
+		l.mu.Lock()
+		delete(l.timers, key)
+		closed := l.closed
+		l.mu.Unlock()
+		if closed {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		if err := p.releaseLayer(ctx, key); err != nil {
+			p.logger.Warn("release an idle layer", "layer", key[:12], "err", err)
+		}
+	})
+}
+
+// closeLayers stops the armed releases and waits for those running: the
+// layers they would have removed are found again by the next Provider of
+// the gateway (sweepLayers).
+func (p *Provider) closeLayers() {
+	l := p.layers
+	l.mu.Lock()
+	l.closed = true
+	for key, t := range l.timers {
+		if t.Stop() {
+			l.wg.Done()
+		}
+		delete(l.timers, key)
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+// sweepLayers arms the release of every layer of this gateway on the
+// engine, at once: a layer a process before this one kept idle (or whose
+// checkpoint went while none ran) goes when it is idle and unused, one
+// still used stays. It costs one engine call and a timer per layer.
+func (p *Provider) sweepLayers(ctx context.Context) error {
+	vols, err := p.api.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(
+		filters.Arg("label", providers.LabelGateway+"="+p.cfg.GatewayID),
+		filters.Arg("label", labelVolume+"="+volumeLayer),
+	)})
+	if err != nil {
+		return fmt.Errorf("list the layers: %w", err)
+	}
+	p.layers.mu.Lock()
+	defer p.layers.mu.Unlock()
+	for _, v := range vols.Volumes {
+		if key := v.Labels[labelLayer]; validKey(key) {
+			p.releaseLater(key, 0)
+		}
+	}
+	return nil
 }
 
 // hold marks key busy until the returned func is called.
@@ -181,7 +251,13 @@ func (p *Provider) PrepareLayer(ctx context.Context, req providers.LayerRequest)
 		return noLayer(fmt.Sprintf("the archive holds %q, not the work directory %s alone", req.Roots, set.workdir))
 	}
 	done := p.layers.hold(req.Key)
-	defer done()
+	defer func() {
+		done()
+		// A layer no task starts on goes when idle, as one whose tasks ended.
+		p.layers.mu.Lock()
+		p.releaseLater(req.Key, p.cfg.LayerIdle)
+		p.layers.mu.Unlock()
+	}()
 	p.layers.mu.Lock()
 	delete(p.layers.drop, req.Key) // wanted again (another checkpoint of the same bytes)
 	p.layers.mu.Unlock()
@@ -449,7 +525,9 @@ func (p *Provider) DropLayer(ctx context.Context, key string) error {
 // releaseLayer removes layer key's volumes (one per user and work
 // directory that used it) when nothing uses it: no overlay volume names
 // it, this process holds it for no prepare or launch, and either
-// DropLayer asked or it was last used LayerIdle ago.
+// DropLayer asked or it was last used LayerIdle ago. A layer kept only
+// because it is not idle long enough is looked at again when it would be
+// (releaseLater); one a task uses, when that task stops.
 //
 // It holds the layers' lock throughout, so that no prepare or launch
 // starts on the layer between its look at the volumes and the removal.
@@ -482,7 +560,8 @@ func (p *Provider) releaseLayer(ctx context.Context, key string) error {
 		if created, err := time.Parse(time.RFC3339, v.CreatedAt); err == nil && created.After(last) {
 			last = created
 		}
-		if !dropped && time.Since(last) < p.cfg.LayerIdle {
+		if idle := time.Since(last); !dropped && idle < p.cfg.LayerIdle {
+			p.releaseLater(key, p.cfg.LayerIdle-idle) // kept for now: looked at again then
 			continue
 		}
 		if err := p.removeVolume(ctx, v.Name); err != nil {

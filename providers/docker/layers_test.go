@@ -334,6 +334,59 @@ func TestProvider_Layers_AnArchiveTheAgentRefusesLeavesNothing(t *testing.T) {
 	assert.Empty(t, e.containers(t), "and the unpack's container")
 }
 
+// prepareSmallLayer prepares a layer of a one-file archive of the work dir
+// with p for pool s, and returns its key.
+func prepareSmallLayer(t *testing.T, p *Provider, s providers.Spec) string {
+	t.Helper()
+	archive := agentArchive(t, DefaultWorkdir,
+		&tar.Header{Name: "home/sandbox/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "home/sandbox/f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3},
+	)
+	sum := sha256.Sum256(archive)
+	key := hex.EncodeToString(sum[:])
+	require.NoError(t, p.PrepareLayer(context.Background(), providers.LayerRequest{Spec: s, Key: key, Roots: []string{DefaultWorkdir},
+		Open: func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(archive)), nil }}))
+	return key
+}
+
+// A layer no task uses goes once idle QUARRY_DOCKER_LAYER_IDLE, whether
+// no task ever started on it or its tasks stopped before that time, with no
+// other event to trigger it; one a task uses stays.
+func TestProvider_Layers_IdleLayersGoByThemselves(t *testing.T) {
+	needDocker(t)
+	e := newTestEnv(t)
+	p := e.open(t, func(c *Config) { c.LayerIdle = time.Second })
+	s := spec("cowidle", imageBusybox)
+	gone := func() bool { return len(e.layerVolumes(t)[volumeLayer]) == 0 }
+
+	prepareSmallLayer(t, p, s)
+	require.Len(t, e.layerVolumes(t)[volumeLayer], 1)
+	require.Eventually(t, gone, waitTimeout, 50*time.Millisecond, "a layer no task started on goes when idle")
+
+	key := prepareSmallLayer(t, p, s)
+	on := s
+	on.Options = map[string]string{providers.OptionLayer: key}
+	task := launchOne(t, p, on, "cowidle-"+randomHex(t, 4))
+	assert.Equal(t, "xxx", execIn(t, agentOf(t, task), "cat f").Stdout)
+	require.NoError(t, p.Stop(context.Background(), task.ID, "test"))
+	require.Eventually(t, gone, waitTimeout, 50*time.Millisecond, "a layer whose task stopped goes when idle")
+}
+
+// A layer an earlier process of the gateway kept (idle not yet reached
+// when it closed) is found and released by the next one.
+func TestProvider_Layers_TheNextProcessSweepsKeptLayers(t *testing.T) {
+	needDocker(t)
+	e := newTestEnv(t)
+	first := e.open(t, func(c *Config) { c.LayerIdle = time.Hour })
+	prepareSmallLayer(t, first, spec("cowsweep", imageBusybox))
+	require.NoError(t, first.Close(context.Background()))
+	require.Len(t, e.layerVolumes(t)[volumeLayer], 1, "kept: its idle time has not passed")
+
+	e.open(t, func(c *Config) { c.LayerIdle = time.Second })
+	require.Eventually(t, func() bool { return len(e.layerVolumes(t)[volumeLayer]) == 0 }, waitTimeout, 50*time.Millisecond,
+		"the next process removes it once idle")
+}
+
 // errReader fails every read with err.
 type errReader struct{ err error }
 

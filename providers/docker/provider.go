@@ -153,7 +153,11 @@ func New(cfg Config, logger *slog.Logger) (*Provider, error) {
 		return nil, err
 	}
 	logger.Info("connected to the Docker engine", "host", cfg.Host, "api_version", cli.ClientVersion())
-	return &Provider{cfg: cfg, api: cli, key: key, logger: logger, img: img, layers: newLayers()}, nil
+	p := &Provider{cfg: cfg, api: cli, key: key, logger: logger, img: img, layers: newLayers()}
+	if err := p.sweepLayers(ctx); err != nil {
+		logger.Warn("copy-on-write layers of an earlier process are not swept; their checkpoints' deletion still removes them", "err", err)
+	}
+	return p, nil
 }
 
 // checkAgentBinary checks that path is an executable static ELF file: a
@@ -188,6 +192,7 @@ func (p *Provider) Close(context.Context) error {
 	var err error
 	p.once.Do(func() {
 		p.closed.Store(true)
+		p.closeLayers()
 		err = errors.Join(p.img.close(), p.api.Close())
 	})
 	if err != nil {
