@@ -27,4 +27,18 @@ if command -v docker >/dev/null && timeout 10 docker info >/dev/null 2>&1; then
     docker rm -f $ids >/dev/null
     echo "removed $(echo "$ids" | wc -w) docker sandboxes of gateway $gateway_id"
   fi
+  # Then the containers that hold copy-on-write layers in memory, and the volumes (layers, and the
+  # overlays of sandboxes that ran on them), which no container of the gateway mounts any more.
+  ids="$(docker ps -aq --filter label=quarry.docker.volume --filter "label=quarry.gateway=$gateway_id")"
+  if [ -n "$ids" ]; then
+    # shellcheck disable=SC2086 # one id per word
+    docker rm -f $ids >/dev/null
+    echo "removed $(echo "$ids" | wc -w) copy-on-write layer holders of gateway $gateway_id"
+  fi
+  vols="$(docker volume ls -q --filter "label=quarry.gateway=$gateway_id")"
+  if [ -n "$vols" ]; then
+    # shellcheck disable=SC2086 # one name per word
+    docker volume rm -f $vols >/dev/null
+    echo "removed $(echo "$vols" | wc -w) docker volumes (copy-on-write layers and overlays) of gateway $gateway_id"
+  fi
 fi

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/docker/docker/api/types/container"
+	dockervolume "github.com/docker/docker/api/types/volume"
 	dockerclient "github.com/docker/docker/client"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -96,6 +97,21 @@ func TestMakeClean_RemovesOnlyThisCheckoutsDockerSandboxes(t *testing.T) {
 	}
 	mine := create("make-clean-ours", ours)
 	theirs := create("make-clean-theirs", "quarry")
+	// A copy-on-write layer's holder and volume (providers/docker): ours go, another's stay.
+	holder, err := cli.ContainerCreate(context.Background(), &container.Config{
+		Image: dockerImageBusybox, Cmd: []string{"true"},
+		Labels: map[string]string{providers.LabelGateway: ours, "quarry.docker.volume": "unpack"},
+	}, nil, nil, nil, "make-clean-holder-"+suffix)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cli.ContainerRemove(context.Background(), holder.ID, container.RemoveOptions{Force: true}) })
+	volume := func(name, gatewayID string) string {
+		v, err := cli.VolumeCreate(context.Background(), dockervolume.CreateOptions{Name: name + "-" + suffix,
+			Labels: map[string]string{providers.LabelGateway: gatewayID, "quarry.docker.volume": "layer"}})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cli.VolumeRemove(context.Background(), v.Name, true) })
+		return v.Name
+	}
+	myVolume, theirVolume := volume("make-clean-layer-ours", ours), volume("make-clean-layer-theirs", "quarry")
 
 	clean := exec.Command("./scripts/stop-sandboxes.sh")
 	clean.Dir = ".."
@@ -108,4 +124,10 @@ func TestMakeClean_RemovesOnlyThisCheckoutsDockerSandboxes(t *testing.T) {
 	assert.True(t, dockerclient.IsErrNotFound(err), "this checkout's sandbox is removed: %v", err)
 	_, err = cli.ContainerInspect(context.Background(), theirs)
 	assert.NoError(t, err, "a sandbox of the default gateway id (another checkout's or user's) is left alone")
+	_, err = cli.ContainerInspect(context.Background(), holder.ID)
+	assert.True(t, dockerclient.IsErrNotFound(err), "this checkout's layer holder is removed: %v", err)
+	_, err = cli.VolumeInspect(context.Background(), myVolume)
+	assert.True(t, dockerclient.IsErrNotFound(err), "this checkout's layer volume is removed: %v", err)
+	_, err = cli.VolumeInspect(context.Background(), theirVolume)
+	assert.NoError(t, err, "another gateway id's volume is left alone")
 }

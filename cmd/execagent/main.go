@@ -70,7 +70,8 @@ func main() {
 func run(ctx context.Context) error {
 	fs := flag.NewFlagSet("execagent", flag.ContinueOnError)
 	version := fs.Bool("version", false, "print the version and exit")
-	restoreSum := fs.String("restore", "", "restore the checkpoint archive read from stdin, whose SHA-256 this is, into the work dir (QUARRY_AGENT_WORKDIR, which must exist), print the result as JSON and exit; no server, no token")
+	restoreSum := fs.String("restore", "", "restore the checkpoint archive read from stdin, whose SHA-256 this is, into the work dir (QUARRY_AGENT_WORKDIR, made when missing), print the result as JSON and exit; no server, no token")
+	hold := fs.Bool("hold", false, "with -restore: after a restore that succeeded, keep running until stopped (SIGTERM, SIGINT), so that a volume mounted only while a container runs keeps what was restored")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -79,7 +80,11 @@ func run(ctx context.Context) error {
 		return nil
 	}
 	if *restoreSum != "" {
-		return restoreOnce(*restoreSum, os.Stdin, os.Stdout)
+		if err := restoreOnce(*restoreSum, os.Stdin, os.Stdout); err != nil || !*hold {
+			return err
+		}
+		<-ctx.Done()
+		return nil
 	}
 	var cc cmdConfig
 	if err := envconfig.Process("QUARRY_AGENT", &cc); err != nil {
@@ -278,8 +283,9 @@ func writeFileAtomic(path string, data []byte) error {
 }
 
 // restoreOnce is the agent's one-shot restore (-restore): the archive read
-// from in, whose SHA-256 is sum, restored into the existing work dir as a
-// restore through the agent's API would, its result written to out as
+// from in, whose SHA-256 is sum, restored into the work dir (made when
+// missing, as the agent makes it at start) as a restore through the
+// agent's API would, its result written to out as
 // JSON. The Docker provider unpacks a copy-on-write layer with it, in a
 // short-lived container of the pool's user.
 func restoreOnce(sum string, in io.Reader, out io.Writer) error {
@@ -293,8 +299,8 @@ func restoreOnce(sum string, in io.Reader, out io.Writer) error {
 	if !filepath.IsAbs(cfg.Workdir) {
 		return fmt.Errorf("-restore: QUARRY_AGENT_WORKDIR must be an absolute path, got %q", cfg.Workdir)
 	}
-	if fi, err := os.Stat(cfg.Workdir); err != nil || !fi.IsDir() {
-		return fmt.Errorf("-restore: the work dir %s must exist (a restore in place keeps it)", cfg.Workdir)
+	if err := os.MkdirAll(cfg.Workdir, 0o755); err != nil {
+		return fmt.Errorf("-restore: make the work dir: %w", err)
 	}
 	// The server answers no request: its token only passes its checks.
 	var tok [16]byte

@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -95,12 +97,40 @@ func TestRestoreOnce_WrongSumChangesNothing(t *testing.T) {
 	assert.Equal(t, "kept", ents[0].Name())
 }
 
-// A missing work dir or a sum that is not one is refused before reading.
-func TestRestoreOnce_BadArguments(t *testing.T) {
-	_, errOut, err := runRestore(t, filepath.Join(t.TempDir(), "missing"), strings.Repeat("a", 64), nil)
-	require.Error(t, err)
-	assert.Contains(t, errOut, "must exist")
+// A missing work dir is made (and its parents); a sum that is not one is
+// refused before reading.
+func TestRestoreOnce_MakesTheWorkDirAndRefusesABadSum(t *testing.T) {
+	workdir := filepath.Join(t.TempDir(), "layer", "home", "sandbox")
+	archive, sum := ckArchive(t, "/home/sandbox", "/home/sandbox", map[string]string{"a.txt": "alpha"})
+	_, errOut, err := runRestore(t, workdir, sum, archive)
+	require.NoError(t, err, errOut)
+	assert.FileExists(t, filepath.Join(workdir, "a.txt"))
 	_, errOut, err = runRestore(t, t.TempDir(), "abc", nil)
 	require.Error(t, err)
 	assert.Contains(t, errOut, "64 hex digits")
+}
+
+// With -hold a stop ends the agent cleanly after a restore that succeeded
+// (its result printed), and one that failed exits at once. That it keeps
+// running until then is shown by the Docker provider's memory layers,
+// whose files live only while it runs (providers/docker, TestProvider_Layers_*).
+func TestRestoreOnce_HoldsUntilStopped(t *testing.T) {
+	workdir := t.TempDir()
+	archive, sum := ckArchive(t, workdir, workdir, map[string]string{"a.txt": "alpha"})
+	cmd := exec.Command(buildAgent(t), "-restore", sum, "-hold")
+	cmd.Env = append(os.Environ(), "QUARRY_AGENT_WORKDIR="+workdir)
+	cmd.Stdin = bytes.NewReader(archive)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	assert.Contains(t, line, `"files":`)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "a stop ends it cleanly")
+
+	failed := exec.Command(buildAgent(t), "-restore", strings.Repeat("0", 64), "-hold")
+	failed.Env = append(os.Environ(), "QUARRY_AGENT_WORKDIR="+t.TempDir())
+	failed.Stdin = bytes.NewReader(archive)
+	require.Error(t, failed.Run(), "a failed restore exits at once, held or not")
 }

@@ -49,6 +49,7 @@ func TestProviderConfig_VariableNames(t *testing.T) {
 		"QUARRY_DOCKER_IMAGE_BUDGET",
 		"QUARRY_DOCKER_LAUNCH_CONCURRENCY",
 		"QUARRY_DOCKER_LAYER_IDLE",
+		"QUARRY_DOCKER_LAYER_MEDIUM",
 		"QUARRY_DOCKER_LAYER_TIMEOUT",
 		"QUARRY_DOCKER_NETWORK",
 		"QUARRY_DOCKER_PIDS_LIMIT",
@@ -143,7 +144,7 @@ func TestDockerConfig_Defaults(t *testing.T) {
 		GatewayID: "quarry", User: "65534:65534", Workdir: "/home/sandbox", Network: "bridge", PidsLimit: 1024,
 		StartTimeout: 60 * time.Second, LaunchConcurrency: 4,
 		PullConcurrency: 4, PullTimeout: 10 * time.Minute, LedgerFile: "/data/docker/images.json",
-		LayerTimeout: 5 * time.Minute, LayerIdle: 10 * time.Minute,
+		LayerTimeout: 5 * time.Minute, LayerIdle: 10 * time.Minute, LayerMedium: "memory",
 	}, got.WithDefaults())
 }
 

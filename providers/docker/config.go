@@ -27,6 +27,7 @@ const (
 	DefaultStartTimeout      = 60 * time.Second
 	DefaultLayerTimeout      = 5 * time.Minute
 	DefaultLayerIdle         = 10 * time.Minute
+	DefaultLayerMedium       = LayerMemory
 	DefaultLaunchConcurrency = 4
 	DefaultPullConcurrency   = 4
 	DefaultPullTimeout       = 10 * time.Minute
@@ -137,7 +138,18 @@ type Config struct {
 	// sandbox started from its checkpoint, unless the checkpoint is
 	// deleted first (DropLayer); a timer removes it then.
 	LayerIdle time.Duration `envconfig:"QUARRY_DOCKER_LAYER_IDLE"`
+	// LayerMedium is where layers are unpacked: LayerMemory (a tmpfs
+	// volume, held mounted by the container that unpacked it for the
+	// layer's life; the default) or LayerDisk (a volume on the engine's
+	// disk).
+	LayerMedium string `envconfig:"QUARRY_DOCKER_LAYER_MEDIUM"`
 }
+
+// Layer media (Config.LayerMedium).
+const (
+	LayerMemory = "memory"
+	LayerDisk   = "disk"
+)
 
 // Bytes is a size in bytes that envconfig reads as a number of bytes or
 // with a binary unit: "1073741824", "20Gi", "20GiB", "512Mi", "20G" (all
@@ -185,6 +197,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.LayerIdle == 0 {
 		c.LayerIdle = DefaultLayerIdle
+	}
+	if c.LayerMedium == "" {
+		c.LayerMedium = DefaultLayerMedium
 	}
 	return c
 }
@@ -248,6 +263,9 @@ func (c Config) Validate() error {
 	}
 	if c.LayerIdle < 0 {
 		bad("LayerIdle", "must not be negative, got %s", c.LayerIdle)
+	}
+	if c.LayerMedium != LayerMemory && c.LayerMedium != LayerDisk {
+		bad("LayerMedium", "must be %q or %q, got %q", LayerMemory, LayerDisk, c.LayerMedium)
 	}
 	if c.ImageBudget < 0 {
 		bad("ImageBudget", "must not be negative, got %d", c.ImageBudget)

@@ -19,7 +19,7 @@ func TestConfig_WithDefaults_FillsUnsetFields(t *testing.T) {
 		User: DefaultUser, Workdir: DefaultWorkdir, Network: DefaultNetwork, PidsLimit: DefaultPidsLimit,
 		StartTimeout: DefaultStartTimeout, LaunchConcurrency: DefaultLaunchConcurrency,
 		PullConcurrency: DefaultPullConcurrency, PullTimeout: DefaultPullTimeout,
-		LayerTimeout: DefaultLayerTimeout, LayerIdle: DefaultLayerIdle,
+		LayerTimeout: DefaultLayerTimeout, LayerIdle: DefaultLayerIdle, LayerMedium: LayerMemory,
 	}, c)
 	require.NoError(t, c.Validate())
 }
@@ -38,6 +38,7 @@ func TestConfig_Validate_NamesTheField(t *testing.T) {
 		{name: "no gateway id", modify: func(c *Config) { c.GatewayID = "" }, want: "GatewayID: must be set"},
 		{name: "negative layer timeout", modify: func(c *Config) { c.LayerTimeout = -time.Second }, want: "LayerTimeout: must be positive"},
 		{name: "negative layer idle", modify: func(c *Config) { c.LayerIdle = -time.Second }, want: "LayerIdle: must not be negative"},
+		{name: "layer medium", modify: func(c *Config) { c.LayerMedium = "ssd" }, want: `LayerMedium: must be "memory" or "disk", got "ssd"`},
 		{name: "user name", modify: func(c *Config) { c.User = "nobody" }, want: `User: want a numeric uid or uid:gid, got "nobody"`},
 		{name: "user with bad gid", modify: func(c *Config) { c.User = "1000:x" }, want: "User: want a numeric"},
 		{name: "negative uid", modify: func(c *Config) { c.User = "-1" }, want: "User: want a numeric"},

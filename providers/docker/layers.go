@@ -45,9 +45,11 @@ const (
 	// made from it and on the containers that use one.
 	labelLayer = "quarry.docker.layer"
 	// labelVolume is a volume's role: volumeLayer, volumeOverlay,
-	// volumeUpper, volumeWork, or volumeHelper on the short-lived
-	// container that unpacks a layer.
+	// volumeUpper, volumeWork, or volumeHelper on the container that
+	// unpacks a layer (and, for a layer in memory, holds it).
 	labelVolume = "quarry.docker.volume"
+	// labelLayerVolume, on the unpack's container, names its layer volume.
+	labelLayerVolume = "quarry.docker.layer.volume"
 )
 
 const (
@@ -178,11 +180,11 @@ func (l *layers) hold(key string) func() {
 }
 
 // layerVolumeName is the volume of layer key for tasks of set, of gateway
-// gw: the unpack gives every entry to the sandbox user below the work
-// directory, so pools of another user or work directory get a volume of
-// their own from the same archive.
-func layerVolumeName(gw, key string, set settings) string {
-	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d:%d\x00%s", gw, set.uid, set.gid, set.workdir))
+// gw, on medium (Config.LayerMedium): the unpack gives every entry to the
+// sandbox user below the work directory, so pools of another user or work
+// directory get a volume of their own from the same archive.
+func layerVolumeName(gw, key string, set settings, medium string) string {
+	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d:%d\x00%s\x00%s", gw, set.uid, set.gid, set.workdir, medium))
 	return "quarry-layer-" + key + "-" + hex.EncodeToString(h[:4])
 }
 
@@ -277,28 +279,42 @@ func (p *Provider) PrepareLayer(ctx context.Context, req providers.LayerRequest)
 }
 
 // prepareLayer is PrepareLayer's shared work. The layer volume holds the
-// work directory at its path (home/sandbox for /home/sandbox): the engine
-// makes the directories down to it, the work directory the sandbox user's,
-// then the unpack's container, as that user, runs the agent's one-shot
-// restore (execagent -restore) of the archive streamed to its stdin into
-// it, which checks the archive's SHA-256 as every restore does; the engine
-// writes the marker last.
+// work directory at its path (home/sandbox for /home/sandbox), the
+// sandbox user's; the unpack's container, as that user, runs the agent's
+// one-shot restore (execagent -restore) of the archive streamed to its
+// stdin into it, which checks the archive's SHA-256 as every restore does;
+// the engine writes the marker last.
+//
+// On LayerMemory the volume is a tmpfs owned by the sandbox user, which
+// the engine mounts only while a container that names it runs: the
+// unpack's container keeps running after the restore (-hold), holding it
+// mounted for the layer's life, and releaseLayer removes it first. On
+// LayerDisk the engine first makes the directories down to the work
+// directory (the parents root's) and the container exits.
 func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest, set settings) (err error) {
 	start := time.Now()
-	name := layerVolumeName(p.cfg.GatewayID, req.Key, set)
-	if _, err := p.api.VolumeCreate(ctx, volume.CreateOptions{Name: name, Driver: "local", Labels: map[string]string{
+	memory := p.cfg.LayerMedium == LayerMemory
+	name := layerVolumeName(p.cfg.GatewayID, req.Key, set, p.cfg.LayerMedium)
+	create := volume.CreateOptions{Name: name, Driver: "local", Labels: map[string]string{
 		providers.LabelGateway: p.cfg.GatewayID, labelVolume: volumeLayer, labelLayer: req.Key,
-	}}); err != nil {
+	}}
+	cmd := []string{"-restore", req.Key}
+	if memory {
+		create.DriverOpts = map[string]string{"type": "tmpfs", "device": "tmpfs", "o": fmt.Sprintf("uid=%d,gid=%d,mode=0755", set.uid, set.gid)}
+		cmd = append(cmd, "-hold")
+	}
+	if _, err := p.api.VolumeCreate(ctx, create); err != nil {
 		return fmt.Errorf("prepare layer: create volume: %w", err)
 	}
 	pids := int64(unpackPids)
 	helper, err := p.api.ContainerCreate(ctx, &container.Config{
 		Image: req.Spec.Image, User: fmt.Sprintf("%d:%d", set.uid, set.gid),
-		Entrypoint: []string{agentPath}, Cmd: []string{"-restore", req.Key},
+		Entrypoint: []string{agentPath}, Cmd: cmd,
 		Env:        []string{"QUARRY_AGENT_WORKDIR=" + layerMount + set.workdir, "HOME=" + layerMount + set.workdir},
 		WorkingDir: "/",
-		Labels:     map[string]string{providers.LabelGateway: p.cfg.GatewayID, labelVolume: volumeHelper, labelLayer: req.Key},
-		OpenStdin:  true, StdinOnce: true, AttachStdin: true,
+		Labels: map[string]string{providers.LabelGateway: p.cfg.GatewayID, labelVolume: volumeHelper, labelLayer: req.Key,
+			labelLayerVolume: name},
+		OpenStdin: true, StdinOnce: true, AttachStdin: true,
 		NetworkDisabled: true,
 	}, &container.HostConfig{
 		Mounts: []mount.Mount{
@@ -314,7 +330,11 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 	if err != nil {
 		return fmt.Errorf("prepare layer: create the unpack's container: %w", err)
 	}
+	held := false
 	defer func() {
+		if held {
+			return // it holds the layer in memory
+		}
 		// The helper first: the engine keeps a volume that a container
 		// mounts. An unpack cut short leaves no marker; its volume goes,
 		// so that the next attempt starts clean.
@@ -330,17 +350,26 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 			}
 		}
 	}()
+	// Complete: made before, by this process or another. (A layer in
+	// memory whose holder is gone is an empty tmpfs here: unpacked again.)
 	if _, err := p.api.ContainerStatPath(ctx, helper.ID, layerMount+"/"+layerMarker); err == nil {
-		return nil // complete: made before, by this process or another
+		return nil
 	} else if !isNotFound(err) {
 		return fmt.Errorf("prepare layer: look for its marker: %w", err)
 	}
-	var dirs bytes.Buffer
-	if err := layerDirs(&dirs, set.workdir, set.uid, set.gid); err != nil {
-		return fmt.Errorf("prepare layer: %w", err)
-	}
-	if err := p.api.CopyToContainer(ctx, helper.ID, layerMount, &dirs, container.CopyToContainerOptions{}); err != nil {
-		return fmt.Errorf("prepare layer: make the work directory: %w", err)
+	if memory {
+		// An earlier holder whose tmpfs is gone (its container died) goes.
+		if err := p.removeHolders(ctx, name, helper.ID); err != nil {
+			return fmt.Errorf("prepare layer: %w", err)
+		}
+	} else {
+		var dirs bytes.Buffer
+		if err := layerDirs(&dirs, set.workdir, set.uid, set.gid); err != nil {
+			return fmt.Errorf("prepare layer: %w", err)
+		}
+		if err := p.api.CopyToContainer(ctx, helper.ID, layerMount, &dirs, container.CopyToContainerOptions{}); err != nil {
+			return fmt.Errorf("prepare layer: make the work directory: %w", err)
+		}
 	}
 	rc, err := req.Open(ctx)
 	if err != nil {
@@ -368,9 +397,32 @@ func (p *Provider) prepareLayer(ctx context.Context, req providers.LayerRequest,
 	if err := p.api.CopyToContainer(ctx, helper.ID, layerMount, &marker, container.CopyToContainerOptions{}); err != nil {
 		return fmt.Errorf("prepare layer: write its marker: %w", err)
 	}
-	p.logger.Info("layer prepared", "layer", req.Key[:12], "pool", req.Spec.Pool, "files", res.Files, "bytes", res.Bytes,
+	held = memory
+	p.logger.Info("layer prepared", "layer", req.Key[:12], "pool", req.Spec.Pool, "medium", p.cfg.LayerMedium, "files", res.Files, "bytes", res.Bytes,
 		"restore_ms", res.DurationMS, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// removeHolders removes the containers that unpacked (and, in memory,
+// hold) layer volume name, but keep (an id, or "").
+func (p *Provider) removeHolders(ctx context.Context, name, keep string) error {
+	list, err := p.api.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
+		filters.Arg("label", providers.LabelGateway+"="+p.cfg.GatewayID),
+		filters.Arg("label", labelLayerVolume+"="+name),
+	)})
+	if err != nil {
+		return fmt.Errorf("list the holders of %s: %w", name, err)
+	}
+	var errs []error
+	for _, c := range list {
+		if c.ID == keep {
+			continue
+		}
+		if err := p.remove(ctx, c.ID); err != nil {
+			errs = append(errs, fmt.Errorf("remove the holder of %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // unpackPids bounds the processes of a layer's unpack: the agent alone.
@@ -383,15 +435,26 @@ const layerHeaderPeek = 64 << 10
 // unpack starts the unpack's container id and streams the archive in to
 // its stdin; src is in's source, whose read error (the store's: a blob
 // that is not its checkpoint's) wins over what the agent then says. It
-// returns once the agent exited: its result (its stdout), or its log's end
-// when it failed.
+// returns the agent's result, the one line it writes to stdout when its
+// restore succeeded (after which a held agent goes on running), or its
+// exit status and its log's end when it failed.
 func (p *Provider) unpack(ctx context.Context, id string, in io.Reader, src *readErr) (agentapi.RestoreResult, error) {
 	var res agentapi.RestoreResult
 	hj, err := p.api.ContainerAttach(ctx, id, container.AttachOptions{Stream: true, Stdin: true, Stdout: true})
 	if err != nil {
 		return res, fmt.Errorf("attach to the unpack's stdin: %w", err)
 	}
-	defer hj.Close()
+	out := &firstLine{done: make(chan struct{})}
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		// Until the line, or the stream's end (hj closed below).
+		_, _ = stdcopy.StdCopy(out, io.Discard, hj.Reader)
+	}()
+	defer func() {
+		hj.Close()
+		<-copied
+	}()
 	// Waiting from before the start: a wait begun after the agent exited
 	// would find no run to wait for.
 	waitCh, waitErr := p.api.ContainerWait(ctx, id, container.WaitConditionNextExit)
@@ -399,7 +462,7 @@ func (p *Provider) unpack(ctx context.Context, id string, in io.Reader, src *rea
 		return res, fmt.Errorf("start the unpack: %w", err)
 	}
 	if d, ok := ctx.Deadline(); ok {
-		_ = hj.Conn.SetDeadline(d)
+		_ = hj.Conn.SetWriteDeadline(d)
 	}
 	_, copyErr := io.Copy(hj.Conn, in)
 	if src.err != nil {
@@ -411,8 +474,14 @@ func (p *Provider) unpack(ctx context.Context, id string, in io.Reader, src *rea
 		hj.Close() // the agent reads a cut archive, fails and exits
 	}
 	select {
+	case <-out.done:
 	case r := <-waitCh:
-		if r.Error != nil || r.StatusCode != 0 {
+		// Exited: a line it wrote first still counts.
+		select {
+		case <-out.done:
+		case <-copied:
+		}
+		if !out.complete() {
 			return res, fmt.Errorf("the agent's restore exited with %d: %s", r.StatusCode, p.logTail(ctx, id))
 		}
 	case err := <-waitErr:
@@ -423,16 +492,41 @@ func (p *Provider) unpack(ctx context.Context, id string, in io.Reader, src *rea
 	if copyErr != nil {
 		return res, fmt.Errorf("stream the archive to the unpack: %w", copyErr)
 	}
-	// The agent's one line of JSON, multiplexed (no TTY); the stream ends
-	// with the container.
-	var out bytes.Buffer
-	if _, err := stdcopy.StdCopy(&out, io.Discard, io.LimitReader(hj.Reader, 64<<10)); err != nil {
-		return res, fmt.Errorf("read the agent's result: %w", err)
-	}
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		return res, fmt.Errorf("read the agent's result %q: %w", out.String(), err)
+	if err := json.Unmarshal(out.buf.Bytes(), &res); err != nil {
+		return res, fmt.Errorf("read the agent's result %q: %w", out.buf.String(), err)
 	}
 	return res, nil
+}
+
+// firstLine keeps what is written to it up to its first newline (at most
+// 64 KiB), then closes done and refuses more.
+type firstLine struct {
+	buf  bytes.Buffer
+	done chan struct{}
+}
+
+var errLineRead = errors.New("the line was read")
+
+func (w *firstLine) Write(b []byte) (int, error) {
+	if i := bytes.IndexByte(b, '\n'); i >= 0 {
+		w.buf.Write(b[:i+1])
+		close(w.done)
+		return 0, errLineRead
+	}
+	if w.buf.Len()+len(b) > 64<<10 {
+		return 0, errors.New("the agent's result is over 64 KiB")
+	}
+	return w.buf.Write(b)
+}
+
+// complete reports whether the line was read (done closed).
+func (w *firstLine) complete() bool {
+	select {
+	case <-w.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // readErr remembers its reader's first error other than EOF.
@@ -564,6 +658,10 @@ func (p *Provider) releaseLayer(ctx context.Context, key string) error {
 			p.releaseLater(key, p.cfg.LayerIdle-idle) // kept for now: looked at again then
 			continue
 		}
+		if err := p.removeHolders(ctx, v.Name, ""); err != nil {
+			errs = append(errs, fmt.Errorf("release layer %s: %w", key[:12], err))
+			continue
+		}
 		if err := p.removeVolume(ctx, v.Name); err != nil {
 			errs = append(errs, fmt.Errorf("release layer %s: %w", key[:12], err))
 			continue
@@ -594,7 +692,7 @@ func (p *Provider) makeOverlay(ctx context.Context, set settings, name string) (
 	var layer, upper, work volume.Volume
 	var g errgroup.Group
 	g.Go(func() (err error) {
-		layer, err = p.api.VolumeInspect(ctx, layerVolumeName(p.cfg.GatewayID, key, set))
+		layer, err = p.api.VolumeInspect(ctx, layerVolumeName(p.cfg.GatewayID, key, set, p.cfg.LayerMedium))
 		switch {
 		case isNotFound(err):
 			return fmt.Errorf("layer %s is not prepared (or was removed): %w", key[:12], providers.ErrNotFound)

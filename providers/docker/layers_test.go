@@ -209,7 +209,15 @@ func checkpointOf(t testing.TB, a *agentapi.Client) ([]byte, agentapi.Checkpoint
 }
 
 func TestProvider_Layers_TasksShareTheLayerAndWriteTheirOwn(t *testing.T) {
-	e, p := dockerProvider(t)
+	for _, medium := range []string{LayerMemory, LayerDisk} {
+		t.Run(medium, func(t *testing.T) { tasksShareTheLayer(t, medium) })
+	}
+}
+
+func tasksShareTheLayer(t *testing.T, medium string) {
+	needDocker(t)
+	e := newTestEnv(t)
+	p := e.open(t, func(c *Config) { c.LayerMedium = medium })
 	ctx := context.Background()
 	s := spec("cow", imageBusybox)
 	src := agentOf(t, launchOne(t, p, s, "cow-src-"+randomHex(t, 4)))
@@ -248,6 +256,18 @@ func TestProvider_Layers_TasksShareTheLayerAndWriteTheirOwn(t *testing.T) {
 	vols := e.layerVolumes(t)
 	assert.Len(t, vols[volumeLayer], 1)
 	assert.Len(t, vols[volumeOverlay], 3, "one overlay per task")
+	holders := 0
+	for _, c := range e.containers(t) {
+		if c.Labels[labelVolume] == volumeHelper {
+			holders++
+			assert.Equal(t, "running", c.State, "a holder runs")
+		}
+	}
+	if medium == LayerMemory {
+		assert.Equal(t, 1, holders, "one container holds the layer's tmpfs mounted")
+	} else {
+		assert.Zero(t, holders, "a layer on disk needs no container")
+	}
 
 	// Dropped while tasks use it: it stays until the last one stops.
 	require.NoError(t, p.DropLayer(ctx, key))
@@ -259,6 +279,9 @@ func TestProvider_Layers_TasksShareTheLayerAndWriteTheirOwn(t *testing.T) {
 	require.NoError(t, p.Stop(ctx, c.ID, "test"))
 	vols = e.layerVolumes(t)
 	assert.Empty(t, vols[volumeLayer], "the last task's stop removes a dropped layer")
+	for _, c := range e.containers(t) {
+		assert.NotEqual(t, volumeHelper, c.Labels[labelVolume], "and its holder: %s", c.Names)
+	}
 	assert.Empty(t, vols[volumeOverlay])
 	assert.Empty(t, vols[volumeUpper])
 	assert.Empty(t, vols[volumeWork])
@@ -385,6 +408,39 @@ func TestProvider_Layers_TheNextProcessSweepsKeptLayers(t *testing.T) {
 	e.open(t, func(c *Config) { c.LayerIdle = time.Second })
 	require.Eventually(t, func() bool { return len(e.layerVolumes(t)[volumeLayer]) == 0 }, waitTimeout, 50*time.Millisecond,
 		"the next process removes it once idle")
+}
+
+// A layer in memory lives while its holder runs: when the holder died (an
+// engine restart, a kill), the next prepare finds no marker in an empty
+// tmpfs and unpacks it again, and tasks start on it with its files.
+func TestProvider_Layers_AMemoryLayerWhoseHolderDiedIsUnpackedAgain(t *testing.T) {
+	needDocker(t)
+	e := newTestEnv(t)
+	p := e.open(t, func(c *Config) { c.LayerMedium = LayerMemory })
+	s := spec("cowheld", imageBusybox)
+	key := prepareSmallLayer(t, p, s)
+	var holder string
+	for _, c := range e.containers(t) {
+		if c.Labels[labelVolume] == volumeHelper {
+			holder = c.ID
+		}
+	}
+	require.NotEmpty(t, holder)
+	require.NoError(t, e.cli.ContainerKill(context.Background(), holder, "KILL"))
+
+	require.Equal(t, key, prepareSmallLayer(t, p, s))
+	on := s
+	on.Options = map[string]string{providers.OptionLayer: key}
+	task := launchOne(t, p, on, "cowheld-"+randomHex(t, 4))
+	assert.Equal(t, "xxx", execIn(t, agentOf(t, task), "cat f").Stdout)
+	n := 0
+	for _, c := range e.containers(t) {
+		if c.Labels[labelVolume] == volumeHelper {
+			n++
+			assert.NotEqual(t, holder, c.ID, "the dead holder was removed")
+		}
+	}
+	assert.Equal(t, 1, n)
 }
 
 // errReader fails every read with err.
