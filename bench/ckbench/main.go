@@ -13,7 +13,8 @@
 //     cold start alone -> first exec (from_checkpoint's goal: cold start + 100 ms);
 //  6. copy-on-write (pool ckcow, option cow=always): from_checkpoint -> first exec, and forks
 //     x8 and x64 -> all answered, each sandbox a cold start on the checkpoint's layer, with the
-//     engine disk that the layer and the forks' upper layers hold (du on the volumes).
+//     space that the layer (in memory or on disk: QUARRY_DOCKER_LAYER_MEDIUM, inherited by the
+//     gateway) and the forks' upper layers hold (du on the volumes).
 //
 // p50 and p99 of each. It needs a Docker engine (scripts/docker-up.sh) and the test images
 // (scripts/images/build.sh); every container it starts carries its own gateway id and is
@@ -126,7 +127,7 @@ func run(ctx context.Context) error {
 	}
 	g.cli, g.id = cli, gwID
 	defer g.Stop()
-	fmt.Printf("Docker provider, image %s, gateway id %s, warm pool of %d, compression %q\n", o.image, gwID, g.warm, o.level)
+	fmt.Printf("Docker provider, image %s, gateway id %s, warm pool of %d, compression %q, layers in %s\n", o.image, gwID, g.warm, o.level, layerMedium())
 
 	var results []result
 	for _, ws := range []workspace{{"10MB-1k", 1000, 10 << 20}, {"100MB-10k", 10000, 100 << 20}} {
@@ -376,13 +377,23 @@ func measureCow(ctx context.Context, o options, g *gateway, dir string, counts [
 		}
 		report(fmt.Sprintf("cow: fork x%d -> all answered", n), fs)
 		res.Ops[fmt.Sprintf("cow: fork x%d disk MB", n)] = map[string]float64{"layer": mb(disk["layer"]), "uppers": mb(disk["upper"] + disk["work"])}
-		fmt.Printf("  %-34s layer %.1f MB, the %d forks' upper layers %.1f MB (du on the engine's volumes)\n",
-			fmt.Sprintf("cow: fork x%d engine disk", n), mb(disk["layer"]), n, mb(disk["upper"]+disk["work"]))
+		fmt.Printf("  %-34s layer %.1f MB (%s), the %d forks' upper layers %.1f MB (disk) (du on the engine's volumes)\n",
+			fmt.Sprintf("cow: fork x%d engine volumes", n), mb(disk["layer"]), layerMedium(), n, mb(disk["upper"]+disk["work"]))
 	}
 	return nil
 }
 
 func mb(n int64) float64 { return float64(n) / (1 << 20) }
+
+// layerMedium is where the gateway it starts (which inherits this
+// process's environment) keeps layers: QUARRY_DOCKER_LAYER_MEDIUM, memory
+// by default.
+func layerMedium() string {
+	if m := os.Getenv("QUARRY_DOCKER_LAYER_MEDIUM"); m != "" {
+		return m
+	}
+	return "memory"
+}
 
 // forkRunsFor is how many runs a fork of n gets: the x64 fork refills 64 containers after
 // each run, so it gets three.
