@@ -112,7 +112,8 @@ for line in "${lines[@]}"; do
     done
     spent=$(( $(now_ms) - start ))
     echo "$last"
-    printf 'fuzz: %s: %d new inputs in %d rounds, %d.%d s\n' "$target" "$inputs" "$rounds" $((spent / 1000)) $((spent % 1000 / 100))
+    printf 'fuzz: %s: %d new inputs in %d rounds, %d.%d s (start-up %d ms a round)\n' "$target" "$inputs" "$rounds" \
+      $((spent / 1000)) $((spent % 1000 / 100)) "$over"
   fi
   ran=$((ran + 1))
 done
