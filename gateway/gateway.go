@@ -271,9 +271,19 @@ func (g *Gateway) listener(ln net.Listener) net.Listener {
 
 // park wraps ln in a parkconn.Listener over the app's server, which
 // Shutdown waits for.
+// connLinger is how long a client connection waits for its next request,
+// after an answer, on the goroutine that served it before it parks
+// (parkconn.Config.Linger). Requests sent back to back, as a trainer's
+// steps are, then cost no park and no goroutine start each: 12-15% of the
+// gateway's CPU per proxied session run in quarrybench (docs/BENCHMARKS.md).
+// A connection keeps the server's buffers for at most this long after an
+// answer.
+const connLinger = 10 * time.Millisecond
+
 func (g *Gateway) park(ln net.Listener) *parkconn.Listener {
 	pl := parkconn.NewListener(ln, g.app.Server().ServeConn, parkconn.Config{
 		WaitFirst: g.cfg.ReadTimeout, WaitNext: g.cfg.IdleTimeout, Retried: g.acceptRetried,
+		Linger: connLinger,
 	})
 	g.parksMu.Lock()
 	g.parks = append(g.parks, pl)

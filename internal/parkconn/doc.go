@@ -13,7 +13,9 @@
 //     only while it has a request to read; between requests it is parked
 //     in a goroutine of its own blocked on a one-byte read, holding none of
 //     the server's buffers (docs/ARCHITECTURE.md, "Gateway memory at
-//     10,000"). Conn is such a connection; ConnState is the server's
+//     10,000"), after lingering Config.Linger on the goroutine that
+//     served it, where a request that comes in time is served at once.
+//     Conn is such a connection; ConnState is the server's
 //     ConnState hook that parks it after an answer; RequestStarted is
 //     called by the app for every request.
 //

@@ -28,6 +28,15 @@ type Config struct {
 	// WaitNext: a connection that sends no next request within it is
 	// closed.
 	WaitNext time.Duration
+	// Linger: after an answer, the goroutine that served a connection
+	// waits up to Linger for its next request before the connection parks.
+	// A client that sends requests back to back is then served by one
+	// goroutine and one ServeConn, without a park, a goroutine start and
+	// the server's per-connection set-up for each request. A lingering
+	// connection holds what a served one holds (the server's buffers and
+	// request context, a grown stack), for at most Linger after an answer.
+	// Zero: park at once.
+	Linger time.Duration
 	// Retried, when set, is called for each inner Accept that failed for
 	// want of file descriptors (EMFILE, ENFILE) and is retried.
 	Retried func(err error)
@@ -44,7 +53,10 @@ type Config struct {
 // parks the connection again (the server must call ConnState), with a
 // small stack; the one that served, its stack grown, ends. One goroutine
 // start per request, not two: the hand-off from parker to server was one
-// more wake-up on every request's path. A parked connection is closed after
+// more wake-up on every request's path. With Config.Linger, the server's
+// wait for the next request first waits that long on the goroutine that
+// served: a request that comes within it is served there, with no park and
+// no goroutine start. A parked connection is closed after
 // Config.WaitNext (Config.WaitFirst before its first request: then it is
 // served, as above). Close closes the inner listener and every parked
 // connection; Wait waits for the connections being served.
@@ -60,10 +72,11 @@ type Listener struct {
 	serve func(net.Conn) error // the server's ServeConn
 	cfg   Config
 
-	mu     sync.Mutex
-	closed bool
-	parked map[*Conn]struct{}
-	wg     sync.WaitGroup // the accept loop, parked and served connections
+	mu        sync.Mutex
+	closed    bool
+	parked    map[*Conn]struct{}
+	lingering map[*Conn]struct{} // waiting for a next request on the goroutine that served them
+	wg        sync.WaitGroup     // the accept loop, parked and served connections
 
 	failed    chan error // the accept loop's lasting error
 	done      chan struct{}
@@ -85,7 +98,7 @@ const (
 func NewListener(inner net.Listener, serve func(net.Conn) error, cfg Config) *Listener {
 	return &Listener{
 		inner: inner, serve: serve, cfg: cfg,
-		parked: make(map[*Conn]struct{}),
+		parked: make(map[*Conn]struct{}), lingering: make(map[*Conn]struct{}),
 		failed: make(chan error, 1), done: make(chan struct{}),
 	}
 }
@@ -112,15 +125,18 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 }
 
-// Close closes the inner listener and the parked connections; connections
-// being served finish their request. Idempotent: later calls return the
-// first one's error.
+// Close closes the inner listener and the connections that wait for a
+// request, parked or lingering; connections being served finish their
+// request. Idempotent: later calls return the first one's error.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		l.mu.Lock()
 		l.closed = true
-		parked := make([]*Conn, 0, len(l.parked))
+		parked := make([]*Conn, 0, len(l.parked)+len(l.lingering))
 		for c := range l.parked {
+			parked = append(parked, c)
+		}
+		for c := range l.lingering {
 			parked = append(parked, c)
 		}
 		l.mu.Unlock()
@@ -176,6 +192,7 @@ func (l *Listener) acceptLoop() {
 		}
 		backoff = acceptBackoff
 		pc := newConn(c)
+		pc.l = l
 		l.wg.Add(1)
 		go l.park(pc, true)
 	}
@@ -232,6 +249,22 @@ func (l *Listener) serveConn(pc *Conn) {
 	}
 }
 
+// linger records c as lingering (on: false when the listener is closed) or
+// no longer.
+func (l *Listener) linger(c *Conn, on bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !on {
+		delete(l.lingering, c)
+		return true
+	}
+	if l.closed {
+		return false
+	}
+	l.lingering[c] = struct{}{}
+	return true
+}
+
 // Conn is a connection of a Listener, as the server gets it (over TLS, it
 // is wrapped so that the server still sees a TLS connection: AsConn finds
 // it). Its fields other than the inner connection are used by one
@@ -242,9 +275,10 @@ type Conn struct {
 	outer    net.Conn // what the server gets: c, or c with TLS's methods
 
 	first   [1]byte
-	replay  bool  // first holds a byte the server has not read yet
-	readErr error // the server's next read fails with it (a first request that never came)
-	idle    bool  // the server answered: its next read waits for a request
+	replay  bool      // first holds a byte the server has not read yet
+	readErr error     // the server's next read fails with it (a first request that never came)
+	l       *Listener // nil: the server's wait for a next request parks at once
+	idle    bool      // the server answered: its next read waits for a request
 	// parking: the server did; Close leaves the connection to park. Atomic:
 	// since fasthttp 1.58 the server's Shutdown closes idle connections
 	// from its own goroutine.
@@ -317,13 +351,44 @@ func (c *Conn) Read(p []byte) (int, error) {
 	case c.readErr != nil:
 		return 0, c.readErr
 	case c.idle:
-		// The server waits for the next request with nothing buffered:
-		// it ends serving the connection, which then parks.
+		// The server waits for the next request with nothing buffered: it
+		// is served here if it comes within the linger; if not, the server
+		// ends serving the connection, which then parks.
 		c.idle = false
+		if n, err := c.lingerRead(p); n > 0 || err != nil {
+			return n, err
+		}
 		c.parking.Store(true)
 		return 0, io.EOF
 	}
 	return c.Conn.Read(p)
+}
+
+// lingerRead reads the next request's first bytes if they come within the
+// listener's linger. It returns 0 and no error when none came (or there is
+// no linger): the connection is to park. Any other failure is the
+// connection's; Close of the listener ends the wait with one.
+func (c *Conn) lingerRead(p []byte) (int, error) {
+	if c.l == nil || c.l.cfg.Linger <= 0 || !c.l.linger(c, true) {
+		return 0, nil
+	}
+	defer c.l.linger(c, false)
+	if err := c.Conn.SetReadDeadline(time.Now().Add(c.l.cfg.Linger)); err != nil {
+		return 0, err
+	}
+	n, err := c.Conn.Read(p)
+	var ne net.Error
+	if n == 0 && errors.As(err, &ne) && ne.Timeout() {
+		return 0, c.Conn.SetReadDeadline(time.Time{})
+	}
+	if n > 0 {
+		// The request has begun: the linger's deadline no longer
+		// applies (the server sets its own, if it has one).
+		if derr := c.Conn.SetReadDeadline(time.Time{}); err == nil {
+			err = derr
+		}
+	}
+	return n, err
 }
 
 // Close closes the connection, unless the server is done with it because

@@ -30,8 +30,17 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 // path, over a Listener on a loopback port, as the gateway wires it.
 func serveParked(t *testing.T, cfg Config) (*Listener, *Set, string) {
 	t.Helper()
+	pl, set, addr, _ := serveCounted(t, cfg)
+	return pl, set, addr
+}
+
+// serveCounted is serveParked that also counts the server's ServeConn
+// calls.
+func serveCounted(t *testing.T, cfg Config) (*Listener, *Set, string, *atomic.Int32) {
+	t.Helper()
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	var serves atomic.Int32
 	srv := &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			RequestStarted(ctx)
@@ -40,7 +49,10 @@ func serveParked(t *testing.T, cfg Config) (*Listener, *Set, string) {
 		ConnState: ConnState,
 	}
 	set := NewSet()
-	pl := NewListener(NewIdleListener(inner, time.Minute, set), srv.ServeConn, cfg)
+	pl := NewListener(NewIdleListener(inner, time.Minute, set), func(c net.Conn) error {
+		serves.Add(1)
+		return srv.ServeConn(c)
+	}, cfg)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(pl) }()
 	t.Cleanup(func() {
@@ -50,7 +62,7 @@ func serveParked(t *testing.T, cfg Config) (*Listener, *Set, string) {
 		assert.NoError(t, pl.Wait(ctx), "nothing parked or served outlives the test")
 		assert.NoError(t, <-served, "Serve ends when the listener is closed")
 	})
-	return pl, set, inner.Addr().String()
+	return pl, set, inner.Addr().String(), &serves
 }
 
 // get sends GET path on conn and returns the answer's body.
@@ -87,6 +99,77 @@ func TestListener_ParksBetweenRequests(t *testing.T) {
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(testDeadline)))
 	_, err = conn.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF)
+}
+
+// With a linger, requests that follow their answers within it are served
+// by one ServeConn, with no park between them; without, each request is
+// served by a ServeConn of its own, after a park.
+func TestListener_LingerServesBackToBackRequestsWithoutParking(t *testing.T) {
+	for _, tc := range []struct {
+		linger time.Duration
+		serves int32
+	}{{0, 3}, {time.Hour, 1}} {
+		t.Run(tc.linger.String(), func(t *testing.T) {
+			pl, _, addr, serves := serveCounted(t, Config{WaitFirst: time.Minute, WaitNext: time.Minute, Linger: tc.linger})
+			conn, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			defer conn.Close()
+			br := bufio.NewReader(conn)
+			for _, path := range []string{"/a", "/b", "/c"} {
+				assert.Equal(t, path, get(t, conn, br, path))
+			}
+			assert.Equal(t, tc.serves, serves.Load(), "ServeConn calls for three requests")
+			if tc.linger > 0 {
+				assert.Zero(t, pl.Parked(), "a lingering connection is not parked")
+			}
+		})
+	}
+}
+
+// A connection that sends nothing within the linger parks (and gives the
+// server's buffers back); its next request is served after the park.
+func TestListener_ParksAfterTheLinger(t *testing.T) {
+	pl, _, addr, serves := serveCounted(t, Config{WaitFirst: time.Minute, WaitNext: time.Minute, Linger: 20 * time.Millisecond})
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	assert.Equal(t, "/a", get(t, conn, br, "/a"))
+	eventually(t, func() bool { return pl.Parked() == 1 }, "the connection parks after the linger")
+	assert.Equal(t, "/b", get(t, conn, br, "/b"))
+	assert.Equal(t, int32(2), serves.Load(), "the request after the park is served by a new ServeConn")
+}
+
+// Close ends a linger at once, as it does a park: the connection is closed
+// and nothing waits out the linger (the test's cleanup waits for every
+// served connection within testDeadline, far below the linger).
+func TestListener_CloseEndsALinger(t *testing.T) {
+	pl, _, addr := serveParked(t, Config{WaitFirst: time.Minute, WaitNext: time.Minute, Linger: time.Hour})
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	assert.Equal(t, "/a", get(t, conn, bufio.NewReader(conn), "/a"))
+	eventually(t, func() bool {
+		pl.mu.Lock()
+		defer pl.mu.Unlock()
+		return len(pl.lingering) == 1
+	}, "the connection lingers after its answer")
+	require.NoError(t, pl.Close())
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(testDeadline)))
+	_, err = conn.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "Close closed the lingering connection")
+}
+
+// A client that closes its connection while it lingers ends it: the server
+// is done with it and it does not park.
+func TestListener_AClientThatLeavesDuringTheLingerIsNotParked(t *testing.T) {
+	pl, set, addr, _ := serveCounted(t, Config{WaitFirst: time.Minute, WaitNext: time.Minute, Linger: time.Hour})
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	assert.Equal(t, "/a", get(t, conn, bufio.NewReader(conn), "/a"))
+	require.NoError(t, conn.Close())
+	eventually(t, func() bool { return set.Served() == 0 }, "the server closed the connection")
+	assert.Zero(t, pl.Parked())
 }
 
 func TestListener_ClosesAfterWaitNext(t *testing.T) {
