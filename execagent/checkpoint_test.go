@@ -466,6 +466,53 @@ func TestRestore_BadBodyLeavesTheTreeAsItWas(t *testing.T) {
 	require.NoError(t, err, "upper-case hex is the same hash")
 }
 
+// vouched is a restore body its sender vouches for with vouch
+// (agentapi.VouchedBody).
+type vouched struct {
+	io.Reader
+	vouch string
+}
+
+func (v vouched) Vouch() string { return v.vouch }
+
+// A body whose sender vouches for its SHA-256 (the gateway, which read it
+// from its store through a hash check) is not hashed again: the agent
+// commits when the vouch is the sha256 asked for, and refuses, changing
+// nothing, when it is not, or is empty (the sender's check failed).
+func TestRestore_AVouchedBodyIsNotHashedAgain(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	makeTree(t, w, t.TempDir())
+	b, _, sum := takeCheckpoint(t, a, nil, nil)
+	orig := treeState(t, w)
+	mess(t, w)
+	ageRoot(t, w)
+	messed := treeState(t, w)
+
+	for _, tt := range []struct{ name, vouch string }{
+		{"no vouch: the sender's check failed", ""},
+		{"a vouch for another sha256", strings.Repeat("ab", 32)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := a.client.Restore(context.Background(), sum, vouched{bytes.NewReader(b), tt.vouch})
+			ae := apiError(t, err)
+			assert.Equal(t, http.StatusBadRequest, ae.Status, ae.Message)
+			assert.Contains(t, ae.Message, "the sender vouched for")
+			assert.Equal(t, messed, treeState(t, w), "nothing changed")
+			assert.Empty(t, stagingLeft(t, w))
+		})
+	}
+
+	// The vouch stands for the hash: a body that hashes to another sum is
+	// taken when its sender vouches for the one asked for.
+	other := strings.Repeat("cd", 32)
+	res, err := a.client.Restore(context.Background(), other, vouched{bytes.NewReader(b), other})
+	require.NoError(t, err)
+	assert.Positive(t, res.Files)
+	assert.Equal(t, orig, treeState(t, w), "restored")
+	assert.Empty(t, stagingLeft(t, w))
+}
+
 // An archive over the upload limit is 413 and nothing changes.
 func TestRestore_OverTheLimitLeavesTheTreeAsItWas(t *testing.T) {
 	a := newTestAgent(t, func(c *Config) { c.MaxUploadBytes = 64 << 10 })

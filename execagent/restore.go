@@ -63,7 +63,11 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
-	res, err := s.Restore(body, want)
+	var vouch func() string // the sender's check stands for ours (agentapi.TrailerVouchedSHA256)
+	if _, ok := r.Trailer[http.CanonicalHeaderKey(agentapi.TrailerVouchedSHA256)]; ok {
+		vouch = func() string { return r.Trailer.Get(agentapi.TrailerVouchedSHA256) }
+	}
+	res, err := s.restore(body, want, vouch)
 	if err != nil {
 		return drained(body, err)
 	}
@@ -76,17 +80,34 @@ func (s *Server) handleRestore(w http.ResponseWriter, r *http.Request) error {
 // swaps the roots in with renames that are undone if one fails. A failure
 // before the swap leaves the sandbox as it was. It reads body to its end.
 // The agent's HTTP restore and its one-shot
-// form (execagent -restore, which unpacks a copy-on-write layer) are this.
+// form (execagent -restore, which unpacks a copy-on-write layer) are this;
+// an HTTP body whose sender vouches for its SHA-256 (the trailer
+// agentapi.TrailerVouchedSHA256) is not hashed again.
 func (s *Server) Restore(body io.Reader, want string) (agentapi.RestoreResult, error) {
+	return s.restore(body, want, nil)
+}
+
+// restore is Restore; with vouch, the body is not hashed here: vouch,
+// called once the body has ended, returns the SHA-256 its sender checked
+// the bytes against (agentapi.TrailerVouchedSHA256), which must be want.
+func (s *Server) restore(body io.Reader, want string, vouch func() string) (agentapi.RestoreResult, error) {
 	start := time.Now()
 	if !s.ckMu.TryLock() {
 		return agentapi.RestoreResult{}, fmt.Errorf("another restore or a checkpoint is running in this sandbox: %w", errBusy)
 	}
 	defer s.ckMu.Unlock()
-	pipe := newHashPipe(body)
-	// A small buffer: for gzip's magic bytes; reads of a block or more go
-	// past it, straight from the pipe's chunks.
-	in := bufio.NewReaderSize(pipe, tarBlock)
+	var (
+		in   *bufio.Reader
+		pipe *hashPipe
+	)
+	if vouch == nil {
+		pipe = newHashPipe(body)
+		// A small buffer: for gzip's magic bytes; reads of a block or more
+		// go past it, straight from the pipe's chunks.
+		in = bufio.NewReaderSize(pipe, tarBlock)
+	} else {
+		in = bufio.NewReaderSize(body, hashPipeChunk)
+	}
 	rs := &restore{s: s}
 	err := rs.stage(in)
 	if err == nil {
@@ -94,8 +115,15 @@ func (s *Server) Restore(body io.Reader, want string) (agentapi.RestoreResult, e
 			err = restoreError(err, s.cfg.MaxUploadBytes)
 		}
 	}
-	if got := hex.EncodeToString(pipe.Sum()); err == nil && got != want {
-		err = invalid("sha256", "the body hashes to %s, not %s: it is another archive, or it was damaged on its way; nothing was changed", got, want)
+	if pipe != nil {
+		// Sum closes the pipe: the body is its caller's again, whatever err.
+		if got := hex.EncodeToString(pipe.Sum()); err == nil && got != want {
+			err = invalid("sha256", "the body hashes to %s, not %s: it is another archive, or it was damaged on its way; nothing was changed", got, want)
+		}
+	} else if err == nil {
+		if got := vouch(); got != want {
+			err = invalid("sha256", "the sender vouched for %q (%s), not %s: it did not check the body, or the body failed its check; nothing was changed", got, agentapi.TrailerVouchedSHA256, want)
+		}
 	}
 	if err != nil {
 		rs.discard()

@@ -74,9 +74,10 @@ func (s *Service) restoreAll(ctx context.Context, leases []warmpool.Lease, ck ch
 	}
 	defer rc.Close()
 	// A failing store reader ends the body as if it were whole: each agent
-	// then finds that it does not hash to ck.SHA256 and refuses it after
-	// removing what it staged, so the answer waits for the sandbox to be
-	// as it was (an aborted body would be cleaned up after the answer).
+	// then finds that the gateway does not vouch for it (vouchedBody) and
+	// refuses it after removing what it staged, so the answer waits for
+	// the sandbox to be as it was (an aborted body would be cleaned up
+	// after the answer).
 	src := &trackedReader{r: rc, endOnError: true}
 	bodies := make([]*io.PipeWriter, len(leases))
 	var wg sync.WaitGroup
@@ -86,7 +87,7 @@ func (s *Service) restoreAll(ctx context.Context, leases []warmpool.Lease, ck ch
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = s.sandboxes.Agent(lease).Restore(ctx, ck.SHA256, pr)
+			results[i], errs[i] = s.sandboxes.Agent(lease).Restore(ctx, ck.SHA256, vouchedBody{pr, src, ck.SHA256})
 			pr.CloseWithError(errAnswered) // what is still written to it fails at once
 		}()
 	}
@@ -106,6 +107,25 @@ func (s *Service) restoreAll(ctx context.Context, leases []warmpool.Lease, ck ch
 		s.metrics.Restored(ck.SizeBytes, time.Since(start))
 	}
 	return results, errs
+}
+
+// vouchedBody is an agent's body of a restore (agentapi.VouchedBody): the
+// store's reader hashed every byte against the checkpoint's SHA-256 and
+// failed at the end if they differ (checkpoints.NewVerifyReader), so when
+// src ended without an error the gateway vouches for the bytes and the
+// agent need not hash them again. Vouch is called after the body's end,
+// which comes after src's (fanOut closes the bodies once src has ended).
+type vouchedBody struct {
+	*io.PipeReader
+	src *trackedReader
+	sum string
+}
+
+func (b vouchedBody) Vouch() string {
+	if b.src.err != nil {
+		return ""
+	}
+	return b.sum
 }
 
 // errAnswered ends the body of an agent that answered before reading it

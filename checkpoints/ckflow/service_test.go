@@ -466,3 +466,47 @@ func TestService_Fork_CorruptCheckpointFailsEveryFork(t *testing.T) {
 	assert.Len(t, e.leases.released, 3)
 	assert.Empty(t, e.agent.restored)
 }
+
+// The body an agent restores from carries the gateway's vouch: the
+// checkpoint's SHA-256 when the store's reader ended cleanly (it checked
+// every byte against it), nothing when it failed; the agent need not hash
+// the body again (agentapi.TrailerVouchedSHA256).
+func TestService_Restore_VouchesForWhatTheStoreChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		corrupt bool
+	}{{"a whole blob", false}, {"a corrupt blob", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mutate []func(*Config, *Deps)
+			if tc.corrupt {
+				mutate = append(mutate, func(_ *Config, d *Deps) { d.Store = corruptStore{d.Store} })
+			}
+			e := newEnv(t, checkpoints.Budget{}, mutate...)
+			ck := e.take(t)
+			var vouch string
+			var isVouched bool
+			e.agent.RestoreFn = func(_ context.Context, sum string, r io.Reader) (agentapi.RestoreResult, error) {
+				vb, ok := r.(agentapi.VouchedBody)
+				isVouched = ok
+				_, err := io.ReadAll(r)
+				require.NoError(t, err, "a failing store ends the body as if it were whole")
+				if ok {
+					vouch = vb.Vouch()
+				}
+				if vouch != sum {
+					return agentapi.RestoreResult{}, &agentapi.Error{Status: http.StatusBadRequest, Code: agentapi.CodeBadRequest, Message: "not vouched for"}
+				}
+				return agentapi.RestoreResult{Files: 3}, nil
+			}
+			_, err := e.svc.Restore(context.Background(), e.lease, ck)
+			require.True(t, isVouched, "the body is an agentapi.VouchedBody")
+			if tc.corrupt {
+				assert.ErrorIs(t, err, checkpoints.ErrCorrupt)
+				assert.Empty(t, vouch)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, ck.SHA256, vouch)
+		})
+	}
+}

@@ -141,6 +141,11 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
+	return c.do(req, method, path)
+}
+
+// do sends req and returns a 2xx answer; any other is *Error.
+func (c *Client) do(req *http.Request, method, path string) (*http.Response, error) {
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return nil, &CallError{Method: method, Path: path, Err: err}
@@ -480,10 +485,56 @@ func checkpointInfo(h http.Header) (CheckpointInfo, error) {
 // sha256, or is not such an archive, is an *Error with status 400, a full
 // disk 507, another restore running 409 CodeBusy: each leaves the
 // sandbox as it was.
+//
+// When r is a VouchedBody, its sender's check stands for the agent's: the
+// body is sent with the trailer TrailerVouchedSHA256, set from r.Vouch once
+// r has ended, and the agent does not hash it again.
 func (c *Client) Restore(ctx context.Context, sha256 string, r io.Reader) (RestoreResult, error) {
 	var res RestoreResult
-	err := c.DoRaw(ctx, http.MethodPut, RouteCheckpoint+"?"+url.Values{"sha256": {sha256}}.Encode(), r, &res)
-	return res, err
+	path := RouteCheckpoint + "?" + url.Values{"sha256": {sha256}}.Encode()
+	vb, ok := r.(VouchedBody)
+	if !ok {
+		err := c.DoRaw(ctx, http.MethodPut, path, r, &res)
+		return res, err
+	}
+	tb := &trailerBody{body: vb}
+	req, err := c.NewRequest(ctx, http.MethodPut, path, tb)
+	if err != nil {
+		return res, err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.ContentLength = -1 // chunked: a trailer follows the last chunk
+	req.Trailer = http.Header{TrailerVouchedSHA256: nil}
+	tb.trailer = req.Trailer
+	resp, err := c.do(req, http.MethodPut, path)
+	if err != nil {
+		return res, err
+	}
+	return res, decodeAnswer(resp, http.MethodPut, path, &res)
+}
+
+// A VouchedBody is a restore's body whose sender checks the bytes it
+// reads: Vouch, called once the body has ended, returns the SHA-256 (hex)
+// they hashed to, or "" when the check failed or did not happen.
+type VouchedBody interface {
+	io.Reader
+	Vouch() string
+}
+
+// trailerBody is a VouchedBody as a request body: at its end it sets the
+// request's TrailerVouchedSHA256 (net/http sends the trailer after the
+// body's io.EOF and reads it no sooner).
+type trailerBody struct {
+	body    VouchedBody
+	trailer http.Header
+}
+
+func (b *trailerBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	if err == io.EOF {
+		b.trailer.Set(TrailerVouchedSHA256, b.body.Vouch())
+	}
+	return n, err
 }
 
 // DoRaw sends body as application/octet-stream (body may be nil) and

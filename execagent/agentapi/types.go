@@ -39,6 +39,15 @@ const (
 	// the caller knows which absolute paths it holds (a relative path or
 	// none, the work dir, resolved) before it reads the body.
 	HeaderRoots = "X-Quarry-Roots"
+	// TrailerVouchedSHA256 is the trailer of a restore's body (PUT
+	// /v1/checkpoint) whose sender checked the bytes it sent: its value,
+	// sent after the last byte, is the SHA-256 (hex) they hashed to at the
+	// sender, or empty when they did not. A request that announces it
+	// (Trailer: X-Quarry-Vouched-Sha256) is not hashed again by the agent,
+	// which commits only when the trailer equals the sha256 parameter. The
+	// gateway vouches for what it read from its checkpoint store, which
+	// hashes every byte it returns: the bytes are verified once, not twice.
+	TrailerVouchedSHA256 = "X-Quarry-Vouched-Sha256"
 )
 
 // The formats of a checkpoint archive: a tar stream whose first entry is a
