@@ -45,6 +45,7 @@ import (
 	"github.com/quarryhq/quarry/client"
 	"github.com/quarryhq/quarry/execagent/agentapi"
 	"github.com/quarryhq/quarry/internal/stats"
+	"github.com/quarryhq/quarry/providers/docker"
 )
 
 // benchKey is the gateway's API key (at least 16 characters).
@@ -386,13 +387,13 @@ func measureCow(ctx context.Context, o options, g *gateway, dir string, counts [
 func mb(n int64) float64 { return float64(n) / (1 << 20) }
 
 // layerMedium is where the gateway it starts (which inherits this
-// process's environment) keeps layers: QUARRY_DOCKER_LAYER_MEDIUM, memory
-// by default.
+// process's environment) keeps layers: QUARRY_DOCKER_LAYER_MEDIUM, or the
+// provider's default.
 func layerMedium() string {
 	if m := os.Getenv("QUARRY_DOCKER_LAYER_MEDIUM"); m != "" {
 		return m
 	}
-	return "memory"
+	return docker.DefaultLayerMedium
 }
 
 // forkRunsFor is how many runs a fork of n gets: the x64 fork refills 64 containers after
