@@ -248,6 +248,9 @@ type extractor struct {
 	// name, with the mode an extraction that is not exact gives them
 	// (mode|0700): an upload gives them to the directories it merges into.
 	listed map[string]dirMeta
+	// keep, when set (a restore), keeps the live files whose bytes are
+	// the archive's (extract_keep.go).
+	keep *keeper
 }
 
 // listDir records directory entry d: for finish (exact) and a merge

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -42,18 +43,123 @@ const maxMadeDirs = 1024
 // at most the tree's depth, however many directories the archive holds.
 
 // fresh marks the extractor's root as a directory made empty for it, so
-// that the fast path starts there. f is the root, opened as a directory.
-func (x *extractor) fresh(f *os.File) {
-	x.open = append(x.open[:0], madeDir{name: ".", f: f, meta: -1})
+// that the fast path starts there. f is the root, opened as a directory;
+// live, when not nil, the live directory at the same place
+// (extract_keep.go).
+func (x *extractor) fresh(f, live *os.File) {
+	x.open = append(x.open[:0], madeDir{name: ".", f: f, meta: -1, live: live})
+}
+
+// liveDir opens the live twin of the directory base just made below the
+// last open directory: nil when the extraction keeps no live files, the
+// parent has no twin, or the name is not a directory there (a symlink is
+// not followed).
+func (x *extractor) liveDir(base string) *os.File {
+	parent := x.open[len(x.open)-1].live
+	if x.keep == nil || parent == nil {
+		return nil
+	}
+	fd, err := unix.Openat(int(parent.Fd()), base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	return os.NewFile(uintptr(fd), base)
+}
+
+// writeFile creates regular file base in the staged directory pfd (full:
+// its path) with fill's bytes, size of them, gives it mode and the mtime
+// of hdr, and counts them. A name staged already (an archive that lists it
+// twice) is replaced: the later entry wins.
+func (x *extractor) writeFile(pfd int, base, full string, hdr *tar.Header, mode fs.FileMode, fill func(io.Writer) (int64, error)) error {
+	fail := func(err error) error {
+		if df := diskFull(full, err); df != nil {
+			return df
+		}
+		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+	}
+	// Created with its mode when the umask leaves it whole (the usual
+	// 0644, 0755, 0444: creating a file grants its descriptor write
+	// access whatever its mode), saving a chmod; else 0600, then chmod.
+	create, chmod := uint32(0o600), true
+	if umask := processUmask(); umask >= 0 && uint32(mode)&^0o777 == 0 && uint32(mode)&uint32(umask) == 0 {
+		create, chmod = uint32(mode), false
+	}
+	const flags = unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat(pfd, base, flags, create)
+	if errors.Is(err, unix.EEXIST) {
+		if err = x.clearStaged(pfd, base, hdr); err == nil {
+			fd, err = unix.Openat(pfd, base, flags, create)
+		}
+		var bad *badRequestError
+		if errors.As(err, &bad) {
+			return err
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	f := os.NewFile(uintptr(fd), full)
+	var w io.Writer = f
+	if x.writer != nil {
+		w = x.writer(f)
+	}
+	n, err := fill(w)
+	x.budget -= n
+	x.bytes += n
+	if err == nil && chmod {
+		err = f.Chmod(mode)
+	}
+	cerr := f.Close()
+	if df := diskFull(full, cmp.Or(err, cerr)); df != nil {
+		return df
+	}
+	if err != nil {
+		return uploadError(err, 0)
+	}
+	if cerr != nil {
+		return fail(cerr)
+	}
+	if !hdr.ModTime.IsZero() {
+		if err := setTimes(pfd, base, hdr); err != nil {
+			return fail(err)
+		}
+	}
+	return nil
+}
+
+// clearStaged removes what is staged as base in the staged directory pfd
+// for entry hdr, which replaces it; a directory is not replaced.
+func (x *extractor) clearStaged(pfd int, base string, hdr *tar.Header) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return invalid("body", "archive entry %q: a directory is in the way", hdr.Name)
+	}
+	if err := unix.Unlinkat(pfd, base, 0); err != nil {
+		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+	}
+	return nil
 }
 
 // madeDir is an open directory of the fast path: its name, the directory,
-// and its entry's index in x.dirs (-1: none, the root or an extraction
-// that is not exact).
+// its entry's index in x.dirs (-1: none, the root or an extraction that
+// is not exact), and its live twin.
 type madeDir struct {
 	name string
 	f    *os.File
 	meta int
+	// live is the directory of the live tree at the same place, when the
+	// extraction keeps live files (extract_keep.go) and there is one.
+	live *os.File
+}
+
+func (d madeDir) close() {
+	_ = d.f.Close()
+	if d.live != nil {
+		_ = d.live.Close()
+	}
 }
 
 // leave closes the open directories that dir (an entry's parent) is not
@@ -66,7 +172,7 @@ func (x *extractor) leave(dir string) {
 			return
 		}
 		x.open = x.open[:len(x.open)-1]
-		_ = top.f.Close()
+		top.close()
 		if top.meta >= 0 {
 			x.dirs[top.meta].f, x.dirs[top.meta].parent = nil, nil
 		}
@@ -77,7 +183,7 @@ func (x *extractor) leave(dir string) {
 // may be called more than once.
 func (x *extractor) close() {
 	for _, d := range x.open {
-		_ = d.f.Close()
+		d.close()
 	}
 	x.open = x.open[:0]
 	_ = x.root.Close()
@@ -124,7 +230,7 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		if x.exact {
 			meta = len(x.dirs)
 		}
-		x.open = append(x.open, madeDir{name: name, f: f, meta: meta})
+		x.open = append(x.open, madeDir{name: name, f: f, meta: meta, live: x.liveDir(base)})
 		if err := f.Chmod(mode | 0o700); err != nil { // stay writable for later entries
 			return true, fail(err)
 		}
@@ -133,45 +239,18 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		if hdr.Size > x.budget {
 			return true, fmt.Errorf("archive extracts to more than the upload limit: %w", errTooLarge)
 		}
-		// Created with its mode when the umask leaves it whole (the usual
-		// 0644, 0755, 0444: creating a file grants its descriptor write
-		// access whatever its mode), saving a chmod; else 0600, then chmod.
-		create, chmod := uint32(0o600), true
-		if umask := processUmask(); umask >= 0 && uint32(mode)&^0o777 == 0 && uint32(mode)&uint32(umask) == 0 {
-			create, chmod = uint32(mode), false
-		}
-		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, create)
-		if errors.Is(err, unix.EEXIST) {
-			return false, nil
-		}
-		if err != nil {
-			return true, fail(err)
-		}
-		f := os.NewFile(uintptr(fd), full)
-		var w io.Writer = f
-		if x.writer != nil {
-			w = x.writer(f)
-		}
-		n, err := io.CopyN(w, body, hdr.Size)
-		x.budget -= n
-		x.bytes += n
-		if err == nil && chmod {
-			err = f.Chmod(mode)
-		}
-		cerr := f.Close()
-		if df := diskFull(full, cmp.Or(err, cerr)); df != nil {
-			return true, df
-		}
-		if err != nil {
-			return true, uploadError(err, 0)
-		}
-		if cerr != nil {
-			return true, fail(cerr)
-		}
-		if !hdr.ModTime.IsZero() {
-			if err := setTimes(pfd, base, hdr); err != nil {
-				return true, fail(err)
+		if dir := x.open[len(x.open)-1].live; x.keep != nil && dir != nil {
+			if live, st := x.keep.twin(dir, base, hdr); live != nil {
+				err := x.keepOrWrite(pfd, dir, name, base, hdr, mode, live, st, body)
+				_ = live.Close()
+				if err != nil {
+					return true, err
+				}
+				break
 			}
+		}
+		if err := x.writeFile(pfd, base, full, hdr, mode, func(w io.Writer) (int64, error) { return io.CopyN(w, body, hdr.Size) }); err != nil {
+			return true, err
 		}
 	default:
 		return false, nil

@@ -50,8 +50,9 @@ type restore struct {
 	units []*restoreUnit
 	files int
 	bytes int64
-	// rooted: entries that took the os.Root path (extract_fast.go), logged.
-	rooted int
+	// rooted: entries that took the os.Root path (extract_fast.go), and
+	// kept: live files kept (extract_keep.go), logged.
+	rooted, kept int
 }
 
 // handleRestore answers PUT /v1/checkpoint?sha256= (docs/ARCHITECTURE.md,
@@ -135,7 +136,7 @@ func (s *Server) restore(body io.Reader, want string, vouch func() string) (agen
 	}
 	rs.cleanup()
 	res := agentapi.RestoreResult{Files: rs.files, Bytes: rs.bytes, DurationMS: time.Since(start).Milliseconds()}
-	s.log.Info("restore", "roots", len(rs.units), "files", res.Files, "bytes", res.Bytes, "rooted", rs.rooted, "duration_ms", res.DurationMS)
+	s.log.Info("restore", "roots", len(rs.units), "files", res.Files, "bytes", res.Bytes, "rooted", rs.rooted, "kept", rs.kept, "duration_ms", res.DurationMS)
 	return res, nil
 }
 
@@ -249,6 +250,9 @@ func (rs *restore) stage(in *bufio.Reader) error {
 		rs.files += u.x.entries
 		rs.bytes += u.x.bytes
 		rs.rooted += u.x.rooted
+		if u.x.keep != nil {
+			rs.kept += u.x.keep.kept
+		}
 		if u.inPlace {
 			rs.files++
 		}
@@ -336,7 +340,7 @@ func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
 			return fsError("path", dir, err)
 		}
 	}
-	u.stage, u.x, err = newStage(dir, extractor{dir: dir, budget: budget, exact: true, writer: rs.s.stagedFile})
+	u.stage, u.x, err = newStage(dir, extractor{dir: dir, budget: budget, exact: true, writer: rs.s.stagedFile, keep: newKeeper()})
 	if err != nil {
 		return fsError("path", u.root, err)
 	}
@@ -348,8 +352,10 @@ func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
 
 // newStage makes a staging directory in dir, with new/ (what x, which it
 // returns, extracts into: its fast path starts there) and old/ (what the
-// swap moves out). It returns the directory ("" when it made none) when it
-// fails too, for the caller to remove.
+// swap moves out). An x that keeps live files finds them in dir, opened
+// without following a symlink. It
+// returns the directory ("" when it made none) when it fails too, for the
+// caller to remove.
 func newStage(dir string, x extractor) (string, *extractor, error) {
 	stage, err := os.MkdirTemp(dir, stagingPrefix+"*")
 	if err != nil {
@@ -369,7 +375,16 @@ func newStage(dir string, x extractor) (string, *extractor, error) {
 		_ = x.root.Close()
 		return stage, nil, err
 	}
-	x.fresh(top)
+	var live *os.File
+	if x.keep != nil {
+		// dir's own path is what every step of the restore follows; a
+		// dir that is a symlink (/tmp to /private/tmp) has no twin, and
+		// nothing below it is kept.
+		if live, err = os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0); err != nil {
+			live = nil
+		}
+	}
+	x.fresh(top, live)
 	return stage, &x, nil
 }
 
@@ -535,6 +550,9 @@ func (rs *restore) discard() {
 	for i := len(rs.units) - 1; i >= 0; i-- {
 		u := rs.units[i]
 		if u.x != nil {
+			if err := u.x.undoKept(); err != nil {
+				rs.s.log.Error("restore: give kept files their modes and times back", "root", u.root, "err", err)
+			}
 			u.x.close()
 		}
 		if u.stage == "" || u.kept {

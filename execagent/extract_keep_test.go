@@ -1,0 +1,265 @@
+package execagent
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// ino returns p's inode number (not following a symlink).
+func ino(t testing.TB, p string) uint64 {
+	t.Helper()
+	fi, err := os.Lstat(p)
+	require.NoError(t, err)
+	return fi.Sys().(*syscall.Stat_t).Ino
+}
+
+// files lists the regular files below dir, relative to it.
+func files(t testing.TB, dir string) []string {
+	t.Helper()
+	var out []string
+	require.NoError(t, filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			rel, _ := filepath.Rel(dir, p)
+			out = append(out, rel)
+		}
+		return err
+	}))
+	return out
+}
+
+// A restore keeps the live files whose bytes are the archive's (the same
+// inode, with the archive's mode and mtime), writes anew every other one,
+// and the tree is the archive's either way: a file changed without its
+// size or its mtime moving, past its first comparison chunk; a file
+// rewritten; a file linked from outside the work dir (which must not stay
+// linked); a file whose mode or sub-second mtime alone changed.
+func TestRestore_KeepsTheFilesThatAreTheArchives(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	makeWorkspace(t, w, workspace{Files: 40, Bytes: 8 << 20}, 3) // ~200 KB a file: several chunks
+	b, _, sum := takeCheckpoint(t, a, nil, nil)
+	want := treeState(t, w)
+	_, err := restoreArchive(a, sum, b) // the workspace's sub-second mtimes go; the files stay
+	require.NoError(t, err)
+	require.Equal(t, want, treeState(t, w))
+
+	all := files(t, w)
+	require.Len(t, all, 40)
+	before := map[string]uint64{}
+	for _, f := range all {
+		before[f] = ino(t, filepath.Join(w, f))
+	}
+	// disguised: one byte past the first chunk changed, the size and
+	// mtime put back; the other changes on the other files.
+	var disguised string
+	var rest []string
+	for _, f := range all {
+		if fi, err := os.Stat(filepath.Join(w, f)); err == nil && fi.Size() > keepChunk+1 && disguised == "" {
+			disguised = f
+		} else {
+			rest = append(rest, f)
+		}
+	}
+	require.NotEmpty(t, disguised, "a file of more than one chunk")
+	rewritten, linked, chmodded, retimed, removed := rest[0], rest[1], rest[2], rest[3], rest[4]
+	p := filepath.Join(w, disguised)
+	fi, err := os.Stat(p)
+	require.NoError(t, err)
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	require.NoError(t, err)
+	one := make([]byte, 1)
+	_, err = f.ReadAt(one, keepChunk+1)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte{one[0] ^ 1}, keepChunk+1)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Chtimes(p, fi.ModTime(), fi.ModTime()))
+	write(t, filepath.Join(w, rewritten), "rewritten\n", 0o644)
+	outside := filepath.Join(t.TempDir(), "linked")
+	require.NoError(t, os.Link(filepath.Join(w, linked), outside))
+	require.NoError(t, os.Chmod(filepath.Join(w, chmodded), 0o600))
+	fi, err = os.Stat(filepath.Join(w, retimed))
+	require.NoError(t, err)
+	require.NoError(t, os.Chtimes(filepath.Join(w, retimed), fi.ModTime(), fi.ModTime().Add(123*time.Millisecond)))
+	require.NoError(t, os.Remove(filepath.Join(w, removed)))
+	write(t, filepath.Join(w, "created-since"), "x", 0o644)
+
+	_, err = restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	assert.Equal(t, want, treeState(t, w))
+	for _, f := range all {
+		now := ino(t, filepath.Join(w, f))
+		switch f {
+		case disguised, rewritten, linked, removed:
+			assert.NotEqual(t, before[f], now, "%s is written anew", f)
+		default:
+			assert.Equal(t, before[f], now, "%s is kept", f)
+		}
+	}
+	fi, err = os.Stat(filepath.Join(w, retimed))
+	require.NoError(t, err)
+	assert.Zero(t, fi.ModTime().Nanosecond(), "a kept file gets the archive's mtime, to the nanosecond")
+	fi, err = os.Stat(filepath.Join(w, linked))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), uint64(fi.Sys().(*syscall.Stat_t).Nlink), "not linked to the file outside the work dir")
+	out, err := os.Stat(outside)
+	require.NoError(t, err)
+	assert.False(t, os.SameFile(fi, out))
+	assert.Equal(t, uint64(1), uint64(out.Sys().(*syscall.Stat_t).Nlink), "the file outside is left alone")
+	assert.Empty(t, stagingLeft(t, w))
+}
+
+// A live file is reached from the root without following a symlink: a
+// directory of the archive that is a symlink in the live tree, to a twin
+// of the archive's file outside the work dir, does not make the restored
+// file a link to that twin.
+func TestRestore_KeepsNothingThroughASymlink(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	write(t, filepath.Join(w, "d", "f"), "the archive's bytes\n", 0o644)
+	old := time.Date(2022, 3, 4, 5, 6, 7, 0, time.UTC)
+	require.NoError(t, os.Chtimes(filepath.Join(w, "d", "f"), old, old))
+	b, _, sum := takeCheckpoint(t, a, nil, nil)
+	want := treeState(t, w)
+
+	twin := t.TempDir()
+	write(t, filepath.Join(twin, "f"), "the archive's bytes\n", 0o644)
+	require.NoError(t, os.Chtimes(filepath.Join(twin, "f"), old, old))
+	require.NoError(t, os.RemoveAll(filepath.Join(w, "d")))
+	require.NoError(t, os.Symlink(twin, filepath.Join(w, "d")))
+	_, err := restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	assert.Equal(t, want, treeState(t, w))
+	restored, err := os.Stat(filepath.Join(w, "d", "f"))
+	require.NoError(t, err)
+	outside, err := os.Stat(filepath.Join(twin, "f"))
+	require.NoError(t, err)
+	assert.False(t, os.SameFile(restored, outside), "the file outside is not linked in")
+	assert.Equal(t, uint64(1), uint64(outside.Sys().(*syscall.Stat_t).Nlink))
+}
+
+// A kept file whose mode and mtime the restore changed before its swap
+// gets its own back, to the nanosecond, when the restore then fails.
+func TestRestore_AFailedRestoreGivesKeptFilesTheirModesBack(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	write(t, filepath.Join(w, "f"), "data\n", 0o644)
+	b, _, sum := takeCheckpoint(t, a, nil, nil)
+	p := filepath.Join(w, "f")
+	fi, err := os.Stat(p)
+	require.NoError(t, err)
+	mtime := time.Unix(fi.ModTime().Unix(), 987654321)
+	require.NoError(t, os.Chmod(p, 0o600))
+	require.NoError(t, os.Chtimes(p, mtime, mtime))
+
+	_, err = a.client.Restore(t.Context(), sum, vouched{Reader: bytes.NewReader(b), vouch: strings.Repeat("0", 64)})
+	ae := apiError(t, err)
+	assert.Equal(t, http.StatusBadRequest, ae.Status, ae.Message)
+	fi, err = os.Stat(p)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	assert.True(t, mtime.Equal(fi.ModTime()), "mtime %v, not %v", fi.ModTime(), mtime)
+	assert.Empty(t, stagingLeft(t, w))
+
+	_, err = restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	fi, err = os.Stat(p)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o644), fi.Mode().Perm())
+	assert.Zero(t, fi.ModTime().Nanosecond())
+}
+
+// writesWhileRead is an entry's body that, on its first read, appends to
+// the live file the entry is being compared with: a process writing it
+// during the restore.
+type writesWhileRead struct {
+	io.Reader
+	live string
+	done bool
+}
+
+func (r *writesWhileRead) Read(p []byte) (int, error) {
+	if !r.done {
+		r.done = true
+		f, err := os.OpenFile(r.live, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			return 0, err
+		}
+		_, err = f.WriteString("written meanwhile\n")
+		if err = errors.Join(err, f.Close()); err != nil {
+			return 0, err
+		}
+	}
+	return r.Reader.Read(p)
+}
+
+// A live file written while its bytes are compared is neither kept nor
+// copied from: the entry fails (and the restore with it, nothing changed),
+// unless the entry differs from its first byte, when the file is not read
+// again and the entry is written from its own bytes.
+func TestKeep_AFileWrittenDuringItsComparisonIsNotKept(t *testing.T) {
+	dir := t.TempDir()
+	data := strings.Repeat("the archive's bytes\n", keepChunk/10)
+	require.Greater(t, len(data), keepChunk)
+	mtime := time.Unix(time.Now().Unix(), 0)
+	tests := []struct {
+		name, body string
+		changed    bool // the entry fails
+	}{
+		{name: "the same bytes", body: data, changed: true},
+		{name: "a difference past the first chunk", body: data[:len(data)-1] + "!", changed: true},
+		{name: "a difference in the first byte", body: "T" + data[1:]},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			write(t, filepath.Join(dir, "f"), data, 0o644)
+			require.NoError(t, os.Chtimes(filepath.Join(dir, "f"), mtime, mtime))
+			stage, x, err := newStage(dir, extractor{dir: dir, budget: 1 << 20, exact: true, keep: newKeeper()})
+			require.NoError(t, err)
+			defer func() { x.close(); require.NoError(t, os.RemoveAll(stage)) }()
+			hdr := &tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(tt.body)), ModTime: mtime}
+			err = x.entry(hdr, &writesWhileRead{Reader: strings.NewReader(tt.body), live: filepath.Join(dir, "f")})
+			assert.Zero(t, x.keep.kept)
+			if tt.changed {
+				assert.ErrorIs(t, err, errChangedWhileRestored)
+				return
+			}
+			require.NoError(t, err)
+			got, err := os.ReadFile(filepath.Join(stage, "new", "f"))
+			require.NoError(t, err)
+			assert.Equal(t, tt.body, string(got))
+		})
+	}
+}
+
+// A root staged beside itself whose parent became a symlink since the
+// checkpoint restores as before (through the parent's path, as every step
+// of a restore goes), keeping nothing below it.
+func TestRestore_ARootWhoseParentIsASymlinkNow(t *testing.T) {
+	a := newTestAgent(t, nil)
+	base := t.TempDir()
+	parent, elsewhere := filepath.Join(base, "parent"), filepath.Join(base, "elsewhere")
+	root := filepath.Join(parent, "f.txt")
+	write(t, root, "file root\n", 0o640)
+	b, _, sum := takeCheckpoint(t, a, []string{root}, nil)
+	require.NoError(t, os.Rename(parent, elsewhere))
+	require.NoError(t, os.Symlink(elsewhere, parent))
+	write(t, root, "changed\n", 0o640)
+	_, err := restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	data, err := os.ReadFile(filepath.Join(elsewhere, "f.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "file root\n", string(data))
+}
