@@ -98,8 +98,9 @@ func (k *keeper) twin(dir *os.File, base string, hdr *tar.Header) (*os.File, *un
 	return os.NewFile(uintptr(fd), base), &now
 }
 
-// errChangedWhileRestored: a live file changed while a restore compared it.
-var errChangedWhileRestored = errors.New("changed while the restore read it (a process is writing it); nothing was changed: restore again once it is done")
+// errChangedWhileRestored: a live file changed while a restore compared
+// it. It is errBusy (409 busy): the sandbox is busy writing it.
+var errChangedWhileRestored = fmt.Errorf("changed while the restore read it (a process is writing it); nothing was changed: restore again once it is done: %w", errBusy)
 
 // keepOrWrite stages regular file entry hdr, named name (base in the
 // staged directory pfd), from live, its twin in the live directory dir

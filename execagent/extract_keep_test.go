@@ -234,6 +234,7 @@ func TestKeep_AFileWrittenDuringItsComparisonIsNotKept(t *testing.T) {
 			assert.Zero(t, x.keep.kept)
 			if tt.changed {
 				assert.ErrorIs(t, err, errChangedWhileRestored)
+				assert.ErrorIs(t, err, errBusy, "409 busy: restore again")
 				return
 			}
 			require.NoError(t, err)
