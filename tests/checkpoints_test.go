@@ -31,6 +31,10 @@ printf '#!/bin/sh\necho hi\n' > run.sh && chmod 755 run.sh && echo b > src/deep/
 // ckMutate changes what ckSetup wrote and adds to it.
 const ckMutate = `echo changed > a.txt && chmod 600 run.sh && rm link && echo new > new.txt && rm -r empty && mkdir -p made/since && echo x > made/since/f`
 
+// ckInodes prints the inodes of two files ckMutate leaves as they were
+// (run.sh's mode aside) and of one it rewrites.
+const ckInodes = `stat -c %i src/deep/b.txt run.sh a.txt`
+
 // ckState lists the work dir: every entry with its kind, mode, link target
 // or a digest of its content (busybox and GNU tools alike).
 const ckState = `find . | sort | while read f; do
@@ -234,10 +238,17 @@ func checkpointsOnDocker(t *testing.T, cowMinBytes string) {
 	// Restore in place on the work dir's tmpfs; a process keeps running.
 	proc, err := c.StartProcess(ctx, src.ID, agentapi.ProcessStartRequest{Command: "sleep 300"})
 	require.NoError(t, err)
+	inodes := strings.Fields(sh(ctx, t, c, src.ID, ckInodes))
 	sh(ctx, t, c, src.ID, ckMutate)
 	_, err = c.RestoreSandbox(ctx, src.ID, ck.ID)
 	require.NoError(t, err)
 	assert.Equal(t, want, sh(ctx, t, c, src.ID, ckState))
+	// The files the restore found unchanged (b.txt; run.sh, its mode
+	// alone changed) were kept, not copied; a.txt was written anew.
+	after := strings.Fields(sh(ctx, t, c, src.ID, ckInodes))
+	require.Len(t, after, 3)
+	assert.Equal(t, inodes[:2], after[:2], "b.txt and run.sh kept")
+	assert.NotEqual(t, inodes[2], after[2], "a.txt written anew")
 	pi, err := c.GetProcess(ctx, src.ID, proc.ID)
 	require.NoError(t, err)
 	assert.Equal(t, agentapi.ProcessRunning, pi.State)
