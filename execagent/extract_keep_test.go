@@ -4,7 +4,9 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -263,4 +265,143 @@ func TestRestore_ARootWhoseParentIsASymlinkNow(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(elsewhere, "f.txt"))
 	require.NoError(t, err)
 	assert.Equal(t, "file root\n", string(data))
+}
+
+// exactState is treeState with what keeping could get wrong on top:
+// mtimes to the nanosecond (not of symlinks) and every regular file's
+// link count (a checkpoint stores a hard link as a file of its own).
+func exactState(t testing.TB, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for name, st := range treeState(t, root) {
+		fi, err := os.Lstat(filepath.Join(root, name))
+		require.NoError(t, err)
+		s := fmt.Sprintf("%+v", st)
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			s += fmt.Sprintf(" mtime=%d", fi.ModTime().UnixNano())
+		}
+		if fi.Mode().IsRegular() {
+			s += fmt.Sprintf(" nlink=%d", fi.Sys().(*syscall.Stat_t).Nlink)
+		}
+		out[name] = s
+	}
+	return out
+}
+
+// FuzzRestoreKeeps checkpoints a tree, changes it as the fuzzer's bytes
+// say (two bytes a change: which entry, and what: its bytes changed with
+// its size and mtime put back, bytes added, its mode or its sub-second
+// mtime changed, removed, linked from outside the work dir, replaced by a
+// symlink to a twin outside, replaced by a directory, a file added beside
+// it, its directory replaced by a symlink to a twin outside), then
+// restores: whatever the changes, the tree is the checkpoint's exactly
+// (extract_keep.go keeps only what is), and what is outside is untouched.
+func FuzzRestoreKeeps(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 1, 2, 2, 3, 3})
+	f.Add([]byte{4, 4, 5, 5, 6, 6, 7, 7})
+	f.Add([]byte{0, 8, 1, 9, 2, 0, 9, 5})
+	f.Add([]byte{})
+	a := newTestAgent(f, nil)
+	w := a.cfg.Workdir
+	outside := f.TempDir()
+	names := []string{"a.txt", "big.bin", "d/b.txt", "d/e/c.txt", "d/e/empty", "ro/r.txt", "x/y/z.txt"}
+	big := strings.Repeat("0123456789abcdef", keepChunk/8) // two chunks
+	mtime := time.Unix(1_700_000_000, 0)
+	reset := func(t testing.TB) {
+		makeWritable(w)
+		ents, err := os.ReadDir(w)
+		require.NoError(t, err)
+		for _, e := range ents {
+			require.NoError(t, os.RemoveAll(filepath.Join(w, e.Name())))
+		}
+		makeWritable(outside)
+		require.NoError(t, os.RemoveAll(outside))
+		require.NoError(t, os.MkdirAll(outside, 0o755))
+		for i, n := range names {
+			data := fmt.Sprintf("file %d: %s\n", i, n)
+			if n == "big.bin" {
+				data = big
+			}
+			if n == "d/e/empty" {
+				data = ""
+			}
+			write(t, filepath.Join(w, n), data, 0o644)
+		}
+		require.NoError(t, os.Chmod(filepath.Join(w, "ro", "r.txt"), 0o444))
+		require.NoError(t, os.Chmod(filepath.Join(w, "ro"), 0o555))
+		for _, n := range append(names, "d", "d/e", "x", "x/y") {
+			require.NoError(t, os.Chtimes(filepath.Join(w, n), mtime, mtime))
+		}
+	}
+	reset(f)
+	b, _, sum := takeCheckpoint(f, a, nil, nil)
+	f.Fuzz(func(t *testing.T, changes []byte) {
+		reset(t)
+		// The first restore over the tree the checkpoint was taken of
+		// keeps every file: the reference state.
+		_, err := restoreArchive(a, sum, b)
+		require.NoError(t, err)
+		want := exactState(t, w)
+		write(t, filepath.Join(outside, "sentinel"), "untouched", 0o644)
+		for i := 0; i+1 < len(changes) && i < 32; i += 2 {
+			n := names[int(changes[i])%len(names)]
+			p := filepath.Join(w, n)
+			makeWritable(w) // ro/ may be changed too
+			fi, err := os.Lstat(p)
+			if err != nil || !fi.Mode().IsRegular() {
+				continue // changed already
+			}
+			switch changes[i+1] % 10 {
+			case 0: // the same size and mtime, another byte
+				data, err := os.ReadFile(p)
+				require.NoError(t, err)
+				if len(data) > 0 {
+					data[len(data)-1] ^= 1
+					require.NoError(t, os.WriteFile(p, data, 0o644))
+					require.NoError(t, os.Chtimes(p, fi.ModTime(), fi.ModTime()))
+				}
+			case 1:
+				f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+				require.NoError(t, err)
+				_, err = f.WriteString("more")
+				require.NoError(t, errors.Join(err, f.Close()))
+			case 2:
+				require.NoError(t, os.Chmod(p, 0o600))
+			case 3:
+				require.NoError(t, os.Chtimes(p, fi.ModTime(), fi.ModTime().Add(time.Duration(changes[i])+1)))
+			case 4:
+				require.NoError(t, os.Remove(p))
+			case 5:
+				require.NoError(t, os.Link(p, filepath.Join(outside, fmt.Sprintf("link%d", i))))
+			case 6: // a symlink to a twin outside: same bytes, mode, mtime
+				twin := filepath.Join(outside, fmt.Sprintf("twin%d", i))
+				data, err := os.ReadFile(p)
+				require.NoError(t, err)
+				write(t, twin, string(data), fi.Mode().Perm())
+				require.NoError(t, os.Chtimes(twin, fi.ModTime(), fi.ModTime()))
+				require.NoError(t, os.Remove(p))
+				require.NoError(t, os.Symlink(twin, p))
+			case 7:
+				require.NoError(t, os.Remove(p))
+				require.NoError(t, os.Mkdir(p, 0o755))
+			case 8:
+				write(t, p+".extra", "extra", 0o644)
+			case 9: // its directory, as a symlink to a twin outside
+				dir := filepath.Dir(p)
+				if dir == w {
+					continue
+				}
+				twin := filepath.Join(outside, fmt.Sprintf("dir%d", i))
+				require.NoError(t, os.Rename(dir, twin))
+				require.NoError(t, os.Symlink(twin, dir))
+			}
+		}
+		_, err = restoreArchive(a, sum, b)
+		require.NoError(t, err)
+		assert.Equal(t, want, exactState(t, w))
+		data, err := os.ReadFile(filepath.Join(outside, "sentinel"))
+		require.NoError(t, err)
+		assert.Equal(t, "untouched", string(data))
+		assert.Empty(t, stagingLeft(t, w))
+	})
 }
