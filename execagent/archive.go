@@ -290,7 +290,7 @@ func (x *extractor) finish() error {
 	}
 	for i := len(x.dirs) - 1; i >= 0; i-- {
 		d := x.dirs[i]
-		if first[d.name] != i {
+		if first[d.name] != i || x.keep.grafted(d.name) { // a graft has the archive's mode and mtime
 			continue
 		}
 		v := x.dirs[last[d.name]]

@@ -151,8 +151,10 @@ type madeDir struct {
 	f    *os.File
 	meta int
 	// live is the directory of the live tree at the same place, when the
-	// extraction keeps live files (extract_keep.go) and there is one.
+	// extraction keeps live files (extract_keep.go) and there is one; k,
+	// then, what may graft it.
 	live *os.File
+	k    *keptDir
 }
 
 func (d madeDir) close() {
@@ -163,20 +165,25 @@ func (d madeDir) close() {
 }
 
 // leave closes the open directories that dir (an entry's parent) is not
-// in, deepest first, and gives their listings in x.dirs to finish's path
-// through the root.
-func (x *extractor) leave(dir string) {
+// in, deepest first, settling whether each is grafted (extract_keep.go),
+// and gives their listings in x.dirs to finish's path through the root.
+func (x *extractor) leave(dir string) error {
 	for len(x.open) > 1 {
 		top := x.open[len(x.open)-1]
 		if dir == top.name || inside(dir, top.name) {
-			return
+			return nil
 		}
+		err := x.settle(&top, &x.open[len(x.open)-2])
 		x.open = x.open[:len(x.open)-1]
 		top.close()
 		if top.meta >= 0 {
 			x.dirs[top.meta].f, x.dirs[top.meta].parent = nil, nil
 		}
+		if err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // close closes the root and every directory the fast path kept open. It
@@ -194,13 +201,19 @@ func (x *extractor) close() {
 // a nil error sends the entry to the os.Root path.
 func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (bool, error) {
 	dir := path.Dir(name)
-	x.leave(dir)
+	if err := x.leave(dir); err != nil {
+		return true, err
+	}
 	// The open directories are a path from the root: dir, when open, is
 	// its last.
 	if len(x.open) == 0 || x.open[len(x.open)-1].name != dir {
-		return false, nil
+		return false, x.noGraft() // it could land in a grafted directory
 	}
-	parent := x.open[len(x.open)-1].f
+	top := &x.open[len(x.open)-1]
+	if top.k != nil {
+		top.k.count++
+	}
+	parent := top.f
 	pfd, base := int(parent.Fd()), path.Base(name)
 	full := filepath.Join(x.dir, name)
 	fail := func(err error) error {
@@ -213,11 +226,11 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if len(x.open) >= maxMadeDirs {
-			return false, nil
+			return false, x.noGraft()
 		}
 		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
-			if errors.Is(err, unix.EEXIST) {
-				return false, nil
+			if errors.Is(err, unix.EEXIST) { // listed again: its last listing's mode and mtime
+				return false, x.noGraft()
 			}
 			return true, fail(err)
 		}
@@ -230,7 +243,14 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		if x.exact {
 			meta = len(x.dirs)
 		}
-		x.open = append(x.open, madeDir{name: name, f: f, meta: meta, live: x.liveDir(base)})
+		live := x.liveDir(base)
+		if live == nil {
+			if err := x.notWhole(top); err != nil {
+				_ = f.Close()
+				return true, err
+			}
+		}
+		x.open = append(x.open, madeDir{name: name, f: f, meta: meta, live: live, k: x.keepDir(name, live)})
 		if err := f.Chmod(mode | 0o700); err != nil { // stay writable for later entries
 			return true, fail(err)
 		}
@@ -239,21 +259,29 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		if hdr.Size > x.budget {
 			return true, fmt.Errorf("archive extracts to more than the upload limit: %w", errTooLarge)
 		}
-		if dir := x.open[len(x.open)-1].live; x.keep != nil && dir != nil {
+		if dir := top.live; x.keep != nil && dir != nil {
 			if live, st := x.keep.twin(dir, base, hdr); live != nil {
-				err := x.keepOrWrite(pfd, dir, name, base, hdr, mode, live, st, body)
+				kept, err := x.keepOrWrite(pfd, dir, top.k, name, base, hdr, mode, live, st, body)
 				_ = live.Close()
+				if err == nil && !kept {
+					err = x.notWhole(top)
+				}
 				if err != nil {
 					return true, err
 				}
 				break
 			}
 		}
+		if err := x.notWhole(top); err != nil {
+			return true, err
+		}
 		if err := x.writeFile(pfd, base, full, hdr, mode, func(w io.Writer) (int64, error) { return io.CopyN(w, body, hdr.Size) }); err != nil {
 			return true, err
 		}
+	case tar.TypeLink: // its target may be a kept file whose link is deferred
+		return false, x.noGraft()
 	default:
-		return false, nil
+		return false, x.notWhole(top)
 	}
 	x.entries++
 	return true, nil

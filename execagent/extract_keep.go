@@ -8,7 +8,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -53,10 +55,16 @@ type keeper struct {
 	entry, live []byte // comparison buffers, keepChunk each
 	kept        int    // files kept
 	undo        []keptMeta
+	// grafts are the directories moved in whole at the swap, disjoint;
+	// noGrafts: none any more (extractor.noGraft). graftSet indexes
+	// grafts once staging is done.
+	grafts   []*keptDir
+	noGrafts bool
+	graftSet map[string]bool
 }
 
 // keptMeta is a kept file's mode and times before the restore gave it the
-// archive's: name is its staged name, below the extractor's root.
+// archive's: name is its live path.
 type keptMeta struct {
 	name         string
 	mode         fs.FileMode
@@ -104,14 +112,16 @@ var errChangedWhileRestored = fmt.Errorf("changed while the restore read it (a p
 
 // keepOrWrite stages regular file entry hdr, named name (base in the
 // staged directory pfd), from live, its twin in the live directory dir
-// whose status was st: a link to live when their bytes are the same, else
-// a copy, as fastEntry writes one.
-func (x *extractor) keepOrWrite(pfd int, dir *os.File, name, base string, hdr *tar.Header, mode fs.FileMode, live *os.File, st *unix.Stat_t, body io.Reader) error {
+// whose status was st: when their bytes are the same, it keeps live (a
+// link in pfd, or, while kd, the entry's directory, may be moved in whole,
+// a link deferred to kd) and reports true; else it writes a copy, as
+// fastEntry writes one.
+func (x *extractor) keepOrWrite(pfd int, dir *os.File, kd *keptDir, name, base string, hdr *tar.Header, mode fs.FileMode, live *os.File, st *unix.Stat_t, body io.Reader) (bool, error) {
 	k, full := x.keep, filepath.Join(x.dir, name)
 	for off := int64(0); off < hdr.Size; {
 		n := int(min(int64(keepChunk), hdr.Size-off))
 		if _, err := io.ReadFull(body, k.entry[:n]); err != nil {
-			return uploadError(err, 0)
+			return false, uploadError(err, 0)
 		}
 		if _, err := io.ReadFull(live, k.live[:n]); err == nil && bytes.Equal(k.entry[:n], k.live[:n]) {
 			off += int64(n)
@@ -119,7 +129,7 @@ func (x *extractor) keepOrWrite(pfd int, dir *os.File, name, base string, hdr *t
 		}
 		// The first difference: the bytes before it are the archive's.
 		head, pending := off, k.entry[:n]
-		return x.writeFile(pfd, base, full, hdr, mode, func(w io.Writer) (int64, error) {
+		return false, x.writeFile(pfd, base, full, hdr, mode, func(w io.Writer) (int64, error) {
 			c, err := io.Copy(w, io.NewSectionReader(live, 0, head))
 			if err == nil && head > 0 && (c != head || changed(live, st)) {
 				err = fmt.Errorf("%s %w", full, errChangedWhileRestored)
@@ -136,7 +146,26 @@ func (x *extractor) keepOrWrite(pfd int, dir *os.File, name, base string, hdr *t
 		})
 	}
 	if changed(live, st) {
-		return fmt.Errorf("%s %w", full, errChangedWhileRestored)
+		return false, fmt.Errorf("%s %w", full, errChangedWhileRestored)
+	}
+	// The archive's mode and mtime, through the live directory: a
+	// deferred link has no staged name yet.
+	if mtime := time.Unix(st.Mtim.Unix()); st.Mode&0o7777 != uint32(hdr.Mode)&0o7777 || !mtime.Equal(hdr.ModTime) {
+		k.undo = append(k.undo, keptMeta{name: full, mode: unixMode(st.Mode & 0o7777), atime: time.Unix(st.Atim.Unix()), mtime: mtime})
+		if err := live.Chmod(mode); err != nil {
+			return false, invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+		}
+		if err := setTimes(int(dir.Fd()), base, hdr); err != nil {
+			return false, invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
+		}
+		if err := unix.Fstat(int(live.Fd()), st); err != nil {
+			return false, fmt.Errorf("%s: %w", full, err)
+		}
+	}
+	if kd != nil && kd.whole && !k.noGrafts && st.Dev == kd.dev {
+		kd.deferred = append(kd.deferred, keptLink{base: base, ino: st.Ino, ctime: st.Ctim})
+		x.kept(hdr.Size)
+		return true, nil
 	}
 	err := unix.Linkat(int(dir.Fd()), base, pfd, base, 0)
 	if errors.Is(err, unix.EEXIST) { // the archive's second entry of that name: the later wins
@@ -146,8 +175,9 @@ func (x *extractor) keepOrWrite(pfd int, dir *os.File, name, base string, hdr *t
 	}
 	if err != nil {
 		// Not linkable (another file system mounted below the root, say):
-		// a copy of the live file, whose bytes are the archive's.
-		return x.writeFile(pfd, base, full, hdr, mode, func(w io.Writer) (int64, error) {
+		// a copy of the live file, whose bytes (and now mode and mtime)
+		// are the archive's.
+		return false, x.writeFile(pfd, base, full, hdr, mode, func(w io.Writer) (int64, error) {
 			c, err := io.Copy(w, io.NewSectionReader(live, 0, hdr.Size))
 			if err == nil && (c != hdr.Size || changed(live, st)) {
 				err = fmt.Errorf("%s %w", full, errChangedWhileRestored)
@@ -155,21 +185,15 @@ func (x *extractor) keepOrWrite(pfd int, dir *os.File, name, base string, hdr *t
 			return c, err
 		})
 	}
-	x.budget -= hdr.Size
-	x.bytes += hdr.Size
-	k.kept++
-	mtime := time.Unix(st.Mtim.Unix())
-	if st.Mode&0o7777 == uint32(hdr.Mode)&0o7777 && mtime.Equal(hdr.ModTime) {
-		return nil
-	}
-	k.undo = append(k.undo, keptMeta{name: name, mode: unixMode(st.Mode & 0o7777), atime: time.Unix(st.Atim.Unix()), mtime: mtime})
-	if err := live.Chmod(mode); err != nil {
-		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
-	}
-	if err := setTimes(pfd, base, hdr); err != nil {
-		return invalid("body", "archive entry %q: %s", hdr.Name, err.Error())
-	}
-	return nil
+	x.kept(hdr.Size)
+	return true, nil
+}
+
+// kept counts a kept file of size bytes.
+func (x *extractor) kept(size int64) {
+	x.budget -= size
+	x.bytes += size
+	x.keep.kept++
 }
 
 // changed reports whether live is no longer the file whose status was st:
@@ -188,8 +212,229 @@ func (x *extractor) undoKept() error {
 	var err error
 	for i := len(x.keep.undo) - 1; i >= 0; i-- {
 		m := x.keep.undo[i]
-		err = errors.Join(err, x.root.Chmod(m.name, m.mode), x.root.Chtimes(m.name, m.atime, m.mtime))
+		err = errors.Join(err, os.Chmod(m.name, m.mode), os.Chtimes(m.name, m.atime, m.mtime))
 	}
 	x.keep.undo = nil
 	return err
+}
+
+// A directory whose every entry is kept is moved in whole (a graft): at
+// the swap, the live directory is renamed into the staged tree, in place
+// of the empty one staged for it, instead of a link staged for each of its
+// files and an unlink of each old name after the swap. A directory of the
+// staged tree with a live twin (extractor.liveDir) is a candidate while
+// its entries are kept files and grafted directories (keptDir.whole): its
+// kept files' links are deferred. When it is left, it is grafted if the
+// live twin has no other entry and the archive's mode and mtime, and is
+// then folded into its parent's graft if the parent is still whole. When
+// an entry of it is written, or it is not grafted, its deferred links are
+// made and its grafted directories stay grafts of their own
+// (extractor.notWhole). An entry the fast path does not take (a name the
+// archive lists twice, a hard link, a parent it did not list) could land
+// in a grafted directory: then every deferred link is made and nothing is
+// grafted (extractor.noGrafts). The swap checks that each grafted live
+// directory, and every one below it, is the one left (device, inode,
+// ctime: an entry added or removed since moves it), then moves it.
+
+// keptDir is a directory a restore made whose live twin it may graft.
+type keptDir struct {
+	name     string // below the extractor's root
+	whole    bool   // every entry so far is kept or grafted
+	count    int    // the archive's entries in it so far
+	dev, ino uint64 // the live twin's
+	ctime    unix.Timespec
+	deferred []keptLink // kept files, linked if it is not grafted
+	children []*keptDir // grafted directories in it, while whole
+}
+
+// keptLink is a kept file whose link is deferred: its name in its
+// directory, and its inode and ctime when it was compared.
+type keptLink struct {
+	base  string
+	ino   uint64
+	ctime unix.Timespec
+}
+
+// keepDir returns the keptDir of directory name, just made, whose live
+// twin is live (nil: none).
+func (x *extractor) keepDir(name string, live *os.File) *keptDir {
+	if live == nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(live.Fd()), &st); err != nil {
+		return nil
+	}
+	return &keptDir{name: name, whole: true, dev: st.Dev, ino: st.Ino}
+}
+
+// notWhole marks d no graft: it makes d's deferred links, and its grafted
+// directories become grafts of their own.
+func (x *extractor) notWhole(d *madeDir) error {
+	k := d.k
+	if k == nil || !k.whole {
+		return nil
+	}
+	k.whole = false
+	if err := linkKept(d.live, d.f, k); err != nil {
+		return err
+	}
+	x.keep.grafts = append(x.keep.grafts, k.children...)
+	k.children = nil
+	return nil
+}
+
+// settle decides, as d is left, whether it is grafted: into its parent's
+// graft while parent is whole, else a graft of its own. When it is not,
+// neither is parent.
+func (x *extractor) settle(d, parent *madeDir) error {
+	if d.k == nil {
+		return nil // parent was marked when d was made
+	}
+	if d.k.whole && !x.keep.noGrafts && x.graftable(d) {
+		if parent.k != nil && parent.k.whole {
+			parent.k.children = append(parent.k.children, d.k)
+		} else {
+			x.keep.grafts = append(x.keep.grafts, d.k)
+		}
+		return nil
+	}
+	if err := x.notWhole(d); err != nil {
+		return err
+	}
+	return x.notWhole(parent)
+}
+
+// graftable reports whether d's live twin holds the archive's entries of
+// d and nothing else, with the archive's mode and mtime, and records its
+// ctime.
+func (x *extractor) graftable(d *madeDir) bool {
+	if d.meta < 0 {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.live.Fd()), &st); err != nil {
+		return false
+	}
+	want := x.dirs[d.meta]
+	if unixMode(st.Mode&0o7777) != want.mode || !time.Unix(st.Mtim.Unix()).Equal(want.mtime) {
+		return false
+	}
+	if _, err := d.live.Seek(0, io.SeekStart); err != nil {
+		return false
+	}
+	names, err := d.live.Readdirnames(-1)
+	if err != nil || len(names) != d.k.count {
+		return false
+	}
+	d.k.ctime = st.Ctim
+	return true
+}
+
+// noGraft makes every deferred link and grafts nothing from now on: an
+// entry is about to take the os.Root path, which could land in a
+// directory that would be grafted (or link to a file not linked yet).
+func (x *extractor) noGraft() error {
+	if x.keep == nil || x.keep.noGrafts {
+		return nil
+	}
+	x.keep.noGrafts = true
+	for i := range x.open {
+		if err := x.notWhole(&x.open[i]); err != nil {
+			return err
+		}
+	}
+	grafts := x.keep.grafts
+	x.keep.grafts = nil
+	for _, g := range grafts {
+		if err := x.ungraft(g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ungraft makes the deferred links of g and of every directory grafted
+// into it, opening their live and staged directories from the roots
+// without following a symlink.
+func (x *extractor) ungraft(g *keptDir) error {
+	live, err := openBelow(x.open[0].live, g.name)
+	if err != nil {
+		return fmt.Errorf("%s %w", filepath.Join(x.dir, g.name), errChangedWhileRestored)
+	}
+	defer live.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(live.Fd()), &st); err != nil || st.Dev != g.dev || st.Ino != g.ino {
+		return fmt.Errorf("%s %w", filepath.Join(x.dir, g.name), errChangedWhileRestored)
+	}
+	staged, err := openBelow(x.open[0].f, g.name)
+	if err != nil {
+		return fmt.Errorf("restore: open the staged %q: %w", g.name, err)
+	}
+	defer staged.Close()
+	if err := linkKept(live, staged, g); err != nil {
+		return err
+	}
+	for _, c := range g.children {
+		if err := x.ungraft(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openBelow opens directory name below dir, one element at a time,
+// following no symlink.
+func openBelow(dir *os.File, name string) (*os.File, error) {
+	fd := int(dir.Fd())
+	for i, part := range strings.Split(name, "/") {
+		next, err := unix.Openat(fd, part, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if i > 0 {
+			_ = unix.Close(fd)
+		}
+		if err != nil {
+			return nil, err
+		}
+		fd = next
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// linkKept makes k's deferred links, from the live directory live into
+// the staged one: each file must be the one compared.
+func linkKept(live, staged *os.File, k *keptDir) error {
+	for _, l := range k.deferred {
+		var st unix.Stat_t
+		if err := unix.Fstatat(int(live.Fd()), l.base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Ino != l.ino || st.Ctim != l.ctime {
+			return fmt.Errorf("%s %w", filepath.Join(live.Name(), l.base), errChangedWhileRestored)
+		}
+		err := unix.Linkat(int(live.Fd()), l.base, int(staged.Fd()), l.base, 0)
+		if errors.Is(err, unix.EEXIST) {
+			continue // the archive lists the name again, later: the later entry wins
+		}
+		if err != nil {
+			return fmt.Errorf("restore: link %s: %w", filepath.Join(live.Name(), l.base), err)
+		}
+	}
+	k.deferred = nil
+	return nil
+}
+
+// grafted reports whether directory name lies in (or is) a graft.
+func (k *keeper) grafted(name string) bool {
+	if k == nil || len(k.grafts) == 0 {
+		return false
+	}
+	if k.graftSet == nil {
+		k.graftSet = make(map[string]bool, len(k.grafts))
+		for _, g := range k.grafts {
+			k.graftSet[g.name] = true
+		}
+	}
+	for p := name; p != "." && p != "/" && p != ""; p = path.Dir(p) {
+		if k.graftSet[p] {
+			return true
+		}
+	}
+	return false
 }

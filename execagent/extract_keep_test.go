@@ -405,3 +405,108 @@ func FuzzRestoreKeeps(f *testing.F) {
 		assert.Empty(t, stagingLeft(t, w))
 	})
 }
+
+// A directory whose every entry is kept is moved in whole (a graft: the
+// same directory inode after the restore); one with a changed file is
+// staged anew, its unchanged files still kept; the tree is the
+// archive's either way.
+func TestRestore_GraftsTheDirectoriesKeptWhole(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	for _, d := range []string{"a", "a/deep", "b", "c"} {
+		write(t, filepath.Join(w, d, "f.txt"), "in "+d+"\n", 0o644)
+	}
+	b, _, sum := takeCheckpoint(t, a, nil, nil)
+	_, err := restoreArchive(a, sum, b) // settles sub-second mtimes
+	require.NoError(t, err)
+	want := exactState(t, w)
+	before := map[string]uint64{}
+	for _, p := range []string{"a", "a/deep", "b", "c", "b/f.txt", "c/f.txt"} {
+		before[p] = ino(t, filepath.Join(w, p))
+	}
+	write(t, filepath.Join(w, "c", "f.txt"), "changed\n", 0o644)
+	write(t, filepath.Join(w, "created-since"), "x", 0o644)
+
+	_, err = restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	assert.Equal(t, want, exactState(t, w))
+	for _, p := range []string{"a", "a/deep", "b", "b/f.txt"} {
+		assert.Equal(t, before[p], ino(t, filepath.Join(w, p)), "%s moved in whole or kept", p)
+	}
+	assert.NotEqual(t, before["c"], ino(t, filepath.Join(w, "c")), "c held a changed file: staged anew")
+	assert.NotEqual(t, before["c/f.txt"], ino(t, filepath.Join(w, "c", "f.txt")))
+	assert.Empty(t, stagingLeft(t, w))
+}
+
+// A directory an entry is added to between the staging and the swap (a
+// process writing) is not moved in: the restore is 409 busy, every
+// rename undone, the process's file where it wrote it; the next restore
+// works.
+func TestRestore_AGraftChangedBeforeTheSwapIsBusy(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	write(t, filepath.Join(w, "a", "f.txt"), "a\n", 0o644)
+	write(t, filepath.Join(w, "b", "f.txt"), "b\n", 0o644)
+	b, _, sum := takeCheckpoint(t, a, nil, nil)
+	_, err := restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	want := exactState(t, w)
+	write(t, filepath.Join(w, "created-since"), "x", 0o644)
+	ageRoot(t, w)
+
+	renames := 0
+	a.srv.rename = func(from, to string) error {
+		if renames++; renames == 1 { // a's graft: b is written meanwhile
+			write(t, filepath.Join(w, "b", "meanwhile.txt"), "m", 0o644)
+		}
+		return os.Rename(from, to)
+	}
+	before := exactState(t, w)
+	_, err = restoreArchive(a, sum, b)
+	ae := apiError(t, err)
+	assert.Equal(t, http.StatusConflict, ae.Status, ae.Message)
+	assert.Contains(t, ae.Message, "changed while the restore read it")
+	before["b/meanwhile.txt"] = exactState(t, w)["b/meanwhile.txt"]
+	delete(before, "b") // its mtime moved with the process's write
+	got := exactState(t, w)
+	delete(got, "b")
+	assert.Equal(t, before, got, "every rename undone")
+	assert.Empty(t, stagingLeft(t, w))
+
+	a.srv.rename = os.Rename
+	_, err = restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	assert.Equal(t, want, exactState(t, w))
+}
+
+// An archive that comes back to a directory it has left (the entry takes
+// the os.Root path) grafts nothing: the entry lands, and the files kept
+// before it are linked.
+func TestRestore_AnArchiveThatComesBackToADirectoryGraftsNothing(t *testing.T) {
+	a := newTestAgent(t, nil)
+	w := a.cfg.Workdir
+	write(t, filepath.Join(w, "d", "f"), "F", 0o644)
+	for _, p := range []string{"d/f", "d"} {
+		require.NoError(t, os.Chtimes(filepath.Join(w, p), craftedMTime, craftedMTime))
+	}
+	kept := ino(t, filepath.Join(w, "d", "f"))
+	reg := func(name, body string) craftedEntry {
+		return craftedEntry{&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644}, body}
+	}
+	b, sum := craftedCheckpoint(t, w, []craftedEntry{
+		{hdr: &tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755}},
+		reg("d/f", "F"),
+		{hdr: &tar.Header{Name: "e/", Typeflag: tar.TypeDir, Mode: 0o755}},
+		reg("d/g", "G"),
+	})
+	_, err := restoreArchive(a, sum, b)
+	require.NoError(t, err)
+	for name, want := range map[string]string{"d/f": "F", "d/g": "G"} {
+		data, err := os.ReadFile(filepath.Join(w, name))
+		require.NoError(t, err, name)
+		assert.Equal(t, want, string(data), name)
+	}
+	assert.Equal(t, kept, ino(t, filepath.Join(w, "d", "f")), "d/f kept")
+	assert.DirExists(t, filepath.Join(w, "e"))
+	assert.Empty(t, stagingLeft(t, w))
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/gzip"
+	"golang.org/x/sys/unix"
 
 	"github.com/quarryhq/quarry/execagent/agentapi"
 )
@@ -244,7 +245,7 @@ func (rs *restore) stage(in *bufio.Reader) error {
 		if u.x == nil {
 			return invalid("body", "the archive has no entry for its root %q", u.root)
 		}
-		if err := u.x.finish(); err != nil {
+		if err := u.x.leave(""); err != nil { // settles every directory's graft
 			return err
 		}
 		rs.files += u.x.entries
@@ -441,6 +442,14 @@ func (rs *restore) swap() error {
 	mv := func(from, to string) error { return rs.s.move(&j, from, to) }
 	err := func() error {
 		for _, u := range rs.units {
+			if err := rs.graft(u, &j); err != nil {
+				return err
+			}
+			if err := u.x.finish(); err != nil {
+				return err
+			}
+		}
+		for _, u := range rs.units {
 			old, neu := filepath.Join(u.stage, "old"), filepath.Join(u.stage, "new")
 			if !u.inPlace {
 				base := filepath.Base(u.root)
@@ -495,6 +504,74 @@ func (rs *restore) swap() error {
 		return fmt.Errorf("restore: %w; undoing it failed too (%s): entries not moved back are in %s", err, undoErr.Error(), strings.Join(stages, ", "))
 	}
 	return fmt.Errorf("restore: %w; every root was put back as it was", err)
+}
+
+// graft moves u's grafted directories (extract_keep.go) from the live
+// tree into the staged one, in place of the empty directories staged for
+// them, each once it and every directory in it are checked to be the ones
+// left; the renames, and the changes to their live parents, are
+// journaled.
+func (rs *restore) graft(u *restoreUnit, j *journal) error {
+	if u.x.keep == nil {
+		return nil
+	}
+	opened := map[string]bool{}
+	for _, g := range u.x.keep.grafts {
+		live, staged := filepath.Join(u.x.dir, g.name), filepath.Join(u.stage, "new", g.name)
+		if err := sameDirs(u.x.dir, g); err != nil {
+			return err
+		}
+		if err := removeTree(staged); err != nil {
+			return fmt.Errorf("restore: remove the staged %q: %w", staged, err)
+		}
+		if err := openUp(j, filepath.Dir(live), opened); err != nil {
+			return err
+		}
+		if err := rs.s.move(j, live, staged); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sameDirs checks that the live directories of g and of every directory
+// grafted into it, below dir, are the ones left: a directory an entry was
+// added to, removed from or renamed in since has another ctime.
+func sameDirs(dir string, g *keptDir) error {
+	p := filepath.Join(dir, g.name)
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil || st.Dev != g.dev || st.Ino != g.ino || st.Ctim != g.ctime {
+		return fmt.Errorf("%s %w", p, errChangedWhileRestored)
+	}
+	for _, c := range g.children {
+		if err := sameDirs(dir, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openUp makes the live directory dir writable for a graft to leave it,
+// once (opened), journaling its mode and times first: on success it is
+// moved out of the way, on a failure it gets them back.
+func openUp(j *journal, dir string, opened map[string]bool) error {
+	if opened[dir] {
+		return nil
+	}
+	opened[dir] = true
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("restore %q: %w", dir, err)
+	}
+	mode := unixMode(st.Mode & 0o7777)
+	atime, mtime := time.Unix(st.Atim.Unix()), time.Unix(st.Mtim.Unix())
+	j.did(func() error { return errors.Join(os.Chmod(dir, mode), os.Chtimes(dir, atime, mtime)) })
+	if mode&0o300 != 0o300 {
+		if err := os.Chmod(dir, mode|0o700); err != nil {
+			return fmt.Errorf("restore %q: make it writable: %w", dir, err)
+		}
+	}
+	return nil
 }
 
 // moveAll moves every entry of dir but skip into to with mv.
