@@ -244,13 +244,17 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 			meta = len(x.dirs)
 		}
 		live := x.liveDir(base)
-		if live == nil {
+		k := x.keepDir(name, f, live)
+		if k == nil {
 			if err := x.notWhole(top); err != nil {
 				_ = f.Close()
+				if live != nil {
+					_ = live.Close()
+				}
 				return true, err
 			}
 		}
-		x.open = append(x.open, madeDir{name: name, f: f, meta: meta, live: live, k: x.keepDir(name, live)})
+		x.open = append(x.open, madeDir{name: name, f: f, meta: meta, live: live, k: k})
 		if err := f.Chmod(mode | 0o700); err != nil { // stay writable for later entries
 			return true, fail(err)
 		}

@@ -255,14 +255,16 @@ type keptLink struct {
 	ctime unix.Timespec
 }
 
-// keepDir returns the keptDir of directory name, just made, whose live
-// twin is live (nil: none).
-func (x *extractor) keepDir(name string, live *os.File) *keptDir {
+// keepDir returns the keptDir of directory name, just made as staged,
+// whose live twin is live: nil when there is none, or when it is on
+// another file system (a mount below the root: it could not be renamed
+// in).
+func (x *extractor) keepDir(name string, staged, live *os.File) *keptDir {
 	if live == nil {
 		return nil
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(live.Fd()), &st); err != nil {
+	var st, sst unix.Stat_t
+	if unix.Fstat(int(live.Fd()), &st) != nil || unix.Fstat(int(staged.Fd()), &sst) != nil || st.Dev != sst.Dev {
 		return nil
 	}
 	return &keptDir{name: name, whole: true, dev: st.Dev, ino: st.Ino}
