@@ -47,14 +47,23 @@ const maxMadeDirs = 1024
 // live, when not nil, the live directory at the same place
 // (extract_keep.go).
 func (x *extractor) fresh(f, live *os.File) {
+	if live != nil {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			_ = live.Close()
+			live = nil // nothing below it is kept
+		} else {
+			x.keep.dev = st.Dev
+		}
+	}
 	x.open = append(x.open[:0], madeDir{name: ".", f: f, meta: -1, live: live})
 }
 
-// liveDir opens the live twin of the directory base just made below the
-// last open directory: nil when the extraction keeps no live files, the
-// parent has no twin, or the name is not a directory there (a symlink is
-// not followed).
-func (x *extractor) liveDir(base string) *os.File {
+// liveDir opens the live twin of the directory base (full: its path) just
+// made below the last open directory: nil when the extraction keeps no
+// live files, the parent has no twin, or the name is not a directory there
+// (a symlink is not followed).
+func (x *extractor) liveDir(base, full string) *os.File {
 	parent := x.open[len(x.open)-1].live
 	if x.keep == nil || parent == nil {
 		return nil
@@ -63,7 +72,7 @@ func (x *extractor) liveDir(base string) *os.File {
 	if err != nil {
 		return nil
 	}
-	return os.NewFile(uintptr(fd), base)
+	return os.NewFile(uintptr(fd), full)
 }
 
 // writeFile creates regular file base in the staged directory pfd (full:
@@ -243,8 +252,8 @@ func (x *extractor) fastEntry(hdr *tar.Header, name string, body io.Reader) (boo
 		if x.exact {
 			meta = len(x.dirs)
 		}
-		live := x.liveDir(base)
-		k := x.keepDir(name, f, live)
+		live := x.liveDir(base, full)
+		k := x.keepDir(name, live)
 		if k == nil {
 			if err := x.notWhole(top); err != nil {
 				_ = f.Close()

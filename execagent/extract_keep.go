@@ -36,10 +36,11 @@ import (
 // then compared with the entry's as they are read; the first difference
 // writes a copy as usual (the bytes before it copied from the live file,
 // which were the archive's). A file that changed while it was compared is
-// neither kept nor copied from: the restore fails, nothing changed. A kept file whose mode or mtime differ from the archive's is
-// given the archive's before the swap, and its own back when the restore
-// fails (keeper.undo). Nothing else of a live file changes before the
-// swap; its atime is left as it is, where a copy's is its mtime.
+// neither kept nor copied from: the restore fails, nothing changed. A kept
+// file whose mode or mtime differ from the archive's is given the
+// archive's before the swap, and its own back when the restore fails
+// (keeper.undo). Nothing else of a live file changes before the swap; its
+// atime is left as it is, where a copy's is its mtime.
 //
 // What keeping changes for a process: one that holds a kept file open
 // keeps writing to the file in the restored tree, where with a copy it
@@ -55,6 +56,9 @@ type keeper struct {
 	entry, live []byte // comparison buffers, keepChunk each
 	kept        int    // files kept
 	undo        []keptMeta
+	// dev is the staging's file system (extractor.fresh): only a live
+	// directory on it can be renamed in, and only a file on it linked.
+	dev uint64
 	// grafts are the directories moved in whole at the swap, disjoint;
 	// noGrafts: none any more (extractor.noGraft). graftSet indexes
 	// grafts once staging is done.
@@ -162,7 +166,7 @@ func (x *extractor) keepOrWrite(pfd int, dir *os.File, kd *keptDir, name, base s
 			return false, fmt.Errorf("%s: %w", full, err)
 		}
 	}
-	if kd != nil && kd.whole && !k.noGrafts && st.Dev == kd.dev {
+	if kd != nil && kd.whole && !k.noGrafts && st.Dev == k.dev {
 		kd.deferred = append(kd.deferred, keptLink{base: base, ino: st.Ino, ctime: st.Ctim})
 		x.kept(hdr.Size)
 		return true, nil
@@ -241,7 +245,7 @@ type keptDir struct {
 	name     string // below the extractor's root
 	whole    bool   // every entry so far is kept or grafted
 	count    int    // the archive's entries in it so far
-	dev, ino uint64 // the live twin's
+	ino      uint64 // the live twin's, on the staging's device
 	ctime    unix.Timespec
 	deferred []keptLink // kept files, linked if it is not grafted
 	children []*keptDir // grafted directories in it, while whole
@@ -255,19 +259,19 @@ type keptLink struct {
 	ctime unix.Timespec
 }
 
-// keepDir returns the keptDir of directory name, just made as staged,
-// whose live twin is live: nil when there is none, or when it is on
-// another file system (a mount below the root: it could not be renamed
+// keepDir returns the keptDir of directory name, just made, whose live
+// twin is live: nil when there is none, or when it is on another file
+// system than the staging (a mount below the root: it could not be renamed
 // in).
-func (x *extractor) keepDir(name string, staged, live *os.File) *keptDir {
+func (x *extractor) keepDir(name string, live *os.File) *keptDir {
 	if live == nil {
 		return nil
 	}
-	var st, sst unix.Stat_t
-	if unix.Fstat(int(live.Fd()), &st) != nil || unix.Fstat(int(staged.Fd()), &sst) != nil || st.Dev != sst.Dev {
+	var st unix.Stat_t
+	if unix.Fstat(int(live.Fd()), &st) != nil || st.Dev != x.keep.dev {
 		return nil
 	}
-	return &keptDir{name: name, whole: true, dev: st.Dev, ino: st.Ino}
+	return &keptDir{name: name, whole: true, ino: st.Ino}
 }
 
 // notWhole marks d no graft: it makes d's deferred links, and its grafted
@@ -360,16 +364,16 @@ func (x *extractor) noGraft() error {
 // into it, opening their live and staged directories from the roots
 // without following a symlink.
 func (x *extractor) ungraft(g *keptDir) error {
-	live, err := openBelow(x.open[0].live, g.name)
+	live, err := openBelow(x.open[0].live, g.name, filepath.Join(x.dir, g.name))
 	if err != nil {
 		return fmt.Errorf("%s %w", filepath.Join(x.dir, g.name), errChangedWhileRestored)
 	}
 	defer live.Close()
 	var st unix.Stat_t
-	if err := unix.Fstat(int(live.Fd()), &st); err != nil || st.Dev != g.dev || st.Ino != g.ino {
+	if err := unix.Fstat(int(live.Fd()), &st); err != nil || st.Dev != x.keep.dev || st.Ino != g.ino {
 		return fmt.Errorf("%s %w", filepath.Join(x.dir, g.name), errChangedWhileRestored)
 	}
-	staged, err := openBelow(x.open[0].f, g.name)
+	staged, err := openBelow(x.open[0].f, g.name, g.name)
 	if err != nil {
 		return fmt.Errorf("restore: open the staged %q: %w", g.name, err)
 	}
@@ -386,8 +390,8 @@ func (x *extractor) ungraft(g *keptDir) error {
 }
 
 // openBelow opens directory name below dir, one element at a time,
-// following no symlink.
-func openBelow(dir *os.File, name string) (*os.File, error) {
+// following no symlink; full is the path it is named by.
+func openBelow(dir *os.File, name, full string) (*os.File, error) {
 	fd := int(dir.Fd())
 	for i, part := range strings.Split(name, "/") {
 		next, err := unix.Openat(fd, part, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -399,7 +403,7 @@ func openBelow(dir *os.File, name string) (*os.File, error) {
 		}
 		fd = next
 	}
-	return os.NewFile(uintptr(fd), name), nil
+	return os.NewFile(uintptr(fd), full), nil
 }
 
 // linkKept makes k's deferred links, from the live directory live into

@@ -354,9 +354,8 @@ func (rs *restore) open(u *restoreUnit, hdr *tar.Header, budget int64) error {
 // newStage makes a staging directory in dir, with new/ (what x, which it
 // returns, extracts into: its fast path starts there) and old/ (what the
 // swap moves out). An x that keeps live files finds them in dir, opened
-// without following a symlink. It
-// returns the directory ("" when it made none) when it fails too, for the
-// caller to remove.
+// without following a symlink. It returns the directory ("" when it made
+// none) when it fails too, for the caller to remove.
 func newStage(dir string, x extractor) (string, *extractor, error) {
 	stage, err := os.MkdirTemp(dir, stagingPrefix+"*")
 	if err != nil {
@@ -440,9 +439,10 @@ func (s *Server) move(j *journal, from, to string) error {
 func (rs *restore) swap() error {
 	var j journal
 	mv := func(from, to string) error { return rs.s.move(&j, from, to) }
+	opened := map[string]bool{} // live directories openUp made writable
 	err := func() error {
 		for _, u := range rs.units {
-			if err := rs.graft(u, &j); err != nil {
+			if err := rs.graft(u, &j, opened); err != nil {
 				return err
 			}
 			if err := u.x.finish(); err != nil {
@@ -463,15 +463,8 @@ func (rs *restore) swap() error {
 				}
 				continue
 			}
-			fi, err := os.Lstat(u.root)
-			if err != nil {
-				return fmt.Errorf("restore %q: %w", u.root, err)
-			}
-			j.did(func() error {
-				return errors.Join(os.Chmod(u.root, fi.Mode()), os.Chtimes(u.root, fi.ModTime(), fi.ModTime()))
-			})
-			if err := os.Chmod(u.root, fi.Mode()|0o700); err != nil { // its entries move out and in
-				return fmt.Errorf("restore %q: make it writable: %w", u.root, err)
+			if err := openUp(&j, u.root, opened); err != nil { // its entries move out and in
+				return err
 			}
 			if err := rs.moveAll(u.root, old, filepath.Base(u.stage), mv); err != nil {
 				return err
@@ -510,15 +503,14 @@ func (rs *restore) swap() error {
 // tree into the staged one, in place of the empty directories staged for
 // them, each once it and every directory in it are checked to be the ones
 // left; the renames, and the changes to their live parents, are
-// journaled.
-func (rs *restore) graft(u *restoreUnit, j *journal) error {
+// journaled (openUp, once per directory: opened).
+func (rs *restore) graft(u *restoreUnit, j *journal, opened map[string]bool) error {
 	if u.x.keep == nil {
 		return nil
 	}
-	opened := map[string]bool{}
 	for _, g := range u.x.keep.grafts {
 		live, staged := filepath.Join(u.x.dir, g.name), filepath.Join(u.stage, "new", g.name)
-		if err := sameDirs(u.x.dir, g); err != nil {
+		if err := sameDirs(u.x.dir, u.x.keep.dev, g); err != nil {
 			return err
 		}
 		if err := removeTree(staged); err != nil {
@@ -535,25 +527,27 @@ func (rs *restore) graft(u *restoreUnit, j *journal) error {
 }
 
 // sameDirs checks that the live directories of g and of every directory
-// grafted into it, below dir, are the ones left: a directory an entry was
-// added to, removed from or renamed in since has another ctime.
-func sameDirs(dir string, g *keptDir) error {
+// grafted into it, below dir on the device dev, are the ones left: a
+// directory an entry was added to, removed from or renamed in since has
+// another ctime.
+func sameDirs(dir string, dev uint64, g *keptDir) error {
 	p := filepath.Join(dir, g.name)
 	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil || st.Dev != g.dev || st.Ino != g.ino || st.Ctim != g.ctime {
+	if err := unix.Lstat(p, &st); err != nil || st.Dev != dev || st.Ino != g.ino || st.Ctim != g.ctime {
 		return fmt.Errorf("%s %w", p, errChangedWhileRestored)
 	}
 	for _, c := range g.children {
-		if err := sameDirs(dir, c); err != nil {
+		if err := sameDirs(dir, dev, c); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// openUp makes the live directory dir writable for a graft to leave it,
-// once (opened), journaling its mode and times first: on success it is
-// moved out of the way, on a failure it gets them back.
+// openUp gives the owner every permission on the live directory dir, for
+// entries to move out of it and into it (a directory root, a graft's
+// parent), once (opened), journaling its mode and times first: a failed
+// swap gives them back.
 func openUp(j *journal, dir string, opened map[string]bool) error {
 	if opened[dir] {
 		return nil
@@ -566,7 +560,7 @@ func openUp(j *journal, dir string, opened map[string]bool) error {
 	mode := unixMode(st.Mode & 0o7777)
 	atime, mtime := time.Unix(st.Atim.Unix()), time.Unix(st.Mtim.Unix())
 	j.did(func() error { return errors.Join(os.Chmod(dir, mode), os.Chtimes(dir, atime, mtime)) })
-	if mode&0o300 != 0o300 {
+	if mode&0o700 != 0o700 {
 		if err := os.Chmod(dir, mode|0o700); err != nil {
 			return fmt.Errorf("restore %q: make it writable: %w", dir, err)
 		}
