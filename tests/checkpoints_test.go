@@ -25,15 +25,20 @@ import (
 
 // ckSetup writes a tree with modes, a symlink and an empty directory in
 // the sandbox's work dir.
-const ckSetup = `mkdir -p src/deep empty && echo a > a.txt && chmod 640 a.txt &&
-printf '#!/bin/sh\necho hi\n' > run.sh && chmod 755 run.sh && echo b > src/deep/b.txt && ln -s src/deep/b.txt link`
+const ckSetup = `mkdir -p src/deep empty ro/sub && echo a > a.txt && chmod 640 a.txt &&
+printf '#!/bin/sh\necho hi\n' > run.sh && chmod 755 run.sh && echo b > src/deep/b.txt && ln -s src/deep/b.txt link &&
+echo s > ro/sub/s && echo g > ro/g && chmod 555 ro`
 
 // ckMutate changes what ckSetup wrote and adds to it.
-const ckMutate = `echo changed > a.txt && chmod 600 run.sh && rm link && echo new > new.txt && rm -r empty && mkdir -p made/since && echo x > made/since/f`
+const ckMutate = `echo changed > a.txt && chmod 600 run.sh && rm link && echo new > new.txt && rm -r empty && mkdir -p made/since && echo x > made/since/f && echo G > ro/g`
 
 // ckInodes prints the inodes of two files ckMutate leaves as they were
 // (run.sh's mode aside) and of one it rewrites.
 const ckInodes = `stat -c %i src/deep/b.txt run.sh a.txt`
+
+// ckDirInodes prints the inodes of two directories ckMutate leaves whole,
+// one of them in a read-only directory it changes.
+const ckDirInodes = `stat -c %i src ro/sub`
 
 // ckState lists the work dir: every entry with its kind, mode, link target
 // or a digest of its content (busybox and GNU tools alike).
@@ -84,7 +89,7 @@ func TestCheckpoints_Process(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, src.ID, ck.Sandbox)
 	assert.Equal(t, "host", ck.Image)
-	assert.Equal(t, 8, ck.Files, "the root, a.txt, run.sh, src, src/deep, b.txt, link, empty")
+	assert.Equal(t, 12, ck.Files, "the root, a.txt, run.sh, src, src/deep, b.txt, link, empty, ro, ro/sub, ro/sub/s, ro/g")
 	require.Len(t, ck.Paths, 1)
 	assert.True(t, filepath.IsAbs(ck.Paths[0]), "the work dir, absolute: %s", ck.Paths[0])
 	assert.Len(t, ck.SHA256, 64)
@@ -249,6 +254,15 @@ func checkpointsOnDocker(t *testing.T, cowMinBytes string) {
 	require.Len(t, after, 3)
 	assert.Equal(t, inodes[:2], after[:2], "b.txt and run.sh kept")
 	assert.NotEqual(t, inodes[2], after[2], "a.txt written anew")
+	// Again, now that the tree has the archive's mtimes: a directory left
+	// whole is moved in whole (src; ro/sub, out of the read-only ro, by the
+	// sandbox's unprivileged user).
+	dirs := sh(ctx, t, c, src.ID, ckDirInodes)
+	sh(ctx, t, c, src.ID, ckMutate)
+	_, err = c.RestoreSandbox(ctx, src.ID, ck.ID)
+	require.NoError(t, err)
+	assert.Equal(t, want, sh(ctx, t, c, src.ID, ckState))
+	assert.Equal(t, dirs, sh(ctx, t, c, src.ID, ckDirInodes), "src and ro/sub moved in whole")
 	pi, err := c.GetProcess(ctx, src.ID, proc.ID)
 	require.NoError(t, err)
 	assert.Equal(t, agentapi.ProcessRunning, pi.State)
